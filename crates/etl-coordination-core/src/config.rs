@@ -1,0 +1,180 @@
+//! Worker configuration (SPEC section 7). Invalid values are rejected at construction with an
+//! error that names the field and the rule.
+
+use std::time::Duration;
+
+use crate::ids::{Incarnation, InstanceId};
+
+/// A configuration value was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid configuration: {field} = {value}: {rule}")]
+pub struct ConfigError {
+    /// The offending field.
+    pub field: &'static str,
+    /// Its value, rendered.
+    pub value: String,
+    /// The rule it broke.
+    pub rule: &'static str,
+}
+
+/// Tuning knobs and identity of one worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// This replica's stable id (default: random, chosen by the embedding layer).
+    pub instance_id: InstanceId,
+    /// This process lifetime (random at process start, chosen by the embedding layer).
+    pub incarnation: Incarnation,
+    /// The planner's fingerprint, compared with `meta` at startup (P2).
+    pub fingerprint: String,
+    /// Lease TTL: takeover latency after an ungraceful death. Whole seconds, at least 1 s.
+    pub lease_duration: Duration,
+    /// Splits held (and lanes run) at once.
+    pub max_in_flight: u32,
+    /// Failed tenancies before a split is quarantined.
+    pub max_attempts: u32,
+    /// How often the leader re-runs an open plan.
+    pub replan_interval: Duration,
+    /// How long lanes get to commit when draining before splits are released anyway.
+    pub drain_timeout: Duration,
+    /// Deliberately broken protocol variants for the simulator's checker tests.
+    #[cfg(feature = "mutations")]
+    pub mutations: Mutations,
+}
+
+/// Deliberately broken protocol variants. Each flag removes one safety rule so the simulator's
+/// invariant checkers can be shown to catch it. Compiled only with the `mutations` feature.
+#[cfg(feature = "mutations")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mutations {
+    /// Commits CAS against the revision last seen in the watch instead of the worker's own last
+    /// write, after checking only the epoch in its possibly stale view (the "read, check, write"
+    /// variant of P8).
+    pub unfenced_commit: bool,
+    /// Graceful releases consume an attempt (breaks P12/I5).
+    pub attempts_on_release: bool,
+    /// Steal whenever the victim holds more than the thief (no +2 margin, breaks P9/I7).
+    pub steal_without_margin: bool,
+    /// Declare completion when every split is Done or Quarantined (breaks P13/I6).
+    pub complete_with_quarantined: bool,
+}
+
+/// Defaults from the product document.
+pub mod defaults {
+    use std::time::Duration;
+    /// 30 s.
+    pub const LEASE_DURATION: Duration = Duration::from_secs(30);
+    /// 8.
+    pub const MAX_IN_FLIGHT: u32 = 8;
+    /// 4.
+    pub const MAX_ATTEMPTS: u32 = 4;
+    /// 60 s.
+    pub const REPLAN_INTERVAL: Duration = Duration::from_secs(60);
+    /// 30 s.
+    pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+}
+
+impl Config {
+    /// A configuration with the documented defaults.
+    pub fn new(instance_id: InstanceId, incarnation: Incarnation, fingerprint: impl Into<String>) -> Self {
+        Config {
+            instance_id,
+            incarnation,
+            fingerprint: fingerprint.into(),
+            lease_duration: defaults::LEASE_DURATION,
+            max_in_flight: defaults::MAX_IN_FLIGHT,
+            max_attempts: defaults::MAX_ATTEMPTS,
+            replan_interval: defaults::REPLAN_INTERVAL,
+            drain_timeout: defaults::DRAIN_TIMEOUT,
+            #[cfg(feature = "mutations")]
+            mutations: Mutations::default(),
+        }
+    }
+
+    /// Checks every field; the error names the first offending one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |field, value: String, rule| Err(ConfigError { field, value, rule });
+        let lease = self.lease_duration;
+        if lease < Duration::from_secs(1) || lease.subsec_nanos() != 0 {
+            return err(
+                "lease_duration",
+                format!("{lease:?}"),
+                "must be a whole number of seconds, at least 1s (store TTLs are whole seconds)",
+            );
+        }
+        if lease > Duration::from_secs(3600) {
+            return err("lease_duration", format!("{lease:?}"), "must be at most 1h");
+        }
+        if self.max_in_flight == 0 || self.max_in_flight > 10_000 {
+            return err("max_in_flight", self.max_in_flight.to_string(), "must be between 1 and 10000");
+        }
+        if self.max_attempts == 0 || self.max_attempts > 1000 {
+            return err("max_attempts", self.max_attempts.to_string(), "must be between 1 and 1000");
+        }
+        if self.replan_interval < Duration::from_secs(1) {
+            return err("replan_interval", format!("{:?}", self.replan_interval), "must be at least 1s");
+        }
+        if self.drain_timeout > Duration::from_secs(24 * 3600) {
+            return err("drain_timeout", format!("{:?}", self.drain_timeout), "must be at most 24h");
+        }
+        if self.fingerprint.is_empty() || self.fingerprint.len() > 1024 {
+            return err("fingerprint", format!("{:?}", self.fingerprint), "must be 1 to 1024 bytes");
+        }
+        Ok(())
+    }
+
+    /// Heartbeat interval: a third of the lease (P7).
+    pub fn heartbeat_interval(&self) -> Duration {
+        self.lease_duration / 3
+    }
+
+    /// How long after the send time of its last acknowledged renewal a lease is trusted (P11).
+    /// A small margin keeps the worker's judgement ahead of the store's expiry even if the two
+    /// clocks run at slightly different rates.
+    pub fn lease_trust(&self) -> Duration {
+        self.lease_duration - self.lease_duration / 20
+    }
+
+    /// Interval of the full listing that guards against missed watch events (P7). Deliberately
+    /// rare: steady-state traffic must be renewals and commits only (T5).
+    pub fn resync_interval(&self) -> Duration {
+        self.lease_duration * 10
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> Config {
+        Config::new(InstanceId::new("w").unwrap(), Incarnation(1), "fp")
+    }
+
+    #[test]
+    fn defaults_are_valid_and_match_the_seed() {
+        let c = cfg();
+        c.validate().unwrap();
+        assert_eq!(c.lease_duration, Duration::from_secs(30));
+        assert_eq!((c.max_in_flight, c.max_attempts), (8, 4));
+        assert_eq!(c.replan_interval, Duration::from_secs(60));
+        assert_eq!(c.heartbeat_interval(), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn sub_second_leases_are_rejected_naming_the_field() {
+        let mut c = cfg();
+        c.lease_duration = Duration::from_millis(1500);
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.field, "lease_duration");
+        assert!(e.to_string().contains("whole number of seconds"), "{e}");
+    }
+
+    #[test]
+    fn zero_capacity_and_attempts_are_rejected() {
+        let mut c = cfg();
+        c.max_in_flight = 0;
+        assert_eq!(c.validate().unwrap_err().field, "max_in_flight");
+        let mut c = cfg();
+        c.max_attempts = 0;
+        assert_eq!(c.validate().unwrap_err().field, "max_attempts");
+    }
+}

@@ -1,0 +1,389 @@
+//! What goes into the core ([`Input`]) and what comes out ([`Action`]). Reading [`Action`] tells
+//! every side effect the protocol can cause.
+
+use bytes::Bytes;
+
+use crate::ids::{Epoch, OpId, SplitId};
+use crate::kv::{Bucket, Prefix, StoreRequest, StoreResult, WatchEvent};
+use crate::records::PlanKind;
+use crate::time::Timestamp;
+
+/// The watches a worker keeps open.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub enum WatchId {
+    /// Lease bucket, every key: leader, presence, split leases.
+    Leases,
+    /// State bucket, `plan.`: the plan head.
+    Plan,
+    /// State bucket, `split.`: split records.
+    Splits,
+}
+
+impl WatchId {
+    /// All watches, in the order they are opened.
+    pub const ALL: [WatchId; 3] = [WatchId::Leases, WatchId::Plan, WatchId::Splits];
+
+    /// The bucket this watch reads.
+    pub fn bucket(self) -> Bucket {
+        match self {
+            WatchId::Leases => Bucket::Lease,
+            WatchId::Plan | WatchId::Splits => Bucket::State,
+        }
+    }
+
+    /// The prefix this watch reads.
+    pub fn prefix(self) -> Prefix {
+        match self {
+            WatchId::Leases => Prefix::all(),
+            WatchId::Plan => crate::records::keys::plan_prefix(),
+            WatchId::Splits => crate::records::keys::split_prefix(),
+        }
+    }
+}
+
+/// One split as the planner returns it.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct PlannedSplit {
+    /// Deterministic id.
+    pub id: SplitId,
+    /// Opaque bytes a worker needs to process it.
+    pub descriptor: Bytes,
+    /// Cost estimate (bytes, rows); larger splits are claimed first.
+    pub weight: u64,
+}
+
+/// A planner's answer.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Plan {
+    /// Final (bounded) or Open (re-planned on an interval).
+    pub kind: PlanKind,
+    /// The enumeration. For an Open plan the published manifest is the union of every
+    /// enumeration so far: a split never leaves a plan once published.
+    pub splits: Vec<PlannedSplit>,
+}
+
+/// Inputs to [`crate::Worker::handle`].
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Input {
+    /// Begin startup (P2, P3).
+    Start,
+    /// A deadline from [`crate::Worker::next_deadline`] passed (extra ticks are harmless).
+    Tick,
+    /// The result of an [`Action::Store`].
+    StoreResult {
+        /// The op id from the action.
+        op: OpId,
+        /// Its result.
+        result: StoreResult,
+    },
+    /// An event of a watch opened by [`Action::Watch`].
+    Watch {
+        /// Which watch.
+        watch: WatchId,
+        /// The event.
+        event: WatchEvent,
+    },
+    /// A watch failed; the embedding layer must not poll it again. The core re-opens it with
+    /// a new [`Action::Watch`] and resyncs from its snapshot.
+    WatchFailed {
+        /// Which watch.
+        watch: WatchId,
+    },
+    /// The planner's answer to [`Action::Plan`].
+    PlanReady {
+        /// The request id from the action.
+        request: u64,
+        /// The plan, or the planner's error message.
+        result: Result<Plan, String>,
+    },
+    /// A lane asks to commit progress (P8). Answered by [`Action::CommitDone`].
+    Commit {
+        /// The split.
+        split: SplitId,
+        /// The lane's epoch (commits from an older lane of the same split are refused).
+        epoch: Epoch,
+        /// Progress to record.
+        progress: Bytes,
+    },
+    /// A lane reached the end of its split: terminal commit (P8). Answered by
+    /// [`Action::CommitDone`].
+    Finish {
+        /// The split.
+        split: SplitId,
+        /// The lane's epoch.
+        epoch: Epoch,
+        /// Final progress.
+        progress: Bytes,
+    },
+    /// A lane reports its split failed or unprocessable; consumes one attempt (P12).
+    Fail {
+        /// The split.
+        split: SplitId,
+        /// The lane's epoch.
+        epoch: Epoch,
+        /// Error to record as the split's last error.
+        error: String,
+        /// `true` if the source says the split can never be processed.
+        unprocessable: bool,
+    },
+    /// A lane acknowledged an [`Action::StopLane`] (after its last commit).
+    LaneStopped {
+        /// The split.
+        split: SplitId,
+        /// The lane's epoch.
+        epoch: Epoch,
+    },
+    /// Graceful shutdown (P10): commit, release, leave.
+    Drain,
+}
+
+/// Why a worker acquired a split (P6; the `reason` label of `acquisitions_total`).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub enum AcquisitionReason {
+    /// First tenancy.
+    Create,
+    /// The previous owner released it gracefully (or reported it failed).
+    Released,
+    /// The previous owner's lease expired.
+    Expired,
+    /// Same instance id, new incarnation (P3).
+    Reclaimed,
+    /// Taken from the most-loaded peer (P9).
+    Stolen,
+}
+
+impl AcquisitionReason {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Create => "create",
+            Self::Released => "released",
+            Self::Expired => "expired",
+            Self::Reclaimed => "reclaimed",
+            Self::Stolen => "stolen",
+        }
+    }
+}
+
+/// Why a lane must stop.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum StopReason {
+    /// The lease or record moved to someone else (renewal lost, watch showed it, commit lost).
+    Fenced,
+    /// No successful renewal for a lease duration (P11); the lane may be restarted if the lease
+    /// turns out to be still ours.
+    Starved,
+    /// The worker is draining: commit, then acknowledge with [`Input::LaneStopped`].
+    Draining,
+}
+
+impl StopReason {
+    /// The `reason` label of `revocations_total`, for revocations.
+    pub fn revocation_label(self) -> Option<&'static str> {
+        match self {
+            Self::Fenced => Some("fenced"),
+            Self::Starved => Some("starved"),
+            Self::Draining => None,
+        }
+    }
+}
+
+/// The answer to a lane's commit or finish.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum CommitOutcome {
+    /// Durable.
+    Ok,
+    /// The split is no longer ours: nothing was written; the lane must stop.
+    Lost,
+    /// Nothing was written (store unavailable); try again later.
+    Retryable,
+}
+
+/// How a job ended for this worker.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Outcome {
+    /// A Final plan with every split Done (P13).
+    Complete,
+    /// Every split Done or Quarantined, at least one Quarantined (P13).
+    Stalled {
+        /// The quarantined splits with their last errors.
+        quarantined: Vec<(SplitId, Option<String>)>,
+    },
+    /// Left on request (drain) before the job ended.
+    Drained,
+}
+
+/// A condition the worker cannot continue from; the message says what to do.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum FatalError {
+    /// P2: `meta` disagrees with this worker.
+    #[error("configuration divergence: the job was created with {stored}, this worker has {local}; \
+             every replica of a job must run the same planner and max_attempts (or use another job name)")]
+    ConfigDivergence {
+        /// What `meta` holds.
+        stored: String,
+        /// What this worker has.
+        local: String,
+    },
+    /// P3: another live process uses this instance id.
+    #[error("duplicate instance id {instance}: another live process (incarnation {other:x}) holds it; \
+             give every replica a unique instance id (e.g. the pod name)")]
+    DuplicateInstance {
+        /// The shared id.
+        instance: String,
+        /// The other process's incarnation.
+        other: u64,
+    },
+    /// A store error that needs operator action.
+    #[error("store: {0}")]
+    Store(String),
+    /// `meta` exists but cannot be decoded.
+    #[error("unreadable meta record: {0}; the job was written by an incompatible release")]
+    CorruptMeta(String),
+}
+
+/// Things that happened, for metrics and logs (the core never touches either).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Event {
+    /// A split was acquired (P6).
+    Acquired {
+        /// The split.
+        split: SplitId,
+        /// Why.
+        reason: AcquisitionReason,
+        /// The new epoch.
+        epoch: Epoch,
+    },
+    /// A lane was revoked (fenced or starved).
+    Revoked {
+        /// The split.
+        split: SplitId,
+        /// Why.
+        reason: StopReason,
+    },
+    /// This worker gained or lost leadership.
+    Leadership {
+        /// Whether it now leads.
+        leader: bool,
+        /// The term.
+        term: u64,
+    },
+    /// A plan was published by this worker.
+    PlanPublished {
+        /// Term.
+        term: u64,
+        /// Version.
+        version: u64,
+        /// Splits in the manifest.
+        splits: u64,
+    },
+    /// The planner failed; it will be retried.
+    PlanFailed {
+        /// The planner's error.
+        error: String,
+    },
+    /// A split was quarantined by this worker (P12).
+    Quarantined {
+        /// The split.
+        split: SplitId,
+        /// Attempts consumed.
+        attempts: u32,
+        /// The last error.
+        last_error: Option<String>,
+    },
+    /// A split was released gracefully.
+    Released {
+        /// The split.
+        split: SplitId,
+    },
+    /// A split's terminal commit landed.
+    Finished {
+        /// The split.
+        split: SplitId,
+    },
+    /// Gauges changed.
+    Gauges {
+        /// Splits this worker holds.
+        owned: u32,
+        /// Live workers in the fleet view.
+        live_workers: u32,
+        /// Quarantined splits in the manifest.
+        quarantined: u32,
+    },
+    /// A record could not be decoded and was ignored.
+    Undecodable {
+        /// The key.
+        key: String,
+        /// The decoder's message.
+        error: String,
+    },
+}
+
+/// Outputs of [`crate::Worker::handle`].
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Action {
+    /// Execute one store primitive and feed its result back as [`Input::StoreResult`]
+    /// with the same op id. Requests may run concurrently; results may come back in any order.
+    Store {
+        /// Tag for the result.
+        op: OpId,
+        /// Which bucket.
+        bucket: Bucket,
+        /// The primitive.
+        request: StoreRequest,
+    },
+    /// Open (or re-open, replacing the old one) a prefix watch; feed its events as
+    /// [`Input::Watch`] and its failure as [`Input::WatchFailed`].
+    Watch {
+        /// Which watch (determines bucket and prefix).
+        watch: WatchId,
+    },
+    /// Run the planner and answer with [`Input::PlanReady`] (only the leader asks, P4).
+    Plan {
+        /// Tag for the answer.
+        request: u64,
+    },
+    /// Materialize a lane for a split this worker now holds.
+    StartLane {
+        /// The split.
+        split: SplitId,
+        /// The fencing token for this tenancy.
+        epoch: Epoch,
+        /// The planner's descriptor.
+        descriptor: Bytes,
+        /// The planner's weight.
+        weight: u64,
+        /// Resume from this committed progress (`None`: from the start).
+        progress: Option<Bytes>,
+        /// Why it was acquired; `None` when a starved lane resumes its own lease.
+        reason: Option<AcquisitionReason>,
+    },
+    /// Stop a lane. For [`StopReason::Draining`] the lane may commit until `deadline` and then
+    /// acknowledges with [`Input::LaneStopped`]; otherwise it stops at once without committing.
+    StopLane {
+        /// The split.
+        split: SplitId,
+        /// The lane's epoch.
+        epoch: Epoch,
+        /// Why.
+        reason: StopReason,
+        /// Drain deadline.
+        deadline: Option<Timestamp>,
+    },
+    /// The answer to [`Input::Commit`] or [`Input::Finish`].
+    CommitDone {
+        /// The split.
+        split: SplitId,
+        /// The lane's epoch.
+        epoch: Epoch,
+        /// The outcome.
+        outcome: CommitOutcome,
+    },
+    /// Something happened (metrics, logs).
+    Event(Event),
+    /// The worker is done: every key it owned is released or deleted. No further actions follow.
+    Finished(Outcome),
+    /// The worker cannot continue. No further actions follow.
+    Fatal(FatalError),
+}
+

@@ -1,0 +1,372 @@
+//! The records the protocol keeps in the store (SPEC section 4) and their keys.
+//!
+//! Every stored value starts with a format-version byte, followed by the bincode (2.x, serde)
+//! encoding of the record, so records can evolve: a reader refuses a format it does not know
+//! instead of misreading it.
+
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{Epoch, Incarnation, InstanceId, Owner, SplitId};
+use crate::kv::{Key, Prefix};
+
+/// The format-version byte in front of every stored record.
+pub const FORMAT_VERSION: u8 = 1;
+
+/// The protocol version recorded in `meta`; workers of another protocol version are refused (P2).
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// How many split ids one manifest chunk holds. Keeps each chunk far below NATS's default
+/// 1 MiB message limit even with 128-character ids.
+pub const MANIFEST_CHUNK_LEN: usize = 1024;
+
+/// A stored value could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    /// The value is empty.
+    #[error("empty record")]
+    Empty,
+    /// The value was written by a newer (or unknown) format.
+    #[error("record format {0} is not supported by this version (expected {FORMAT_VERSION}); upgrade every worker to the same release")]
+    UnknownFormat(u8),
+    /// The bytes do not decode as the expected record.
+    #[error("malformed record: {0}")]
+    Malformed(String),
+}
+
+fn config() -> bincode::config::Configuration {
+    bincode::config::standard()
+}
+
+/// Encodes a record with its format-version byte.
+pub fn encode<T: Serialize>(record: &T) -> Bytes {
+    let mut out = vec![FORMAT_VERSION];
+    // Encoding plain serde data into a Vec cannot fail.
+    bincode::serde::encode_into_std_write(record, &mut out, config())
+        .expect("records always encode");
+    Bytes::from(out)
+}
+
+/// Decodes a record written by [`encode`].
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, RecordError> {
+    let (&format, body) = bytes.split_first().ok_or(RecordError::Empty)?;
+    if format != FORMAT_VERSION {
+        return Err(RecordError::UnknownFormat(format));
+    }
+    let (value, used) = bincode::serde::decode_from_slice(body, config())
+        .map_err(|e| RecordError::Malformed(e.to_string()))?;
+    if used != body.len() {
+        return Err(RecordError::Malformed(format!("{} trailing bytes", body.len() - used)));
+    }
+    Ok(value)
+}
+
+/// `meta`: written once by the first worker; every later worker compares (P2).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Meta {
+    /// [`PROTOCOL_VERSION`] of the writer.
+    pub protocol_version: u32,
+    /// The planner's fingerprint.
+    pub fingerprint: String,
+    /// Protocol-relevant knob: attempts before quarantine.
+    pub max_attempts: u32,
+}
+
+impl Meta {
+    /// A one-line rendering used in the divergence error.
+    pub fn describe(&self) -> String {
+        format!(
+            "protocol {} / planner fingerprint {:?} / max_attempts {}",
+            self.protocol_version, self.fingerprint, self.max_attempts
+        )
+    }
+}
+
+/// Whether a plan is a bounded enumeration or is re-planned on an interval.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum PlanKind {
+    /// A bounded backfill: completes when every split is Done (P13).
+    Final,
+    /// A discovery job: the leader re-plans every `replan_interval` (P4).
+    Open,
+}
+
+/// Whether the head's term has published its manifest yet.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum PlanStatus {
+    /// A leader bumped the term and is planning; `manifest` (if any) is the previous term's.
+    Planning,
+    /// `manifest` is this term's published plan.
+    Published,
+}
+
+/// Where a published manifest lives.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ManifestRef {
+    /// Term that wrote it.
+    pub term: u64,
+    /// Plan version (monotonic across terms).
+    pub version: u64,
+    /// Number of chunks (`manifest.{term}.{version}.{0..chunks}`).
+    pub chunks: u32,
+    /// Number of splits in total.
+    pub split_count: u64,
+    /// Final or Open.
+    pub kind: PlanKind,
+}
+
+/// `plan.head`: the fence for plan writes (P4, I9).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct PlanHead {
+    /// Leadership term; bumped by each new leader before planning.
+    pub term: u64,
+    /// The leader of `term`.
+    pub leader: Owner,
+    /// Planning or Published.
+    pub status: PlanStatus,
+    /// The latest published manifest, if any.
+    pub manifest: Option<ManifestRef>,
+}
+
+/// `manifest.{term}.{version}.{n}`: one chunk of a published split list, with weights so that
+/// workers can claim largest-first without reading every descriptor.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ManifestChunk {
+    /// `(id, weight)` pairs.
+    pub splits: Vec<(SplitId, u64)>,
+}
+
+/// `desc.{id}`: immutable, written once by the planner.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Descriptor {
+    /// Opaque bytes the source needs to process the split.
+    pub descriptor: Bytes,
+    /// The planner's cost estimate.
+    pub weight: u64,
+}
+
+/// The lifecycle state of a split record.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum SplitState {
+    /// In the queue.
+    Unleased,
+    /// Held by `owner`.
+    Owned,
+    /// Terminal progress committed.
+    Done,
+    /// Parked after `max_attempts` failed tenancies (P12); never re-offered.
+    Quarantined,
+}
+
+/// How the last tenancy of a split ended.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum EndReason {
+    /// Graceful release (drain, plan shrink).
+    Released,
+    /// Taken by a peer below its fair share (P9).
+    Stolen,
+    /// The owner's lease expired (consumes an attempt).
+    Expired,
+    /// The owner's id restarted with a new incarnation (consumes an attempt).
+    Reclaimed,
+    /// The source reported the split failed (consumes an attempt).
+    Failed,
+    /// The source reported the split unprocessable (consumes an attempt).
+    Unprocessable,
+    /// Terminal progress committed.
+    Finished,
+    /// An operator returned the split from quarantine.
+    Requeued,
+}
+
+impl EndReason {
+    /// Whether this end consumes a delivery attempt (P12).
+    pub fn consumes_attempt(self) -> bool {
+        matches!(self, Self::Expired | Self::Reclaimed | Self::Failed | Self::Unprocessable)
+    }
+}
+
+/// `split.{id}` in the state bucket: the small mutable record every commit rewrites.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct SplitRecord {
+    /// Bumped on every ownership change.
+    pub epoch: Epoch,
+    /// The current owner (Owned) or none.
+    pub owner: Option<Owner>,
+    /// Lifecycle state.
+    pub state: SplitState,
+    /// Committed progress (opaque to the core), `None` before the first commit.
+    pub progress: Option<Bytes>,
+    /// Failed tenancies so far.
+    pub attempts: u32,
+    /// How the previous tenancy ended.
+    pub last_end: Option<EndReason>,
+    /// The last error recorded for a failed tenancy.
+    pub last_error: Option<String>,
+}
+
+impl SplitRecord {
+    /// A fresh record, as the planner creates it.
+    pub fn new() -> Self {
+        SplitRecord {
+            epoch: Epoch(0),
+            owner: None,
+            state: SplitState::Unleased,
+            progress: None,
+            attempts: 0,
+            last_end: None,
+            last_error: None,
+        }
+    }
+
+    /// Whether the record is terminal (Done or Quarantined).
+    pub fn is_terminal(&self) -> bool {
+        matches!(self.state, SplitState::Done | SplitState::Quarantined)
+    }
+}
+
+impl Default for SplitRecord {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// `split.{id}` in the lease bucket.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    /// The holder.
+    pub owner: Owner,
+    /// The epoch of the holder's tenancy.
+    pub epoch: Epoch,
+}
+
+/// `worker.{instance_id}`: presence, the fleet view and duplicate-id detection (P3).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct PresenceRecord {
+    /// The process lifetime holding this id.
+    pub incarnation: Incarnation,
+    /// Splits held at the last renewal.
+    pub held: u32,
+    /// `max_in_flight`.
+    pub capacity: u32,
+}
+
+/// `leader`: the leadership lease (P4).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct LeaderRecord {
+    /// The leader.
+    pub owner: Owner,
+    /// The term it established (0 until its bump has landed).
+    pub term: u64,
+}
+
+/// Key layout (SPEC section 4).
+pub mod keys {
+    use super::*;
+
+    fn key(s: String) -> Key {
+        Key::new(s).expect("keys built from validated names are valid")
+    }
+
+    /// `meta` (state).
+    pub fn meta() -> Key {
+        key("meta".into())
+    }
+    /// `plan.head` (state).
+    pub fn plan_head() -> Key {
+        key("plan.head".into())
+    }
+    /// `manifest.{term}.{version}.{chunk}` (state).
+    pub fn manifest(term: u64, version: u64, chunk: u32) -> Key {
+        key(format!("manifest.{term}.{version}.{chunk}"))
+    }
+    /// `desc.{id}` (state).
+    pub fn desc(id: &SplitId) -> Key {
+        key(format!("desc.{id}"))
+    }
+    /// `split.{id}` (state: record; lease: lease).
+    pub fn split(id: &SplitId) -> Key {
+        key(format!("split.{id}"))
+    }
+    /// `leader` (lease).
+    pub fn leader() -> Key {
+        key("leader".into())
+    }
+    /// `worker.{id}` (lease).
+    pub fn worker(id: &InstanceId) -> Key {
+        key(format!("worker.{id}"))
+    }
+    /// `plan.` (state): the head lives here.
+    pub fn plan_prefix() -> Prefix {
+        Prefix::new("plan.").expect("valid prefix")
+    }
+    /// `split.`: split records (state) and leases (lease).
+    pub fn split_prefix() -> Prefix {
+        Prefix::new("split.").expect("valid prefix")
+    }
+    /// `manifest.` (state).
+    pub fn manifest_prefix() -> Prefix {
+        Prefix::new("manifest.").expect("valid prefix")
+    }
+    /// `desc.` (state).
+    pub fn desc_prefix() -> Prefix {
+        Prefix::new("desc.").expect("valid prefix")
+    }
+
+    /// The split id of a `split.{id}` key.
+    pub fn parse_split(key: &Key) -> Option<SplitId> {
+        key.as_str().strip_prefix("split.").and_then(|s| SplitId::new(s).ok())
+    }
+    /// The instance id of a `worker.{id}` key.
+    pub fn parse_worker(key: &Key) -> Option<InstanceId> {
+        key.as_str().strip_prefix("worker.").and_then(|s| InstanceId::new(s).ok())
+    }
+    /// `(term, version)` of a manifest chunk key.
+    pub fn parse_manifest(key: &Key) -> Option<(u64, u64, u32)> {
+        let rest = key.as_str().strip_prefix("manifest.")?;
+        let mut parts = rest.split('.');
+        let term = parts.next()?.parse().ok()?;
+        let version = parts.next()?.parse().ok()?;
+        let chunk = parts.next()?.parse().ok()?;
+        parts.next().is_none().then_some((term, version, chunk))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_with_a_format_byte() {
+        let rec = SplitRecord {
+            epoch: Epoch(3),
+            owner: Some(Owner { instance: InstanceId::new("a").unwrap(), incarnation: Incarnation(9) }),
+            state: SplitState::Owned,
+            progress: Some(Bytes::from_static(b"42")),
+            attempts: 1,
+            last_end: Some(EndReason::Expired),
+            last_error: Some("boom".into()),
+        };
+        let bytes = encode(&rec);
+        assert_eq!(bytes[0], FORMAT_VERSION);
+        assert_eq!(decode::<SplitRecord>(&bytes).unwrap(), rec);
+    }
+
+    #[test]
+    fn unknown_formats_and_garbage_are_refused() {
+        let mut bytes = encode(&SplitRecord::new()).to_vec();
+        bytes[0] = 9;
+        assert_eq!(decode::<SplitRecord>(&bytes), Err(RecordError::UnknownFormat(9)));
+        assert_eq!(decode::<SplitRecord>(&[]), Err(RecordError::Empty));
+        assert!(matches!(decode::<Meta>(&[FORMAT_VERSION, 0xff]), Err(RecordError::Malformed(_))));
+    }
+
+    #[test]
+    fn keys_parse_back() {
+        let id = SplitId::new("s-1").unwrap();
+        assert_eq!(keys::parse_split(&keys::split(&id)), Some(id));
+        assert_eq!(keys::parse_manifest(&keys::manifest(3, 7, 1)), Some((3, 7, 1)));
+        assert_eq!(keys::parse_manifest(&keys::plan_head()), None);
+    }
+}

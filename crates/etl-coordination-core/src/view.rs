@@ -1,0 +1,232 @@
+//! The worker's cached picture of the store, fed by watches, listings and its own writes.
+//!
+//! The view only ever *triggers* attempts: every ownership decision is taken by a CAS (S6), so a
+//! stale view costs a failed attempt, never safety. It keeps incremental indices so that a
+//! claim decision is O(log n) even for plans of 100,000 splits (T6).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::ids::{Incarnation, InstanceId, Revision, SplitId};
+use crate::records::{LeaderRecord, LeaseRecord, ManifestRef, PlanHead, PresenceRecord, SplitRecord, SplitState};
+
+/// What the view knows of one split.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SplitView {
+    pub record: Option<SplitRecord>,
+    /// Latest revision seen for the record key (put or delete).
+    pub record_rev: Revision,
+    pub lease: Option<LeaseRecord>,
+    /// Latest revision seen for the lease key (put or delete).
+    pub lease_rev: Revision,
+    /// `Some(weight)` iff the split is in the loaded manifest.
+    pub weight: Option<u64>,
+    // Contributions to the indices, so they can be withdrawn on change.
+    claim_key: Option<u64>,
+    counted: Counted,
+    counted_holder: Option<InstanceId>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Counted {
+    done: bool,
+    quarantined: bool,
+    old_incarnation: bool,
+}
+
+/// The cached store.
+#[derive(Debug)]
+pub(crate) struct View {
+    me: InstanceId,
+    incarnation: Incarnation,
+    pub splits: BTreeMap<SplitId, SplitView>,
+    /// Claimable manifest splits, largest weight first (P5).
+    pub claimable: BTreeSet<(Reverse<u64>, SplitId)>,
+    /// Lease counts per holder instance (for fair share and stealing).
+    pub lease_counts: BTreeMap<InstanceId, u32>,
+    /// Manifest splits recorded as Owned by this instance id under another incarnation (P3).
+    pub old_incarnation: BTreeSet<SplitId>,
+    pub manifest: Option<ManifestRef>,
+    pub manifest_len: usize,
+    pub done: usize,
+    pub quarantined: usize,
+    pub workers: BTreeMap<InstanceId, (Revision, PresenceRecord)>,
+    pub leader: Option<(Revision, LeaderRecord)>,
+    pub plan_head: Option<(Revision, PlanHead)>,
+}
+
+impl View {
+    pub fn new(me: InstanceId, incarnation: Incarnation) -> Self {
+        View {
+            me,
+            incarnation,
+            splits: BTreeMap::new(),
+            claimable: BTreeSet::new(),
+            lease_counts: BTreeMap::new(),
+            old_incarnation: BTreeSet::new(),
+            manifest: None,
+            manifest_len: 0,
+            done: 0,
+            quarantined: 0,
+            workers: BTreeMap::new(),
+            leader: None,
+            plan_head: None,
+        }
+    }
+
+    /// Live workers in the fleet view (at least this one).
+    pub fn live_workers(&self) -> usize {
+        let me_listed = self.workers.contains_key(&self.me);
+        self.workers.len() + usize::from(!me_listed)
+    }
+
+    /// Manifest splits that are neither Done nor Quarantined.
+    pub fn active(&self) -> usize {
+        self.manifest_len.saturating_sub(self.done + self.quarantined)
+    }
+
+    /// Every manifest split has a terminal record.
+    pub fn all_terminal(&self) -> bool {
+        self.manifest.is_some() && self.done + self.quarantined == self.manifest_len
+    }
+
+    pub fn put_record(&mut self, id: &SplitId, rev: Revision, record: SplitRecord) {
+        let sv = self.splits.entry(id.clone()).or_default();
+        if rev < sv.record_rev {
+            return;
+        }
+        sv.record_rev = rev;
+        sv.record = Some(record);
+        self.refresh(id);
+    }
+
+    pub fn delete_record(&mut self, id: &SplitId, rev: Revision) {
+        let Some(sv) = self.splits.get_mut(id) else { return };
+        if rev < sv.record_rev {
+            return;
+        }
+        sv.record_rev = rev;
+        sv.record = None;
+        self.refresh(id);
+    }
+
+    pub fn put_lease(&mut self, id: &SplitId, rev: Revision, lease: LeaseRecord) {
+        let sv = self.splits.entry(id.clone()).or_default();
+        if rev < sv.lease_rev {
+            return;
+        }
+        sv.lease_rev = rev;
+        sv.lease = Some(lease);
+        self.refresh(id);
+    }
+
+    pub fn delete_lease(&mut self, id: &SplitId, rev: Revision) {
+        let Some(sv) = self.splits.get_mut(id) else { return };
+        if rev < sv.lease_rev {
+            return;
+        }
+        sv.lease_rev = rev;
+        sv.lease = None;
+        self.refresh(id);
+    }
+
+    /// Drops the lease entry whatever its revision (a resync found it absent).
+    pub fn forget_lease(&mut self, id: &SplitId) {
+        if let Some(sv) = self.splits.get_mut(id) {
+            sv.lease = None;
+            self.refresh(id);
+        }
+    }
+
+    /// Drops the record entry whatever its revision (a resync found it absent).
+    pub fn forget_record(&mut self, id: &SplitId) {
+        if let Some(sv) = self.splits.get_mut(id) {
+            sv.record = None;
+            self.refresh(id);
+        }
+    }
+
+    /// Installs a newly loaded manifest.
+    pub fn set_manifest(&mut self, manifest: ManifestRef, entries: Vec<(SplitId, u64)>) {
+        let ids: Vec<SplitId> = self
+            .splits
+            .iter()
+            .filter(|(_, sv)| sv.weight.is_some())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &ids {
+            self.splits.get_mut(id).expect("listed").weight = None;
+        }
+        self.manifest = Some(manifest);
+        self.manifest_len = entries.len();
+        let mut touched = ids;
+        for (id, weight) in entries {
+            self.splits.entry(id.clone()).or_default().weight = Some(weight);
+            touched.push(id);
+        }
+        for id in touched {
+            self.refresh(&id);
+        }
+    }
+
+    /// Recomputes one split's contribution to every index.
+    fn refresh(&mut self, id: &SplitId) {
+        let Some(sv) = self.splits.get_mut(id) else { return };
+        // Withdraw old contributions.
+        if let Some(w) = sv.claim_key.take() {
+            self.claimable.remove(&(Reverse(w), id.clone()));
+        }
+        let old = sv.counted;
+        let in_manifest = sv.weight.is_some();
+        let state = sv.record.as_ref().map(|r| r.state);
+        let new = Counted {
+            done: in_manifest && state == Some(SplitState::Done),
+            quarantined: in_manifest && state == Some(SplitState::Quarantined),
+            old_incarnation: in_manifest
+                && state == Some(SplitState::Owned)
+                && sv.record.as_ref().and_then(|r| r.owner.as_ref()).is_some_and(|o| {
+                    o.instance == self.me && o.incarnation != self.incarnation
+                }),
+        };
+        sv.counted = new;
+        if let Some(w) = sv.weight
+            && matches!(state, Some(SplitState::Unleased | SplitState::Owned))
+            && sv.lease.is_none()
+        {
+            sv.claim_key = Some(w);
+            self.claimable.insert((Reverse(w), id.clone()));
+        }
+        let holder = sv.lease.as_ref().map(|l| l.owner.instance.clone());
+        let prev_holder = std::mem::replace(&mut sv.counted_holder, holder.clone());
+        if prev_holder != holder {
+            if let Some(prev) = prev_holder
+                && let Some(n) = self.lease_counts.get_mut(&prev)
+            {
+                *n -= 1;
+                if *n == 0 {
+                    self.lease_counts.remove(&prev);
+                }
+            }
+            if let Some(h) = holder {
+                *self.lease_counts.entry(h).or_default() += 1;
+            }
+        }
+        adjust(&mut self.done, old.done, new.done);
+        adjust(&mut self.quarantined, old.quarantined, new.quarantined);
+        if old.old_incarnation != new.old_incarnation {
+            if new.old_incarnation {
+                self.old_incarnation.insert(id.clone());
+            } else {
+                self.old_incarnation.remove(id);
+            }
+        }
+    }
+}
+
+fn adjust(counter: &mut usize, old: bool, new: bool) {
+    match (old, new) {
+        (false, true) => *counter += 1,
+        (true, false) => *counter -= 1,
+        _ => {}
+    }
+}
