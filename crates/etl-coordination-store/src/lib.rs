@@ -1,0 +1,132 @@
+//! The store abstraction of etl-coordination: the [`Store`] trait with exactly the six
+//! primitives of SPEC S1, the classified [`StoreError`] (S2), key validation, and (feature
+//! `conformance`) the conformance suite every backend must pass (S5).
+//!
+//! The vocabulary types (keys, entries, watch events, errors) live in
+//! `etl-coordination-core` so that the pure protocol can speak about store results without
+//! depending on this crate; they are re-exported here.
+//!
+//! What this crate does not do: implement a backend (see `etl-coordination-memory` and
+//! `etl-coordination-nats`) or decide anything about ownership.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_core::Stream;
+
+pub use etl_coordination_core::kv::{
+    Bucket, DeleteCause, Entry, Key, KeyError, Prefix, StoreError, StoreReply, StoreRequest, StoreResult,
+    WatchEvent,
+};
+pub use etl_coordination_core::{Revision, Timestamp};
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+/// The largest value a backend must accept (NATS's default message limit is 1 MiB; leave room
+/// for headers).
+pub const MAX_VALUE_LEN: usize = 512 * 1024;
+
+/// A watch: the current values under the prefix, then [`WatchEvent::SnapshotComplete`], then
+/// every change in revision order. After an `Err` the stream is finished: open a new watch and
+/// resync from its snapshot.
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, StoreError>> + Send>>;
+
+/// A key-value store with TTLs and compare-and-swap: the only thing the protocol needs (S1).
+///
+/// Implementations must be the same store semantics as `etl-coordination-memory` (the
+/// executable specification) and pass the conformance suite.
+pub trait Store: Send + Sync + 'static {
+    /// Create-if-absent. A key that was deleted or expired is absent; the new key carries
+    /// `ttl` (S3). Fails with [`StoreError::AlreadyExists`] if a live value exists.
+    fn create(
+        &self,
+        key: &Key,
+        value: Bytes,
+        ttl: Option<Duration>,
+    ) -> impl Future<Output = Result<Revision, StoreError>> + Send;
+
+    /// Update expecting `expected` to be the current revision; the new value carries `ttl`
+    /// (replacing any previous TTL; `None` makes it permanent). Fails with
+    /// [`StoreError::RevisionMismatch`] on a stale revision or a missing key.
+    fn compare_and_swap(
+        &self,
+        key: &Key,
+        expected: Revision,
+        value: Bytes,
+        ttl: Option<Duration>,
+    ) -> impl Future<Output = Result<Revision, StoreError>> + Send;
+
+    /// Delete guarded by the expected current revision.
+    fn delete(&self, key: &Key, expected: Revision) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Point read: `None` if absent, deleted or expired.
+    fn get(&self, key: &Key) -> impl Future<Output = Result<Option<Entry>, StoreError>> + Send;
+
+    /// Prefix watch with an initial snapshot and a snapshot-complete signal.
+    fn watch(&self, prefix: &Prefix) -> impl Future<Output = Result<WatchStream, StoreError>> + Send;
+
+    /// Every live entry under the prefix, in key order.
+    fn list(&self, prefix: &Prefix) -> impl Future<Output = Result<Vec<Entry>, StoreError>> + Send;
+}
+
+/// Executes one request of the protocol core against a store.
+pub async fn execute<S: Store + ?Sized>(store: &S, request: StoreRequest) -> StoreResult {
+    match request {
+        StoreRequest::Create { key, value, ttl } => store.create(&key, value, ttl).await.map(StoreReply::Written),
+        StoreRequest::CompareAndSwap { key, expected, value, ttl } => {
+            store.compare_and_swap(&key, expected, value, ttl).await.map(StoreReply::Written)
+        }
+        StoreRequest::Delete { key, expected } => store.delete(&key, expected).await.map(|()| StoreReply::Deleted),
+        StoreRequest::Get { key } => store.get(&key).await.map(StoreReply::Value),
+        StoreRequest::List { prefix } => store.list(&prefix).await.map(StoreReply::Entries),
+    }
+}
+
+/// Checks a TTL against the rules every backend shares: whole seconds, at least one second
+/// (NATS per-message TTLs are whole seconds; sub-second values are rejected by the server).
+pub fn validate_ttl(ttl: Option<Duration>) -> Result<(), StoreError> {
+    match ttl {
+        Some(t) if t < Duration::from_secs(1) || t.subsec_nanos() != 0 => Err(StoreError::InvalidValue(format!(
+            "ttl {t:?} is not a whole number of seconds of at least 1s"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Checks a value's size against [`MAX_VALUE_LEN`].
+pub fn validate_value(value: &Bytes) -> Result<(), StoreError> {
+    if value.len() > MAX_VALUE_LEN {
+        return Err(StoreError::InvalidValue(format!(
+            "value of {} bytes exceeds the {MAX_VALUE_LEN}-byte limit",
+            value.len()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_must_be_whole_seconds() {
+        assert!(validate_ttl(None).is_ok());
+        assert!(validate_ttl(Some(Duration::from_secs(1))).is_ok());
+        for bad in [Duration::ZERO, Duration::from_millis(500), Duration::from_millis(1500)] {
+            let e = validate_ttl(Some(bad)).unwrap_err();
+            assert!(e.to_string().contains("whole number of seconds"), "{e}");
+            assert!(!e.is_retryable());
+        }
+    }
+
+    #[test]
+    fn errors_are_classified() {
+        assert!(StoreError::Unavailable("down".into()).is_retryable());
+        assert!(StoreError::Indeterminate("timeout".into()).is_retryable());
+        assert!(!StoreError::RevisionMismatch(Key::new("k").unwrap()).is_retryable());
+        assert!(StoreError::Setup("server too old".into()).is_fatal());
+    }
+}
