@@ -142,6 +142,7 @@ struct Leaving {
     deadline: Timestamp,
     cleanup_sent: bool,
     cleanup_outstanding: usize,
+    deadline_passed: bool,
 }
 
 #[derive(Debug)]
@@ -236,6 +237,7 @@ enum Pending {
     RecordCommitRead { split: SplitId },
     RecordEnd { split: SplitId },
     RecordEndRead { split: SplitId },
+    ResumeRead { split: SplitId },
     Resync { watch: WatchId },
 }
 
@@ -339,7 +341,8 @@ impl Worker {
         for h in self.held.values() {
             match h.stage {
                 Stage::Running => add(Some(h.trusted_until)),
-                Stage::Stopping { deadline } => add(Some(deadline)),
+                // With a commit in flight the commit's result drives the end, not the deadline.
+                Stage::Stopping { deadline } if h.commit.is_none() => add(Some(deadline)),
                 _ => {}
             }
         }
@@ -351,7 +354,7 @@ impl Worker {
             }
         }
         if let Some(l) = &self.leaving {
-            add(Some(l.deadline));
+            add(Some(if l.deadline_passed { l.deadline + self.cfg.lease_duration } else { l.deadline }));
         }
         d
     }
@@ -800,16 +803,17 @@ impl Worker {
         let due: Vec<SplitId> = self
             .held
             .iter()
-            .filter(|(_, h)| matches!(h.stage, Stage::Stopping { deadline } if deadline <= now))
+            .filter(|(_, h)| h.commit.is_none() && matches!(h.stage, Stage::Stopping { deadline } if deadline <= now))
             .map(|(id, _)| id.clone())
             .collect();
         for id in due {
             let end = self.held.get_mut(&id).and_then(|h| h.end.take()).unwrap_or(End::Release);
             self.begin_end(now, &id, end);
         }
-        if let Some(l) = &self.leaving
+        if let Some(l) = &mut self.leaving
             && now >= l.deadline
         {
+            l.deadline_passed = true;
             // Past the drain deadline plus a lease: give up on what could not be released; the
             // leases expire by themselves.
             if now >= l.deadline + self.cfg.lease_duration {
@@ -868,6 +872,7 @@ impl Worker {
             Pending::RecordCommitRead { split } => self.on_record_commit_read(now, op, split, result),
             Pending::RecordEnd { split } => self.on_record_end(now, op, split, result),
             Pending::RecordEndRead { split } => self.on_record_end_read(now, op, split, result),
+            Pending::ResumeRead { split } => self.on_resume_read(now, op, split, result),
             Pending::Resync { watch } => {
                 if let Ok(StoreReply::Entries(entries)) = result {
                     self.apply_snapshot(watch, entries);
@@ -1335,8 +1340,11 @@ impl Worker {
         }
     }
 
-    /// Starts an acquisition: lease first (create, or CAS over a live lease for reclaim and
-    /// steal), then the fenced record CAS (P5, P6, P9).
+    /// Starts an acquisition (P5, P6, P9): the lease first (create; or CAS over the dead
+    /// incarnation's lease for a reclaim, over the victim's for a steal), then the fenced record
+    /// CAS. A steal is only planned on a consistent view (lease and record name the same owner
+    /// and epoch); its lease CAS at the viewed revision then proves the record is still at that
+    /// epoch, because every epoch bump needs the lease first.
     fn start_acquire(&mut self, now: Timestamp, id: &SplitId, reason: AcquisitionReason) {
         let Some(sv) = self.view.splits.get(id) else { return };
         let Some(base) = sv.record.clone() else { return };
@@ -1349,14 +1357,19 @@ impl Worker {
         let value = records::encode(&LeaseRecord { owner: self.me.clone(), epoch });
         let key = keys::split(id);
         let request = match (&sv.lease, reason) {
-            (Some(l), AcquisitionReason::Reclaimed | AcquisitionReason::Stolen) => {
-                if reason == AcquisitionReason::Reclaimed && l.owner.instance != self.me.instance {
+            (Some(l), AcquisitionReason::Stolen) => {
+                if base.state != SplitState::Owned || base.owner.as_ref() != Some(&l.owner) || l.epoch != base.epoch {
                     return;
                 }
                 StoreRequest::CompareAndSwap { key, expected: sv.lease_rev, value, ttl: self.ttl() }
             }
-            (Some(_), _) => return,
-            (None, AcquisitionReason::Stolen) => return,
+            (Some(l), AcquisitionReason::Reclaimed) => {
+                if l.owner.instance != self.me.instance || l.owner.incarnation == self.me.incarnation {
+                    return;
+                }
+                StoreRequest::CompareAndSwap { key, expected: sv.lease_rev, value, ttl: self.ttl() }
+            }
+            (Some(_), _) | (None, AcquisitionReason::Stolen) => return,
             (None, _) => StoreRequest::Create { key, value, ttl: self.ttl() },
         };
         // The previous tenancy ended without a release: poison evidence (P12), unless it was this
@@ -1366,7 +1379,6 @@ impl Worker {
             AcquisitionReason::Reclaimed => true,
             _ => false,
         };
-        let op = self.send(Bucket::Lease, request, Pending::LeaseAcquire { split: id.clone(), sent: now });
         self.held.insert(
             id.clone(),
             Held {
@@ -1381,13 +1393,15 @@ impl Worker {
                 trusted_until: now + self.cfg.lease_trust(),
                 renewing: None,
                 stage: Stage::AcquiringLease,
-                op: Some(op),
+                op: None,
                 commit: None,
                 end: None,
                 target: None,
                 resumed: false,
             },
         );
+        let op = self.send(Bucket::Lease, request, Pending::LeaseAcquire { split: id.clone(), sent: now });
+        self.held.get_mut(id).expect("held").op = Some(op);
     }
 
     fn abandon(&mut self, id: &SplitId) {
@@ -1417,18 +1431,15 @@ impl Worker {
         }
         match result {
             Ok(StoreReply::Written(rev)) => self.lease_acquired(now, &id, rev, sent),
+            Err(e) if e.is_fatal() => self.fatal(FatalError::Store(e.to_string())),
+            // In doubt: the read decides.
             Err(StoreError::Indeterminate(_)) => {
-                let op = self.send(Bucket::Lease, StoreRequest::Get { key: keys::split(&id) }, Pending::LeaseAcquireResolve { split: id.clone(), sent });
+                let request = StoreRequest::Get { key: keys::split(&id) };
+                let op = self.send(Bucket::Lease, request, Pending::LeaseAcquireResolve { split: id.clone(), sent });
                 self.held.get_mut(&id).expect("held").op = Some(op);
             }
-            Err(e) => {
-                // Lost the race (AlreadyExists / RevisionMismatch) or the store is down: not an error.
-                self.held.remove(&id);
-                self.blocked.insert(id);
-                if e.is_fatal() {
-                    self.fatal(FatalError::Store(e.to_string()));
-                }
-            }
+            // Lost the race (AlreadyExists / RevisionMismatch) or the store is down: not an error.
+            Err(_) => self.give_up_acquire(&id),
             Ok(other) => unreachable!("unexpected reply to lease acquire: {other:?}"),
         }
     }
@@ -1438,19 +1449,21 @@ impl Worker {
             return;
         }
         let epoch = self.held[&id].epoch;
-        match result {
-            Ok(StoreReply::Value(Some(e))) => match records::decode::<LeaseRecord>(&e.value) {
-                Ok(l) if l.owner == self.me && l.epoch == epoch => self.lease_acquired(now, &id, e.revision, sent),
-                _ => {
-                    self.held.remove(&id);
-                    self.blocked.insert(id);
-                }
-            },
-            _ => {
-                self.held.remove(&id);
-                self.blocked.insert(id);
+        let mine = match &result {
+            Ok(StoreReply::Value(Some(e))) => {
+                records::decode::<LeaseRecord>(&e.value).ok().filter(|l| l.owner == self.me && l.epoch == epoch).map(|_| e.revision)
             }
+            _ => None,
+        };
+        match mine {
+            Some(rev) => self.lease_acquired(now, &id, rev, sent),
+            None => self.give_up_acquire(&id),
         }
+    }
+
+    fn give_up_acquire(&mut self, id: &SplitId) {
+        self.held.remove(id);
+        self.blocked.insert(id.clone());
     }
 
     fn lease_acquired(&mut self, now: Timestamp, id: &SplitId, rev: Revision, sent: Timestamp) {
@@ -1458,7 +1471,8 @@ impl Worker {
         let h = self.held.get_mut(id).expect("held");
         h.lease_rev = Some(rev);
         h.trusted_until = sent + self.cfg.lease_trust();
-        self.view.put_lease(id, rev, LeaseRecord { owner: me, epoch: h.epoch });
+        let epoch = h.epoch;
+        self.view.put_lease(id, rev, LeaseRecord { owner: me, epoch });
         if self.phase == Phase::Leaving {
             // Draining meanwhile: give it back untouched.
             return self.abandon(id);
@@ -1559,11 +1573,18 @@ impl Worker {
             // Our own write landed.
             return self.claim_written(now, &id, entry.revision);
         }
-        // Still the tenancy we set out to replace (its owner may have committed meanwhile, which
-        // moves the revision but not the epoch or owner): retry against the fresh revision. The
-        // CAS still fences: anything else that changed the record makes it fail again.
-        let same_tenancy = rec.epoch == h.base.epoch && rec.owner == h.base.owner && rec.state == h.base.state;
-        if same_tenancy && !rec.is_terminal() {
+        // Still at the epoch we set out to replace: the previous owner committed (or ended its
+        // tenancy) meanwhile, which moves the revision but not the epoch. We hold the lease, so
+        // nobody else can bump the epoch: retry against the fresh revision, from the fresh record
+        // (its progress is the latest durable one). The CAS still fences.
+        if rec.epoch == h.base.epoch && !rec.is_terminal() {
+            if rec.state == SplitState::Unleased {
+                // The previous owner released (or failed) it gracefully after all.
+                h.consumes_attempt = false;
+                if h.reason != AcquisitionReason::Stolen {
+                    h.reason = AcquisitionReason::Released;
+                }
+            }
             h.base = rec;
             h.record_rev = entry.revision;
             return self.write_claim(now, &id);
@@ -1572,7 +1593,7 @@ impl Worker {
         self.abandon(&id);
     }
 
-    fn claim_written(&mut self, _now: Timestamp, id: &SplitId, rev: Revision) {
+    fn claim_written(&mut self, now: Timestamp, id: &SplitId, rev: Revision) {
         let h = self.held.get_mut(id).expect("held");
         h.record_rev = rev;
         let record = h.record.clone();
@@ -1581,9 +1602,18 @@ impl Worker {
             self.event(Event::Quarantined { split: id.clone(), attempts: record.attempts, last_error: record.last_error });
             return self.delete_lease(id);
         }
-        let reason = h.reason;
-        let epoch = h.epoch;
+        self.start_lane_setup(now, id);
+    }
+
+    /// Both the lease and the record are ours: announce the acquisition and fetch the
+    /// descriptor for the lane.
+    fn start_lane_setup(&mut self, now: Timestamp, id: &SplitId) {
+        let h = &self.held[id];
+        let (reason, epoch) = (h.reason, h.epoch);
         self.event(Event::Acquired { split: id.clone(), reason, epoch });
+        if self.phase == Phase::Leaving {
+            return self.begin_end(now, id, End::Release);
+        }
         let op = self.send(Bucket::State, StoreRequest::Get { key: keys::desc(id) }, Pending::DescRead { split: id.clone() });
         let h = self.held.get_mut(id).expect("held");
         h.stage = Stage::ReadingDesc;
@@ -1601,6 +1631,14 @@ impl Worker {
                         return self.begin_end(now, &id, End::Release);
                     }
                     let h = self.held.get_mut(&id).expect("held");
+                    if h.trusted_until <= now {
+                        // P11: the lease may be gone (we were paused or cut off): never start a
+                        // lane unfenced. Renewals decide whether it resumes.
+                        h.stage = Stage::Starved;
+                        h.op = None;
+                        h.resumed = true;
+                        return;
+                    }
                     h.stage = Stage::Running;
                     h.op = None;
                     let action = Action::StartLane {
@@ -1687,14 +1725,12 @@ impl Worker {
         let epoch = h.epoch;
         self.view.put_lease(id, rev, LeaseRecord { owner: me, epoch });
         let h = self.held.get_mut(id).expect("held");
-        if h.stage == Stage::Starved && h.trusted_until > now {
-            // P11: the store came back and the lease is still ours: resume from committed
-            // progress (the lane gets the descriptor again).
-            let op = self.send(Bucket::State, StoreRequest::Get { key: keys::desc(id) }, Pending::DescRead { split: id.clone() });
-            let h = self.held.get_mut(id).expect("held");
-            h.stage = Stage::ReadingDesc;
-            h.resumed = true;
-            h.op = Some(op);
+        if h.stage == Stage::Starved && h.trusted_until > now && h.op.is_none() {
+            // P11: the store came back and the lease is still ours. Re-read the record first: a
+            // commit whose outcome was in doubt may have landed, and the lane must resume from
+            // what is durable (resuming from an older copy would let it regress progress, I1).
+            let op = self.send(Bucket::State, StoreRequest::Get { key: keys::split(id) }, Pending::ResumeRead { split: id.clone() });
+            self.held.get_mut(id).expect("held").op = Some(op);
         }
         self.after_renewal(now, id);
     }
@@ -1882,28 +1918,8 @@ impl Worker {
         if matches!(h.stage, Stage::Ending | Stage::DeletingLease) {
             return;
         }
-        let mut record = h.record.clone();
-        record.owner = None;
-        match &end {
-            End::Release => {
-                record.state = SplitState::Unleased;
-                record.last_end = Some(EndReason::Released);
-                #[cfg(feature = "mutations")]
-                if self.cfg.mutations.attempts_on_release {
-                    record.attempts += 1;
-                }
-            }
-            End::Fail { error, unprocessable } => {
-                record.attempts += 1;
-                record.last_error = Some(error.clone());
-                record.last_end = Some(if *unprocessable { EndReason::Unprocessable } else { EndReason::Failed });
-                record.state = if record.attempts >= self.cfg.max_attempts {
-                    SplitState::Quarantined
-                } else {
-                    SplitState::Unleased
-                };
-            }
-        }
+        let record = end_record(&self.cfg, &h.record, &end);
+        let h = self.held.get_mut(id).expect("held");
         let was_running = h.stage == Stage::Running;
         let epoch = h.epoch;
         h.stage = Stage::Ending;
@@ -1970,14 +1986,46 @@ impl Worker {
         if Some(&rec) == h.target.as_ref() {
             return self.end_written(&id, entry.revision);
         }
-        if rec.epoch == h.epoch && rec.owner.as_ref() == Some(&self.me) {
-            // Still ours and unchanged by anyone else (P8): write the end against this revision.
+        if rec.epoch == h.epoch && rec.owner.as_ref() == Some(&self.me) && rec.state == SplitState::Owned {
+            // Still ours: only this tenancy wrote since (an earlier in-doubt commit landed). End
+            // from what is durable now, never from our older copy: progress must not regress (I1).
+            let end = h.end.clone().expect("ending has an end");
+            h.target = Some(end_record(&self.cfg, &rec, &end));
+            h.record = rec;
             h.record_rev = entry.revision;
             return self.write_end(now, &id);
         }
         // Someone else owns it now: this tenancy is over.
         self.view.put_record(&id, entry.revision, rec);
         self.delete_lease(&id);
+    }
+
+    fn on_resume_read(&mut self, now: Timestamp, op: OpId, id: SplitId, result: StoreResult) {
+        if !self.is_current(&id, op) {
+            return;
+        }
+        self.held.get_mut(&id).expect("held").op = None;
+        let entry = match result {
+            Ok(StoreReply::Value(Some(e))) => e,
+            Ok(StoreReply::Value(None)) => return self.revoke(&id, StopReason::Fenced),
+            // Still unreachable: stay starved; the next renewal tries again.
+            Err(_) => return,
+            Ok(other) => unreachable!("unexpected reply to resume read: {other:?}"),
+        };
+        let Ok(rec) = records::decode::<SplitRecord>(&entry.value) else { return self.revoke(&id, StopReason::Fenced) };
+        let h = self.held.get_mut(&id).expect("held");
+        if rec.epoch != h.epoch || rec.owner.as_ref() != Some(&self.me) || rec.state != SplitState::Owned {
+            self.view.put_record(&id, entry.revision, rec);
+            return self.revoke(&id, StopReason::Fenced);
+        }
+        h.record = rec;
+        h.record_rev = entry.revision;
+        h.resumed = true;
+        let _ = now;
+        let op = self.send(Bucket::State, StoreRequest::Get { key: keys::desc(&id) }, Pending::DescRead { split: id.clone() });
+        let h = self.held.get_mut(&id).expect("held");
+        h.stage = Stage::ReadingDesc;
+        h.op = Some(op);
     }
 
     fn end_written(&mut self, id: &SplitId, rev: Revision) {
@@ -2027,7 +2075,7 @@ impl Worker {
             Phase::Running => self.leave(now, Outcome::Drained),
             Phase::Idle | Phase::Meta | Phase::Joining => {
                 self.phase = Phase::Leaving;
-                self.leaving = Some(Leaving { outcome: Outcome::Drained, deadline: now, cleanup_sent: false, cleanup_outstanding: 0 });
+                self.leaving = Some(Leaving { outcome: Outcome::Drained, deadline: now, cleanup_sent: false, cleanup_outstanding: 0, deadline_passed: false });
             }
             _ => {}
         }
@@ -2036,7 +2084,7 @@ impl Worker {
     fn leave(&mut self, now: Timestamp, outcome: Outcome) {
         self.phase = Phase::Leaving;
         let deadline = now + self.cfg.drain_timeout;
-        self.leaving = Some(Leaving { outcome, deadline, cleanup_sent: false, cleanup_outstanding: 0 });
+        self.leaving = Some(Leaving { outcome, deadline, cleanup_sent: false, cleanup_outstanding: 0, deadline_passed: false });
         let ids: Vec<SplitId> = self.held.keys().cloned().collect();
         for id in ids {
             let h = self.held.get_mut(&id).expect("held");
@@ -2475,6 +2523,30 @@ impl Worker {
             }
         }
     }
+}
+
+/// The record that ends a tenancy (P10 release, P12 failure and quarantine).
+fn end_record(cfg: &Config, current: &SplitRecord, end: &End) -> SplitRecord {
+    let mut record = current.clone();
+    record.owner = None;
+    match end {
+        End::Release => {
+            record.state = SplitState::Unleased;
+            record.last_end = Some(EndReason::Released);
+            #[cfg(feature = "mutations")]
+            if cfg.mutations.attempts_on_release {
+                record.attempts += 1;
+            }
+        }
+        End::Fail { error, unprocessable } => {
+            record.attempts += 1;
+            record.last_error = Some(error.clone());
+            record.last_end = Some(if *unprocessable { EndReason::Unprocessable } else { EndReason::Failed });
+            record.state =
+                if record.attempts >= cfg.max_attempts { SplitState::Quarantined } else { SplitState::Unleased };
+        }
+    }
+    record
 }
 
 fn validate_plan(plan: &Plan) -> Result<(), String> {

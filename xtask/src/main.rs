@@ -1,0 +1,157 @@
+//! `cargo xtask`: the project's automation.
+//!
+//! - `cargo xtask ci`: the README's test command: fmt check, clippy (warnings denied), every test,
+//!   and a simulation sweep.
+//! - `cargo xtask sim --seeds N [--start S]`: a sweep of N seeds with a summary.
+//! - `cargo xtask sim --seed S [--mutation NAME]`: one seed, reproduced exactly.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use etl_coordination_sim::{Options, Report, run};
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("ci") => ci(),
+        Some("sim") => sim(&args[1..]),
+        _ => {
+            eprintln!("usage: cargo xtask <ci | sim --seeds N [--start S] | sim --seed S>");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn flag(args: &[String], name: &str) -> Result<Option<u64>> {
+    match args.iter().position(|a| a == name) {
+        None => Ok(None),
+        Some(i) => {
+            let v = args.get(i + 1).with_context(|| format!("{name} needs a value"))?;
+            Ok(Some(v.parse().with_context(|| format!("{name} expects a number, got {v:?}"))?))
+        }
+    }
+}
+
+fn sim(args: &[String]) -> Result<()> {
+    if let Some(seed) = flag(args, "--seed")? {
+        let report = run(seed, &Options::for_seed(seed));
+        print_one(&report);
+        if let Some(v) = &report.violation {
+            bail!("seed {seed}: {v}");
+        }
+        return Ok(());
+    }
+    let seeds = flag(args, "--seeds")?.unwrap_or(200);
+    let start = flag(args, "--start")?.unwrap_or(0);
+    sweep(start, seeds)
+}
+
+fn print_one(r: &Report) {
+    println!("seed {}: outcome {}, {} events, {:.1}s virtual", r.seed, r.outcome, r.events, r.virtual_time.as_secs_f64());
+    println!("  faults: {:?}", r.faults);
+    println!("  acquisitions: {:?}", r.acquisitions);
+    println!("  checks: {:?}", r.checks);
+    println!(
+        "  records: {} in input, {} emitted ({} replayed)",
+        r.records_total,
+        r.records_emitted,
+        r.records_emitted.saturating_sub(r.records_total)
+    );
+    println!("  trace hash: {:016x}", r.trace_hash);
+    if let Some(v) = &r.violation {
+        println!("  VIOLATION: {v}");
+    }
+}
+
+/// Runs `count` seeds on every core and prints one summary.
+pub fn sweep(start: u64, count: u64) -> Result<()> {
+    let t0 = Instant::now();
+    let next = AtomicU64::new(start);
+    let end = start + count;
+    let agg: Mutex<Agg> = Mutex::new(Agg::default());
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                loop {
+                    let seed = next.fetch_add(1, Ordering::Relaxed);
+                    if seed >= end {
+                        return;
+                    }
+                    let r = run(seed, &Options::for_seed(seed));
+                    agg.lock().expect("lock").add(&r);
+                }
+            });
+        }
+    });
+    let agg = agg.into_inner().expect("lock");
+    println!("simulation sweep: seeds {start}..{end} in {:.1}s", t0.elapsed().as_secs_f64());
+    println!("  events: {}", agg.events);
+    println!("  faults injected: {:?}", agg.faults);
+    println!("  invariant checks: {:?}", agg.checks);
+    println!("  outcomes: {:?}", agg.outcomes);
+    println!("  acquisitions: {:?}", agg.acquisitions);
+    if agg.failures.is_empty() {
+        println!("  violations: none");
+        return Ok(());
+    }
+    for (seed, v) in &agg.failures {
+        println!("  VIOLATION seed {seed}: {v}");
+        println!("    reproduce: cargo xtask sim --seed {seed}");
+    }
+    bail!("{} of {count} seeds violated an invariant", agg.failures.len())
+}
+
+#[derive(Default)]
+struct Agg {
+    events: u64,
+    faults: BTreeMap<&'static str, u64>,
+    checks: BTreeMap<&'static str, u64>,
+    outcomes: BTreeMap<&'static str, u64>,
+    acquisitions: BTreeMap<&'static str, u64>,
+    failures: Vec<(u64, String)>,
+}
+
+impl Agg {
+    fn add(&mut self, r: &Report) {
+        self.events += r.events;
+        for (k, v) in &r.faults {
+            *self.faults.entry(k).or_default() += v;
+        }
+        for (k, v) in &r.checks {
+            *self.checks.entry(k).or_default() += v;
+        }
+        for (k, v) in &r.acquisitions {
+            *self.acquisitions.entry(k).or_default() += v;
+        }
+        *self.outcomes.entry(r.outcome).or_default() += 1;
+        if let Some(v) = &r.violation {
+            self.failures.push((r.seed, v.to_string()));
+            self.failures.sort();
+        }
+    }
+}
+
+fn cargo(args: &[&str]) -> Result<()> {
+    println!("$ cargo {}", args.join(" "));
+    let status = Command::new(env!("CARGO")).args(args).status().context("running cargo")?;
+    if !status.success() {
+        bail!("cargo {} failed", args.join(" "));
+    }
+    Ok(())
+}
+
+fn ci() -> Result<()> {
+    let t0 = Instant::now();
+    cargo(&["fmt", "--all", "--", "--check"])?;
+    cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    cargo(&["test", "--workspace"])?;
+    let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2000);
+    sweep(0, seeds)?;
+    println!("ci passed in {:.0}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
