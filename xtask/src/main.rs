@@ -129,6 +129,10 @@ impl Agg {
             *self.acquisitions.entry(k).or_default() += v;
         }
         *self.outcomes.entry(r.outcome).or_default() += 1;
+        if r.poison_splits == 0 && r.outcome == "stalled" {
+            *self.outcomes.entry("stalled_without_poison").or_default() += 1;
+        }
+        *self.outcomes.entry("splits_quarantined").or_default() += r.quarantined as u64;
         if let Some(v) = &r.violation {
             self.failures.push((r.seed, v.to_string()));
             self.failures.sort();

@@ -148,6 +148,10 @@ pub struct Report {
     pub records_emitted: u64,
     /// Steals after the last fault (liveness phase).
     pub steals_after_faults: u64,
+    /// Splits planted as poison (crash or unprocessable).
+    pub poison_splits: usize,
+    /// Splits quarantined at the end.
+    pub quarantined: usize,
     /// Fatal errors reported by workers.
     pub fatal: Vec<String>,
     /// Balance scenario: splits owned per worker after convergence.
@@ -234,6 +238,8 @@ struct Slot {
     lanes: BTreeMap<SplitId, Lane>,
     /// The id to restart with (a crash may switch to a new id).
     restart_as: Option<InstanceId>,
+    /// Asked to drain (scale-down): no longer counts as a live worker for fault decisions.
+    draining: bool,
     outcome: Option<Outcome>,
 }
 
@@ -328,7 +334,13 @@ impl World {
         let totals = splits.iter().map(|s| (s.id.clone(), s.total)).collect();
         let split_index = splits.iter().enumerate().map(|(i, s)| (s.id.clone(), i)).collect();
         let checker = Checker::new(opts.max_attempts, &totals, opts.commit_every * 2 + 2);
-        let report = Report { seed, records_total: splits.iter().map(|s| s.total).sum(), outcome: "none", ..Report::default() };
+        let report = Report {
+            seed,
+            records_total: splits.iter().map(|s| s.total).sum(),
+            outcome: "none",
+            poison_splits: opts.poison_crash + opts.poison_unprocessable,
+            ..Report::default()
+        };
         World {
             faults_on: opts.faults,
             opts,
@@ -390,6 +402,7 @@ impl World {
             lanes: BTreeMap::new(),
             restart_as: None,
             outcome: None,
+            draining: false,
         });
         let slot = self.slots.len() - 1;
         self.start_worker(slot);
@@ -414,6 +427,7 @@ impl World {
         cfg.validate().expect("sim config is valid");
         s.core = Some(Worker::new(cfg));
         s.status = Status::Running;
+        s.draining = false;
         s.tick_at = None;
         s.inbox.clear();
         s.lanes.clear();
@@ -656,6 +670,7 @@ impl World {
                     *m = m.max(ms);
                 }
             }
+            Event::Quarantined { .. } => self.report.quarantined += 1,
             Event::Released { split } => {
                 if self.opts.scenario == Scenario::DrainPickup {
                     self.released_at.insert(split, self.now);
@@ -946,7 +961,7 @@ impl World {
     // ----- faults -----
 
     fn live_slots(&self) -> Vec<usize> {
-        (0..self.slots.len()).filter(|&i| self.slots[i].status == Status::Running).collect()
+        (0..self.slots.len()).filter(|&i| self.slots[i].status == Status::Running && !self.slots[i].draining).collect()
     }
 
     fn crash(&mut self, slot: usize, restart: bool) {
@@ -1030,6 +1045,7 @@ impl World {
             73..=82 if live.len() > 1 => {
                 self.fault("scale_down_drain");
                 let slot = live[self.rng.range(0, live.len() as u64 - 1) as usize];
+                self.slots[slot].draining = true;
                 self.deliver(slot, Input::Drain);
             }
             83..=92 => {
@@ -1119,6 +1135,10 @@ impl World {
     }
 
     fn finish(mut self) -> Report {
+        if self.checker.violation.is_none() && self.report.outcome == "none" && self.opts.scenario == Scenario::Random {
+            let states: Vec<String> = self.slots.iter().map(|s| format!("{}: {:?} {:?}", s.instance, s.status, s.outcome)).collect();
+            self.checker.fail(self.now, "I8", format!("the run ended without a job outcome: {states:?}"));
+        }
         self.report.violation = self.checker.violation.take();
         self.report.checks = std::mem::take(&mut self.checker.checks);
         self.report.virtual_time = self.now.since_origin();
