@@ -133,6 +133,9 @@ impl Agg {
             *self.outcomes.entry("stalled_without_poison").or_default() += 1;
         }
         *self.outcomes.entry("splits_quarantined").or_default() += r.quarantined as u64;
+        *self.outcomes.entry("steals_in_liveness").or_default() += r.steals_after_faults;
+        let e = self.outcomes.entry("max_steals_in_liveness").or_default();
+        *e = (*e).max(r.steals_after_faults);
         if let Some(v) = &r.violation {
             self.failures.push((r.seed, v.to_string()));
             self.failures.sort();

@@ -43,6 +43,8 @@ pub struct Options {
     pub splits: usize,
     /// Records per split are drawn from `1..=max_records`.
     pub max_records: u64,
+    /// Every split has exactly `max_records` records.
+    pub uniform_records: bool,
     /// Virtual milliseconds between two records of a lane.
     pub step_ms: u64,
     /// Lease duration in whole seconds.
@@ -80,6 +82,7 @@ impl Options {
             max_workers: 6,
             splits,
             max_records: r.range(20, 600),
+            uniform_records: false,
             step_ms: r.range(5, 40),
             lease_secs: r.range(2, 5),
             max_in_flight: r.range(1, 6) as u32,
@@ -103,6 +106,7 @@ impl Options {
             max_workers: 3,
             splits: 12,
             max_records: 40,
+            uniform_records: true,
             step_ms: 10,
             lease_secs: 3,
             max_in_flight: 8,
@@ -118,8 +122,10 @@ impl Options {
         };
         match scenario {
             Scenario::Random => base,
-            Scenario::Balance => Options { initial_workers: 1, max_records: 6000, ..base },
-            Scenario::DrainPickup => Options { splits: 6, max_in_flight: 2, max_records: 600, ..base },
+            // 13 splits over 3 workers: fair share 5, so balance is 5/4/4, the case where a
+            // steal rule without the +2 margin oscillates.
+            Scenario::Balance => Options { initial_workers: 1, splits: 13, max_records: 6000, ..base },
+            Scenario::DrainPickup => Options { splits: 4, max_in_flight: 4, max_records: 600, ..base },
             Scenario::DuplicateId => Options { max_records: 800, ..base },
         }
     }
@@ -288,6 +294,7 @@ struct World {
     released_at: BTreeMap<SplitId, Timestamp>,
     hash: u64,
     trace: bool,
+    balance_window_closed: bool,
 }
 
 /// A run that needs more events than this is livelocked.
@@ -314,7 +321,7 @@ impl World {
         let mut splits = Vec::new();
         let open_until = if opts.open_plan { Timestamp::ZERO + Duration::from_secs(rng.range(3, 15)) } else { Timestamp::ZERO };
         for i in 0..opts.splits {
-            let total = rng.range(1, opts.max_records.max(1));
+            let total = if opts.uniform_records { opts.max_records.max(1) } else { rng.range(1, opts.max_records.max(1)) };
             let poison = if i < opts.poison_crash {
                 Poison::Crash(rng.range(0, total - 1))
             } else if i < opts.poison_crash + opts.poison_unprocessable {
@@ -364,6 +371,7 @@ impl World {
             released_at: BTreeMap::new(),
             hash: 0xcbf2_9ce4_8422_2325,
             trace: std::env::var_os("SIM_TRACE").is_some(),
+            balance_window_closed: false,
         }
     }
 
@@ -661,7 +669,8 @@ impl World {
         match e {
             Event::Acquired { split, reason, .. } => {
                 *self.report.acquisitions.entry(reason.label()).or_default() += 1;
-                if reason == AcquisitionReason::Stolen && self.safety_over {
+                let balance_window = !self.report.owned_after_convergence.is_empty() && !self.balance_window_closed;
+                if reason == AcquisitionReason::Stolen && ((self.opts.scenario == Scenario::Random && self.safety_over) || balance_window) {
                     self.report.steals_after_faults += 1;
                 }
                 if let Some(t) = self.released_at.remove(&split) {
@@ -1124,10 +1133,21 @@ impl World {
                     // Measure after convergence, then watch for further steals.
                     self.schedule(Duration::from_secs(20), Ev::Probe);
                 } else if self.report.owned_after_convergence.is_empty() {
-                    self.report.owned_after_convergence =
+                    let owned: Vec<u32> =
                         self.slots.iter().map(|s| s.core.as_ref().map_or(0, |c| c.held().count() as u32)).collect();
-                    self.safety_over = true; // count steals from here on
+                    let (min, max) = (owned.iter().min().copied().unwrap_or(0), owned.iter().max().copied().unwrap_or(0));
+                    if max - min > 1 {
+                        self.checker.fail(self.now, "I7", format!("owned counts {owned:?} differ by more than 1 after convergence"));
+                    }
+                    self.report.owned_after_convergence = owned;
                     self.report.steals_after_faults = 0;
+                    self.schedule(Duration::from_secs(15), Ev::Probe);
+                } else if !self.balance_window_closed {
+                    self.balance_window_closed = true;
+                    let n = self.report.steals_after_faults;
+                    if n > 0 {
+                        self.checker.fail(self.now, "I7", format!("{n} steals after convergence: ownership oscillates"));
+                    }
                 }
             }
             _ => {}
@@ -1135,6 +1155,12 @@ impl World {
     }
 
     fn finish(mut self) -> Report {
+        // I7 in random runs: once faults stop, every steal moves a split toward balance, so the
+        // number of steals is bounded by the number of splits; more means ownership oscillates.
+        if self.opts.scenario == Scenario::Random && self.report.steals_after_faults > self.splits.len() as u64 {
+            let n = self.report.steals_after_faults;
+            self.checker.fail(self.now, "I7", format!("{n} steals after the faults stopped, for {} splits: ownership oscillates", self.splits.len()));
+        }
         if self.checker.violation.is_none() && self.report.outcome == "none" && self.opts.scenario == Scenario::Random {
             let states: Vec<String> = self.slots.iter().map(|s| format!("{}: {:?} {:?}", s.instance, s.status, s.outcome)).collect();
             self.checker.fail(self.now, "I8", format!("the run ended without a job outcome: {states:?}"));

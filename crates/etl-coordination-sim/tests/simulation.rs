@@ -1,0 +1,112 @@
+//! The simulator's own guarantees: determinism, the named scenarios, and that its checkers
+//! catch deliberately broken protocol variants ("the checkers have teeth").
+
+use etl_coordination_sim::{Mutations, Options, Scenario, run};
+
+#[test]
+fn the_same_seed_replays_the_same_trace() {
+    for seed in [7, 1234, 99_999] {
+        let opts = Options::for_seed(seed);
+        let a = run(seed, &opts);
+        let b = run(seed, &opts);
+        assert_eq!(a.trace_hash, b.trace_hash, "seed {seed}");
+        assert_eq!((a.events, a.virtual_time, &a.checks), (b.events, b.virtual_time, &b.checks), "seed {seed}");
+        assert_ne!(run(seed + 1, &Options::for_seed(seed + 1)).trace_hash, a.trace_hash);
+    }
+}
+
+#[test]
+fn a_sweep_of_random_fault_schedules_keeps_every_invariant() {
+    let mut outcomes = [0u32; 2];
+    for seed in 0..300 {
+        let r = run(seed, &Options::for_seed(seed));
+        assert!(r.violation.is_none(), "seed {seed}: {}\n  reproduce: cargo xtask sim --seed {seed}", r.violation.unwrap());
+        match r.outcome {
+            "complete" => outcomes[0] += 1,
+            "stalled" => outcomes[1] += 1,
+            other => panic!("seed {seed}: outcome {other}"),
+        }
+        assert!(r.checks.values().sum::<u64>() > 0, "seed {seed} checked nothing");
+    }
+    assert!(outcomes[0] > 0 && outcomes[1] > 0, "both outcomes must occur: {outcomes:?}");
+}
+
+#[test]
+fn scale_up_converges_to_plus_minus_one_and_steals_stop() {
+    let r = run(1, &Options::scenario(Scenario::Balance));
+    assert!(r.violation.is_none(), "{}", r.violation.unwrap());
+    let owned = &r.owned_after_convergence;
+    assert_eq!(owned.len(), 3, "{owned:?}");
+    assert_eq!(owned.iter().sum::<u32>(), 13, "every split owned: {owned:?}");
+    assert!(owned.iter().max().unwrap() - owned.iter().min().unwrap() <= 1, "{owned:?}");
+    assert_eq!(r.steals_after_faults, 0, "no steals in the window after convergence");
+    // T4: the first worker held 8 (max_in_flight); the newcomers claim the 5 unclaimed splits,
+    // then steals move the first worker down to its share of 5 or 4: at most 4 steals, one
+    // per split moved.
+    let stolen = r.acquisitions.get("stolen").copied().unwrap_or(0);
+    assert!((1..=4).contains(&stolen), "{:?}", r.acquisitions);
+    assert_eq!(r.outcome, "complete");
+}
+
+#[test]
+fn drained_splits_are_picked_up_without_waiting_for_a_lease() {
+    let opts = Options::scenario(Scenario::DrainPickup);
+    let r = run(3, &opts);
+    assert!(r.violation.is_none(), "{}", r.violation.unwrap());
+    assert_eq!(r.outcome, "complete");
+    assert_eq!(r.acquisitions.get("released"), Some(&2), "{:?}", r.acquisitions);
+    assert_eq!(r.acquisitions.get("expired"), None, "no lease had to expire: {:?}", r.acquisitions);
+    let pickup = r.max_pickup_ms.expect("released splits were picked up");
+    let heartbeat_ms = opts.lease_secs as f64 * 1000.0 / 3.0;
+    assert!(pickup < heartbeat_ms / 10.0, "pickup took {pickup} ms");
+}
+
+#[test]
+fn a_live_twin_with_the_same_instance_id_is_fatal_without_ping_pong() {
+    let r = run(5, &Options::scenario(Scenario::DuplicateId));
+    assert!(r.violation.is_none(), "{}", r.violation.unwrap());
+    assert_eq!(r.fatal.len(), 1, "{:?}", r.fatal);
+    assert!(r.fatal[0].contains("duplicate instance id"), "{}", r.fatal[0]);
+    assert!(r.fatal[0].contains("unique instance id"), "the error says what to do: {}", r.fatal[0]);
+    assert_eq!(r.acquisitions.get("reclaimed"), None, "no ping-pong: {:?}", r.acquisitions);
+    assert_eq!(r.outcome, "complete");
+}
+
+/// Runs random seeds with `mutations` until one is reported under `rule`.
+fn caught(mutations: Mutations, rules: &[&str], seeds: u64) -> (u64, String) {
+    for seed in 0..seeds {
+        let mut opts = Options::for_seed(seed);
+        opts.mutations = mutations;
+        if let Some(v) = run(seed, &opts).violation {
+            assert!(rules.contains(&v.rule), "seed {seed}: expected one of {rules:?}, got {v}");
+            return (seed, v.to_string());
+        }
+    }
+    panic!("no seed out of {seeds} caught the broken variant {mutations:?}");
+}
+
+#[test]
+fn commits_without_the_fence_are_caught() {
+    let (_, v) = caught(Mutations { unfenced_commit: true, ..Mutations::default() }, &["I1", "I3", "I2", "I5"], 500);
+    assert!(v.contains("split"), "{v}");
+}
+
+#[test]
+fn attempts_counted_on_graceful_releases_are_caught() {
+    let (_, v) = caught(Mutations { attempts_on_release: true, ..Mutations::default() }, &["I5"], 500);
+    assert!(v.contains("attempt consumed"), "{v}");
+}
+
+#[test]
+fn stealing_without_the_two_split_margin_is_caught() {
+    let mut opts = Options::scenario(Scenario::Balance);
+    opts.mutations.steal_without_margin = true;
+    let r = run(1, &opts);
+    let v = r.violation.expect("oscillating steals must be reported");
+    assert_eq!(v.rule, "I7", "{v}");
+}
+
+#[test]
+fn completion_declared_over_quarantined_splits_is_caught() {
+    caught(Mutations { complete_with_quarantined: true, ..Mutations::default() }, &["I6", "P12"], 500);
+}
