@@ -160,6 +160,8 @@ pub struct Report {
     pub quarantined: usize,
     /// Fatal errors reported by workers.
     pub fatal: Vec<String>,
+    /// Balance scenario: steals until the convergence probe (T4).
+    pub steals_to_converge: u64,
     /// Balance scenario: splits owned per worker after convergence.
     pub owned_after_convergence: Vec<u32>,
     /// Drain scenario: slowest release-to-pickup, in milliseconds.
@@ -1140,6 +1142,7 @@ impl World {
                         self.checker.fail(self.now, "I7", format!("owned counts {owned:?} differ by more than 1 after convergence"));
                     }
                     self.report.owned_after_convergence = owned;
+                    self.report.steals_to_converge = self.report.acquisitions.get("stolen").copied().unwrap_or(0);
                     self.report.steals_after_faults = 0;
                     self.schedule(Duration::from_secs(15), Ev::Probe);
                 } else if !self.balance_window_closed {
