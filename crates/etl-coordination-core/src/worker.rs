@@ -126,6 +126,8 @@ struct PlanWrite {
     second_in_flight: usize,
     manifest: ManifestRef,
     resume_at: Option<Timestamp>,
+    /// The planner request this write belongs to; results of older rounds are ignored.
+    round: u64,
 }
 
 #[derive(Debug)]
@@ -221,7 +223,7 @@ enum Pending {
     LeaderResolve { sent: Timestamp },
     HeadWrite { head: PlanHead },
     HeadRead { attempted: PlanHead },
-    PlanWrite { key: Key, value: Bytes },
+    PlanWrite { round: u64, key: Key, value: Bytes },
     ManifestChunk { manifest: ManifestRef, chunk: u32 },
     GcList,
     Cleanup,
@@ -852,7 +854,7 @@ impl Worker {
             Pending::LeaderResolve { sent } => self.on_leader_resolve(op, sent, result),
             Pending::HeadWrite { head } => self.on_head_write(now, head, result),
             Pending::HeadRead { attempted } => self.on_head_read(now, attempted, result),
-            Pending::PlanWrite { key, value } => self.on_plan_write(now, key, value, result),
+            Pending::PlanWrite { round, key, value } => self.on_plan_write(now, round, key, value, result),
             Pending::ManifestChunk { manifest, chunk } => self.on_manifest_chunk(now, manifest, chunk, result),
             Pending::GcList => self.on_gc_list(result),
             Pending::Cleanup => {
@@ -2137,7 +2139,18 @@ impl Worker {
         if self.leader.is_some() {
             return self.drive_plan(now);
         }
-        if self.view.leader.is_some() || self.leader_attempt.is_some() {
+        if self.leader_attempt.is_some() {
+            return;
+        }
+        if let Some((rev, l)) = &self.view.leader {
+            // The leader key still names this process (we stepped down on a lapse of trust, or
+            // a renewal's answer was lost): renew it by CAS rather than wait for it to expire.
+            if l.owner == self.me {
+                let value = records::encode(&LeaderRecord { owner: self.me.clone(), term: 0 });
+                let request = StoreRequest::CompareAndSwap { key: keys::leader(), expected: *rev, value, ttl: self.ttl() };
+                let op = self.send(Bucket::Lease, request, Pending::LeaderCreate { sent: now });
+                self.leader_attempt = Some(op);
+            }
             return;
         }
         let value = records::encode(&LeaderRecord { owner: self.me.clone(), term: 0 });
@@ -2440,6 +2453,7 @@ impl Worker {
             second_in_flight: 0,
             manifest,
             resume_at: None,
+            round: request,
         }));
         self.pump_plan_writes(now);
     }
@@ -2470,9 +2484,10 @@ impl Worker {
         }
         let publish = w.first.is_empty() && w.second.is_empty() && w.first_in_flight + w.second_in_flight == 0;
         let manifest = w.manifest;
+        let round = w.round;
         for (key, value) in sends {
             let request = StoreRequest::Create { key: key.clone(), value: value.clone(), ttl: None };
-            self.send(Bucket::State, request, Pending::PlanWrite { key, value });
+            self.send(Bucket::State, request, Pending::PlanWrite { round, key, value });
         }
         if publish {
             let l = self.leader.as_mut().expect("leader");
@@ -2484,10 +2499,13 @@ impl Worker {
         }
     }
 
-    fn on_plan_write(&mut self, now: Timestamp, key: Key, value: Bytes, result: StoreResult) {
+    fn on_plan_write(&mut self, now: Timestamp, round: u64, key: Key, value: Bytes, result: StoreResult) {
         let backoff = self.retry_backoff();
         let Some(l) = self.leader.as_mut() else { return };
         let PlanStage::Writing(w) = &mut l.stage else { return };
+        if w.round != round {
+            return;
+        }
         let is_manifest = keys::parse_manifest(&key).is_some();
         if is_manifest {
             w.second_in_flight -= 1;

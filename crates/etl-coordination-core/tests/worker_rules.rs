@@ -1,0 +1,448 @@
+//! One test per protocol rule (SPEC P2-P13), asserting exact action sequences where the rule
+//! is about what the worker sends, and resulting store state where it is about an outcome.
+
+mod rig;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use etl_coordination_core::records::{self, keys, LeaseRecord, Meta, PresenceRecord, SplitRecord, SplitState};
+use etl_coordination_core::*;
+use rig::*;
+
+fn store_requests(actions: &[Action]) -> Vec<(Bucket, StoreRequest)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Store { bucket, request, .. } => Some((*bucket, request.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn op_of(actions: &[Action], n: usize) -> OpId {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Store { op, .. } => Some(*op),
+            _ => None,
+        })
+        .nth(n)
+        .expect("store action")
+}
+
+/// A single worker that planned `n` splits and runs them.
+fn running(n: usize) -> Rig {
+    let mut r = Rig::new(cfg("w1", 1));
+    r.plan = Some(plan(n, PlanKind::Final));
+    r.feed(Input::Start);
+    r
+}
+
+#[test]
+fn p2_startup_creates_meta_before_anything_else() {
+    let mut w = Worker::new(cfg("w1", 1));
+    let actions = w.handle(Timestamp::ZERO, Input::Start);
+    let meta = Meta { protocol_version: records::PROTOCOL_VERSION, fingerprint: "fp-1".into(), max_attempts: 2 };
+    assert_eq!(
+        actions,
+        vec![Action::Store {
+            op: OpId(1),
+            bucket: Bucket::State,
+            request: StoreRequest::Create { key: keys::meta(), value: records::encode(&meta), ttl: None },
+        }]
+    );
+}
+
+#[test]
+fn p2_a_diverging_meta_is_fatal_and_names_both_fingerprints() {
+    let mut w = Worker::new(cfg("w1", 1));
+    w.handle(Timestamp::ZERO, Input::Start);
+    let a = w.handle(Timestamp::ZERO, Input::StoreResult { op: OpId(1), result: Err(StoreError::AlreadyExists(keys::meta())) });
+    assert_eq!(store_requests(&a), vec![(Bucket::State, StoreRequest::Get { key: keys::meta() })]);
+    let other = Meta { protocol_version: records::PROTOCOL_VERSION, fingerprint: "fp-2".into(), max_attempts: 2 };
+    let entry = Entry { key: keys::meta(), value: records::encode(&other), revision: Revision(1) };
+    let a = w.handle(Timestamp::ZERO, Input::StoreResult { op: OpId(2), result: Ok(StoreReply::Value(Some(entry))) });
+    let [Action::Fatal(e @ FatalError::ConfigDivergence { .. })] = a.as_slice() else { panic!("{a:?}") };
+    let msg = e.to_string();
+    assert!(msg.contains("\"fp-1\"") && msg.contains("\"fp-2\""), "{msg}");
+    assert!(w.is_stopped());
+    assert!(w.handle(Timestamp::ZERO, Input::Tick).is_empty(), "nothing follows a fatal error");
+}
+
+#[test]
+fn p2_a_matching_meta_opens_the_watches_and_announces_presence() {
+    let mut w = Worker::new(cfg("w1", 1));
+    w.handle(Timestamp::ZERO, Input::Start);
+    let a = w.handle(Timestamp::ZERO, Input::StoreResult { op: OpId(1), result: Ok(StoreReply::Written(Revision(1))) });
+    let presence = PresenceRecord { incarnation: Incarnation(1), held: 0, capacity: 4 };
+    assert_eq!(
+        a,
+        vec![
+            Action::Watch { watch: WatchId::Leases },
+            Action::Watch { watch: WatchId::Plan },
+            Action::Watch { watch: WatchId::Splits },
+            Action::Store {
+                op: OpId(2),
+                bucket: Bucket::Lease,
+                request: StoreRequest::Create {
+                    key: presence_key("w1"),
+                    value: records::encode(&presence),
+                    ttl: Some(Duration::from_secs(3)),
+                },
+            },
+        ]
+    );
+}
+
+/// Drives a worker whose presence key is held by incarnation 9 at revision 5 to the point
+/// where it has observed the key for one and a half heartbeats and re-reads it.
+fn observe_predecessor() -> (Worker, OpId) {
+    let mut w = Worker::new(cfg("w1", 1));
+    w.handle(Timestamp::ZERO, Input::Start);
+    w.handle(Timestamp::ZERO, Input::StoreResult { op: OpId(1), result: Ok(StoreReply::Written(Revision(1))) });
+    let a = w.handle(Timestamp::ZERO, Input::StoreResult { op: OpId(2), result: Err(StoreError::AlreadyExists(presence_key("w1"))) });
+    assert_eq!(store_requests(&a), vec![(Bucket::Lease, StoreRequest::Get { key: presence_key("w1") })]);
+    let other = PresenceRecord { incarnation: Incarnation(9), held: 2, capacity: 4 };
+    let entry = Entry { key: presence_key("w1"), value: records::encode(&other), revision: Revision(5) };
+    let a = w.handle(Timestamp::ZERO, Input::StoreResult { op: OpId(3), result: Ok(StoreReply::Value(Some(entry))) });
+    assert!(a.is_empty(), "the worker waits before deciding: {a:?}");
+    let deadline = w.next_deadline().expect("observation deadline");
+    assert_eq!(deadline, Timestamp::ZERO + Duration::from_millis(1500), "one and a half heartbeats");
+    let a = w.handle(deadline, Input::Tick);
+    assert_eq!(store_requests(&a), vec![(Bucket::Lease, StoreRequest::Get { key: presence_key("w1") })]);
+    (w, op_of(&a, 0))
+}
+
+#[test]
+fn p3_a_dead_predecessor_is_taken_over_after_one_heartbeat_without_renewal() {
+    let (mut w, op) = observe_predecessor();
+    let other = PresenceRecord { incarnation: Incarnation(9), held: 2, capacity: 4 };
+    let entry = Entry { key: presence_key("w1"), value: records::encode(&other), revision: Revision(5) };
+    let t = Timestamp::ZERO + Duration::from_millis(1500);
+    let a = w.handle(t, Input::StoreResult { op, result: Ok(StoreReply::Value(Some(entry))) });
+    let mine = PresenceRecord { incarnation: Incarnation(1), held: 0, capacity: 4 };
+    assert_eq!(
+        store_requests(&a),
+        vec![(
+            Bucket::Lease,
+            StoreRequest::CompareAndSwap {
+                key: presence_key("w1"),
+                expected: Revision(5),
+                value: records::encode(&mine),
+                ttl: Some(Duration::from_secs(3)),
+            }
+        )]
+    );
+}
+
+#[test]
+fn p3_a_renewing_twin_is_fatal_and_says_what_to_do() {
+    let (mut w, op) = observe_predecessor();
+    let other = PresenceRecord { incarnation: Incarnation(9), held: 2, capacity: 4 };
+    let entry = Entry { key: presence_key("w1"), value: records::encode(&other), revision: Revision(6) };
+    let t = Timestamp::ZERO + Duration::from_millis(1500);
+    let a = w.handle(t, Input::StoreResult { op, result: Ok(StoreReply::Value(Some(entry))) });
+    let [Action::Fatal(e @ FatalError::DuplicateInstance { .. })] = a.as_slice() else { panic!("{a:?}") };
+    assert!(e.to_string().contains("unique instance id"), "{e}");
+}
+
+#[test]
+fn p3_a_restarted_instance_reclaims_its_splits_at_once_consuming_an_attempt() {
+    // The first incarnation claims everything, then dies without releasing.
+    let mut r = running(3);
+    assert_eq!(r.started().len(), 3);
+    let old_kv = std::mem::take(&mut r.kv);
+    // The new incarnation finds the old presence, waits, takes it over, and reclaims.
+    let mut r2 = Rig::new(cfg("w1", 2));
+    r2.kv = old_kv;
+    r2.kv.watches.clear();
+    r2.feed(Input::Start);
+    assert!(r2.started().is_empty(), "nothing before the observation window ends");
+    r2.advance(Duration::from_millis(1500));
+    let started = r2.started();
+    assert_eq!(started.len(), 3, "all reclaimed well before the 3 s lease ran out: {:?}", r2.log);
+    assert!(started.iter().all(|(_, e)| *e == Epoch(2)));
+    let reasons: Vec<_> = r2
+        .log
+        .iter()
+        .filter_map(|a| match a {
+            Action::Event(Event::Acquired { reason, .. }) => Some(*reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasons, vec![AcquisitionReason::Reclaimed; 3]);
+    assert_eq!(r2.kv.record("s0").attempts, 1, "a crash consumes an attempt (P12)");
+}
+
+#[test]
+fn p4_the_first_leader_bumps_the_term_then_plans_and_publishes() {
+    let r = running(2);
+    let head: records::PlanHead = records::decode(&r.kv.get(Bucket::State, "plan.head").unwrap().value).unwrap();
+    assert_eq!(head.term, 1);
+    assert_eq!(head.status, records::PlanStatus::Published);
+    let m = head.manifest.unwrap();
+    assert_eq!((m.version, m.split_count, m.kind), (1, 2, PlanKind::Final));
+    assert!(r.log.iter().any(|a| matches!(a, Action::Event(Event::Leadership { leader: true, term: 1 }))));
+    assert!(r.log.iter().any(|a| matches!(a, Action::Plan { .. })));
+}
+
+#[test]
+fn p4_a_deposed_leaders_publication_loses_its_swap() {
+    // w1 becomes leader of term 1 and asks its planner; the answer is slow.
+    let mut r = Rig::new(cfg("w1", 1));
+    r.feed(Input::Start);
+    let request = r
+        .log
+        .iter()
+        .find_map(|a| match a {
+            Action::Plan { request } => Some(*request),
+            _ => None,
+        })
+        .expect("the leader asked for a plan");
+    // Meanwhile w2 takes over and bumps the term (w1 was paused past its lease).
+    let mut head: records::PlanHead = records::decode(&r.kv.get(Bucket::State, "plan.head").unwrap().value).unwrap();
+    assert_eq!(head.term, 1);
+    head.term = 2;
+    head.leader = Owner { instance: id("w2"), incarnation: Incarnation(2) };
+    r.kv.put(Bucket::State, &keys::plan_head(), &head);
+    r.take_log();
+    r.feed(Input::PlanReady { request, result: Ok(plan(2, PlanKind::Final)) });
+    let stored: records::PlanHead = records::decode(&r.kv.get(Bucket::State, "plan.head").unwrap().value).unwrap();
+    assert_eq!((stored.status, stored.manifest), (records::PlanStatus::Planning, None), "I9: nothing published");
+    assert!(stored.term >= 2);
+    assert!(r.log.contains(&Action::Event(Event::Leadership { leader: false, term: 1 })), "{:?}", r.log);
+    assert!(r.started().is_empty());
+}
+
+#[test]
+fn p5_claims_up_to_the_fair_share_largest_weight_first() {
+    let mut r = Rig::new(cfg("w1", 1));
+    r.plan = Some(plan(6, PlanKind::Final));
+    // A second live worker halves the fair share: ceil(6 / 2) = 3 (max_in_flight is 4).
+    let other = PresenceRecord { incarnation: Incarnation(7), held: 0, capacity: 4 };
+    r.kv.put(Bucket::Lease, &presence_key("w2"), &other);
+    r.feed(Input::Start);
+    let started: Vec<String> = r.started().iter().map(|(s, _)| s.to_string()).collect();
+    assert_eq!(started, vec!["s5", "s4", "s3"]);
+}
+
+#[test]
+fn p5_claim_is_lease_create_then_record_cas_with_epoch_plus_one() {
+    let r = running(1);
+    let rec = r.kv.record("s0");
+    assert_eq!((rec.epoch, rec.state, rec.attempts), (Epoch(1), SplitState::Owned, 0));
+    assert_eq!(rec.owner.unwrap().instance, id("w1"));
+    let lease = lease_of(&r.kv, "s0").unwrap();
+    assert_eq!(lease, LeaseRecord { owner: Owner { instance: id("w1"), incarnation: Incarnation(1) }, epoch: Epoch(1) });
+}
+
+#[test]
+fn p7_heartbeats_renew_every_held_lease_presence_and_leadership_at_a_third_of_the_lease() {
+    let mut r = running(2);
+    r.auto = false;
+    let a = r.advance(Duration::from_secs(1));
+    let renewed: Vec<String> = store_requests(&a)
+        .into_iter()
+        .filter_map(|(b, req)| match req {
+            StoreRequest::CompareAndSwap { key, ttl, .. } if b == Bucket::Lease => {
+                assert_eq!(ttl, Some(Duration::from_secs(3)));
+                Some(key.to_string())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(renewed, vec!["worker.w1", "leader", "split.s0", "split.s1"]);
+}
+
+#[test]
+fn p7_a_lease_deleted_at_a_newer_revision_revokes_the_lane() {
+    let mut r = running(1);
+    let lease_rev = r.kv.get(Bucket::Lease, "split.s0").unwrap().revision;
+    r.take_log();
+    let a = r.feed(Input::Watch {
+        watch: WatchId::Leases,
+        event: WatchEvent::Delete { key: keys::split(&sid("s0")), revision: Revision(lease_rev.0 + 100), cause: DeleteCause::Expired },
+    });
+    assert!(a.contains(&Action::StopLane { split: sid("s0"), epoch: Epoch(1), reason: StopReason::Fenced, deadline: None }), "{a:?}");
+}
+
+#[test]
+fn p8_commits_cas_against_our_own_last_write_and_a_lost_swap_stops_the_lane() {
+    let mut r = running(1);
+    r.auto = false;
+    let rev = r.kv.get(Bucket::State, "split.s0").unwrap().revision;
+    let a = r.feed(Input::Commit { split: sid("s0"), epoch: Epoch(1), progress: Bytes::from_static(b"10") });
+    let reqs = store_requests(&a);
+    let [(Bucket::State, StoreRequest::CompareAndSwap { expected, .. })] = reqs.as_slice() else { panic!("{a:?}") };
+    assert_eq!(*expected, rev);
+    let a = r.apply(op_of(&a, 0));
+    assert_eq!(a, vec![Action::CommitDone { split: sid("s0"), epoch: Epoch(1), outcome: CommitOutcome::Ok }]);
+    // Someone else takes the split over (epoch 2): our next commit loses and nothing is written.
+    let mut stolen = r.kv.record("s0");
+    stolen.epoch = Epoch(2);
+    stolen.owner = Some(Owner { instance: id("w9"), incarnation: Incarnation(9) });
+    r.kv.put(Bucket::State, &keys::split(&sid("s0")), &stolen);
+    let a = r.feed(Input::Commit { split: sid("s0"), epoch: Epoch(1), progress: Bytes::from_static(b"20") });
+    let a = r.apply(op_of(&a, 0));
+    // The mismatch is resolved by a read, which shows the new owner.
+    let a = r.apply(op_of(&a, 0));
+    assert!(a.contains(&Action::CommitDone { split: sid("s0"), epoch: Epoch(1), outcome: CommitOutcome::Lost }), "{a:?}");
+    assert!(a.contains(&Action::StopLane { split: sid("s0"), epoch: Epoch(1), reason: StopReason::Fenced, deadline: None }));
+    assert_eq!(r.kv.record("s0").progress.as_deref(), Some(&b"10"[..]), "the new owner's record is untouched");
+}
+
+#[test]
+fn p8_an_in_doubt_commit_is_resolved_by_reading_before_anything_else() {
+    let mut r = running(1);
+    r.auto = false;
+    let a = r.feed(Input::Commit { split: sid("s0"), epoch: Epoch(1), progress: Bytes::from_static(b"10") });
+    let op = op_of(&a, 0);
+    // The write lands, but the answer is lost.
+    let (bucket, req) = store_requests(&a).remove(0);
+    r.pending.clear();
+    let _ = r.kv.apply(bucket, &req);
+    let a = r.answer(op, Err(StoreError::Indeterminate("timeout".into())));
+    assert_eq!(store_requests(&a), vec![(Bucket::State, StoreRequest::Get { key: keys::split(&sid("s0")) })]);
+    let a = r.apply(op_of(&a, 0));
+    assert_eq!(a, vec![Action::CommitDone { split: sid("s0"), epoch: Epoch(1), outcome: CommitOutcome::Ok }]);
+    // And the next commit is fenced on the revision of that landed write.
+    let rev = r.kv.get(Bucket::State, "split.s0").unwrap().revision;
+    let a = r.feed(Input::Commit { split: sid("s0"), epoch: Epoch(1), progress: Bytes::from_static(b"20") });
+    let reqs = store_requests(&a);
+    let [(_, StoreRequest::CompareAndSwap { expected, .. })] = reqs.as_slice() else { panic!("{a:?}") };
+    assert_eq!(*expected, rev);
+}
+
+#[test]
+fn p10_drain_stops_lanes_releases_without_attempts_and_leaves() {
+    let mut r = running(2);
+    r.take_log();
+    r.feed(Input::Drain);
+    let stops = r.log.iter().filter(|a| matches!(a, Action::StopLane { reason: StopReason::Draining, deadline: Some(_), .. })).count();
+    assert_eq!(stops, 2);
+    for s in ["s0", "s1"] {
+        r.feed(Input::LaneStopped { split: sid(s), epoch: Epoch(1) });
+    }
+    for s in ["s0", "s1"] {
+        let rec = r.kv.record(s);
+        assert_eq!((rec.state, rec.attempts, rec.owner.clone()), (SplitState::Unleased, 0, None), "{s}");
+        assert!(lease_of(&r.kv, s).is_none(), "lease of {s} deleted so peers claim at once");
+    }
+    assert!(r.kv.get(Bucket::Lease, "worker.w1").is_none(), "presence removed");
+    assert!(r.kv.get(Bucket::Lease, "leader").is_none(), "leadership handed back");
+    assert!(r.log.contains(&Action::Finished(Outcome::Drained)));
+}
+
+#[test]
+fn p11_a_lease_without_a_successful_renewal_for_a_lease_duration_starves_its_lane() {
+    let mut r = running(1);
+    r.auto = false;
+    r.expire = false;
+    // The store stops answering: every renewal fails (and no watch event arrives either).
+    let mut stopped = None;
+    for _ in 0..6 {
+        let a = r.advance(Duration::from_millis(500));
+        for (op, _, _) in std::mem::take(&mut r.pending) {
+            r.answer(op, Err(StoreError::Unavailable("down".into())));
+        }
+        if let Some(Action::StopLane { reason, .. }) = a.iter().find(|x| matches!(x, Action::StopLane { .. })) {
+            stopped = Some((*reason, r.now));
+            break;
+        }
+    }
+    let (reason, at) = stopped.expect("the lane was stopped");
+    assert_eq!(reason, StopReason::Starved);
+    assert!(at >= Timestamp::ZERO + Duration::from_millis(2850) - Duration::from_millis(500), "{at:?}");
+    assert!(at <= Timestamp::ZERO + Duration::from_secs(3), "{at:?}");
+}
+
+#[test]
+fn p12_failures_consume_attempts_and_quarantine_exactly_at_the_cap() {
+    let mut r = running(1);
+    r.feed(Input::Fail { split: sid("s0"), epoch: Epoch(1), error: "bad row".into(), unprocessable: false });
+    let rec = r.kv.record("s0");
+    assert_eq!(rec.attempts, 1);
+    assert_eq!(rec.last_error.as_deref(), Some("bad row"));
+    // It went back to the queue and was offered again (to this worker, the only one): it fails
+    // again, and max_attempts is 2.
+    let (split, epoch) = r.started().last().cloned().unwrap();
+    assert_eq!((split.as_str(), epoch), ("s0", Epoch(2)));
+    r.feed(Input::Fail { split: sid("s0"), epoch: Epoch(2), error: "still bad".into(), unprocessable: true });
+    let rec = r.kv.record("s0");
+    assert_eq!((rec.state, rec.attempts), (SplitState::Quarantined, 2));
+    assert_eq!(r.started().len(), 2, "never re-offered");
+    // P13: a bounded job with a quarantined split ends Stalled, naming it and its error.
+    let outcome = r.log.iter().find_map(|a| match a {
+        Action::Finished(o) => Some(o.clone()),
+        _ => None,
+    });
+    assert_eq!(outcome, Some(Outcome::Stalled { quarantined: vec![(sid("s0"), Some("still bad".into()))] }));
+}
+
+#[test]
+fn p13_completion_is_observed_by_an_idle_standby() {
+    // The standby joins a job whose every split is already Done.
+    let mut r = running(2);
+    for (s, e) in r.started() {
+        r.feed(Input::Finish { split: s, epoch: e, progress: Bytes::from_static(b"end") });
+    }
+    assert!(r.log.contains(&Action::Finished(Outcome::Complete)));
+    let kv = std::mem::take(&mut r.kv);
+    let mut standby = Rig::new(cfg("w2", 5));
+    standby.kv = kv;
+    standby.kv.watches.clear();
+    standby.feed(Input::Start);
+    assert!(standby.started().is_empty());
+    assert!(standby.log.contains(&Action::Finished(Outcome::Complete)), "{:?}", standby.log);
+}
+
+#[test]
+fn p9_steals_one_split_from_an_owner_holding_two_more_and_then_stops() {
+    // w2 planned 4 splits and holds the 3 largest (its max_in_flight is 3).
+    let mut c2 = cfg("w2", 2);
+    c2.max_in_flight = 3;
+    let mut w2 = Rig::new(c2);
+    w2.plan = Some(plan(4, PlanKind::Final));
+    w2.feed(Input::Start);
+    assert_eq!(w2.started().len(), 3);
+    // w1 joins the same store (w2 is frozen in it): fair share ceil(4 / 2) = 2.
+    let mut r = Rig::new(cfg("w1", 1));
+    r.expire = false;
+    r.kv = std::mem::take(&mut w2.kv);
+    r.kv.watches.clear();
+    r.feed(Input::Start);
+    let acquired: Vec<(String, AcquisitionReason)> = r
+        .log
+        .iter()
+        .filter_map(|a| match a {
+            Action::Event(Event::Acquired { split, reason, .. }) => Some((split.to_string(), *reason)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(acquired, vec![("s0".into(), AcquisitionReason::Create), ("s1".into(), AcquisitionReason::Stolen)]);
+    let rec = r.kv.record("s1");
+    assert_eq!((rec.epoch, rec.attempts), (Epoch(2), 0), "a steal bumps the epoch and consumes no attempt");
+    // 2 against 2: no further steal, however many cycles pass.
+    r.take_log();
+    for _ in 0..5 {
+        r.advance(Duration::from_secs(1));
+    }
+    assert!(r.started().is_empty(), "{:?}", r.log);
+}
+
+#[test]
+fn records_never_name_a_split_the_manifest_does_not_list() {
+    let r = running(3);
+    let head: records::PlanHead = records::decode(&r.kv.get(Bucket::State, "plan.head").unwrap().value).unwrap();
+    let m = head.manifest.unwrap();
+    let chunk: records::ManifestChunk =
+        records::decode(&r.kv.get(Bucket::State, &keys::manifest(m.term, m.version, 0).to_string()).unwrap().value).unwrap();
+    assert_eq!(chunk.splits.len(), 3);
+    for (id, _) in chunk.splits {
+        assert!(r.kv.get(Bucket::State, &format!("desc.{id}")).is_some());
+        assert!(r.kv.get(Bucket::State, &format!("split.{id}")).is_some());
+    }
+    let _ = SplitRecord::new();
+}
+
