@@ -51,7 +51,13 @@ fn sim(args: &[String]) -> Result<()> {
 }
 
 fn print_one(r: &Report) {
-    println!("seed {}: outcome {}, {} events, {:.1}s virtual", r.seed, r.outcome, r.events, r.virtual_time.as_secs_f64());
+    println!(
+        "seed {}: outcome {}, {} events, {:.1}s virtual",
+        r.seed,
+        r.outcome,
+        r.events,
+        r.virtual_time.as_secs_f64()
+    );
     println!("  faults: {:?}", r.faults);
     println!("  acquisitions: {:?}", r.acquisitions);
     println!("  checks: {:?}", r.checks);

@@ -29,10 +29,7 @@ fn validate(kind: &'static str, value: &str) -> Result<(), NameError> {
     if value.len() > MAX_NAME_LEN {
         return Err(err("must be at most 128 characters"));
     }
-    if !value
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-    {
+    if !value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
         return Err(err("may contain only [A-Za-z0-9_-] (substitute dots and other characters)"));
     }
     Ok(())

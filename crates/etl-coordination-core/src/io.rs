@@ -217,8 +217,10 @@ pub enum Outcome {
 #[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
 pub enum FatalError {
     /// P2: `meta` disagrees with this worker.
-    #[error("configuration divergence: the job was created with {stored}, this worker has {local}; \
-             every replica of a job must run the same planner and max_attempts (or use another job name)")]
+    #[error(
+        "configuration divergence: the job was created with {stored}, this worker has {local}; \
+             every replica of a job must run the same planner and max_attempts (or use another job name)"
+    )]
     ConfigDivergence {
         /// What `meta` holds.
         stored: String,
@@ -226,8 +228,10 @@ pub enum FatalError {
         local: String,
     },
     /// P3: another live process uses this instance id.
-    #[error("duplicate instance id {instance}: another live process (incarnation {other:x}) holds it; \
-             give every replica a unique instance id (e.g. the pod name)")]
+    #[error(
+        "duplicate instance id {instance}: another live process (incarnation {other:x}) holds it; \
+             give every replica a unique instance id (e.g. the pod name)"
+    )]
     DuplicateInstance {
         /// The shared id.
         instance: String,
@@ -386,4 +390,3 @@ pub enum Action {
     /// The worker cannot continue. No further actions follow.
     Fatal(FatalError),
 }
-

@@ -28,10 +28,7 @@ fn validate_tokens(key: &str, allow_trailing_dot: bool) -> Result<(), KeyError> 
     if key.len() > MAX_KEY_LEN {
         return Err(err("must be at most 512 bytes"));
     }
-    if !key
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'/' | b'_' | b'=' | b'.'))
-    {
+    if !key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'/' | b'_' | b'=' | b'.')) {
         return Err(err("may contain only [-/_=.a-zA-Z0-9]"));
     }
     if key.starts_with('.') {

@@ -23,10 +23,13 @@ mod worker;
 pub use config::{Config, ConfigError};
 pub use ids::{Epoch, Incarnation, InstanceId, JobName, NameError, OpId, Owner, Revision, SplitId};
 pub use io::{
-    AcquisitionReason, Action, CommitOutcome, Event, FatalError, Input, Outcome, Plan, PlannedSplit, StopReason,
-    WatchId,
+    AcquisitionReason, Action, CommitOutcome, Event, FatalError, Input, Outcome, Plan, PlannedSplit,
+    StopReason, WatchId,
 };
-pub use kv::{Bucket, DeleteCause, Entry, Key, KeyError, Prefix, StoreError, StoreReply, StoreRequest, StoreResult, WatchEvent};
+pub use kv::{
+    Bucket, DeleteCause, Entry, Key, KeyError, Prefix, StoreError, StoreReply, StoreRequest, StoreResult,
+    WatchEvent,
+};
 pub use records::PlanKind;
 pub use time::Timestamp;
 pub use worker::Worker;

@@ -28,7 +28,9 @@ pub enum RecordError {
     #[error("empty record")]
     Empty,
     /// The value was written by a newer (or unknown) format.
-    #[error("record format {0} is not supported by this version (expected {FORMAT_VERSION}); upgrade every worker to the same release")]
+    #[error(
+        "record format {0} is not supported by this version (expected {FORMAT_VERSION}); upgrade every worker to the same release"
+    )]
     UnknownFormat(u8),
     /// The bytes do not decode as the expected record.
     #[error("malformed record: {0}")]
@@ -43,8 +45,7 @@ fn config() -> bincode::config::Configuration {
 pub fn encode<T: Serialize>(record: &T) -> Bytes {
     let mut out = vec![FORMAT_VERSION];
     // Encoding plain serde data into a Vec cannot fail.
-    bincode::serde::encode_into_std_write(record, &mut out, config())
-        .expect("records always encode");
+    bincode::serde::encode_into_std_write(record, &mut out, config()).expect("records always encode");
     Bytes::from(out)
 }
 

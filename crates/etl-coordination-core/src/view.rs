@@ -8,7 +8,9 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::ids::{Incarnation, InstanceId, Revision, SplitId};
-use crate::records::{LeaderRecord, LeaseRecord, ManifestRef, PlanHead, PresenceRecord, SplitRecord, SplitState};
+use crate::records::{
+    LeaderRecord, LeaseRecord, ManifestRef, PlanHead, PresenceRecord, SplitRecord, SplitState,
+};
 
 /// What the view knows of one split.
 #[derive(Clone, Debug, Default)]
@@ -148,12 +150,8 @@ impl View {
 
     /// Installs a newly loaded manifest.
     pub fn set_manifest(&mut self, manifest: ManifestRef, entries: Vec<(SplitId, u64)>) {
-        let ids: Vec<SplitId> = self
-            .splits
-            .iter()
-            .filter(|(_, sv)| sv.weight.is_some())
-            .map(|(id, _)| id.clone())
-            .collect();
+        let ids: Vec<SplitId> =
+            self.splits.iter().filter(|(_, sv)| sv.weight.is_some()).map(|(id, _)| id.clone()).collect();
         for id in &ids {
             self.splits.get_mut(id).expect("listed").weight = None;
         }
@@ -184,9 +182,11 @@ impl View {
             quarantined: in_manifest && state == Some(SplitState::Quarantined),
             old_incarnation: in_manifest
                 && state == Some(SplitState::Owned)
-                && sv.record.as_ref().and_then(|r| r.owner.as_ref()).is_some_and(|o| {
-                    o.instance == self.me && o.incarnation != self.incarnation
-                }),
+                && sv
+                    .record
+                    .as_ref()
+                    .and_then(|r| r.owner.as_ref())
+                    .is_some_and(|o| o.instance == self.me && o.incarnation != self.incarnation),
         };
         sv.counted = new;
         if let Some(w) = sv.weight

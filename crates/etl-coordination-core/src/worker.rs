@@ -14,10 +14,12 @@ use crate::ids::{Epoch, OpId, Owner, Revision, SplitId};
 use crate::io::{
     AcquisitionReason, Action, CommitOutcome, Event, FatalError, Input, Outcome, Plan, StopReason, WatchId,
 };
-use crate::kv::{Bucket, DeleteCause, Entry, Key, StoreError, StoreReply, StoreRequest, StoreResult, WatchEvent};
+use crate::kv::{
+    Bucket, DeleteCause, Entry, Key, StoreError, StoreReply, StoreRequest, StoreResult, WatchEvent,
+};
 use crate::records::{
-    self, Descriptor, EndReason, LeaderRecord, LeaseRecord, ManifestChunk, ManifestRef, Meta, PlanHead, PlanKind,
-    PlanStatus, PresenceRecord, SplitRecord, SplitState, keys,
+    self, Descriptor, EndReason, LeaderRecord, LeaseRecord, ManifestChunk, ManifestRef, Meta, PlanHead,
+    PlanKind, PlanStatus, PresenceRecord, SplitRecord, SplitState, keys,
 };
 use crate::time::Timestamp;
 use crate::view::View;
@@ -83,9 +85,16 @@ enum Join {
     /// Create in flight.
     Creating,
     /// Another incarnation holds our id; waiting to see whether it renews (P3).
-    Observing { rev: Revision, incarnation: u64, deadline: Timestamp },
+    Observing {
+        rev: Revision,
+        incarnation: u64,
+        deadline: Timestamp,
+    },
     /// Re-reading the key at the end of the observation window.
-    Rechecking { rev: Revision, incarnation: u64 },
+    Rechecking {
+        rev: Revision,
+        incarnation: u64,
+    },
     /// CAS over the dead predecessor's key in flight.
     TakingOver,
     Joined,
@@ -399,11 +408,7 @@ impl Worker {
         if !matches!(self.phase, Phase::Running | Phase::Leaving) {
             return;
         }
-        let g = (
-            self.held.len() as u32,
-            self.view.live_workers() as u32,
-            self.view.quarantined as u32,
-        );
+        let g = (self.held.len() as u32, self.view.live_workers() as u32, self.view.quarantined as u32);
         if g != self.gauges {
             self.gauges = g;
             self.event(Event::Gauges { owned: g.0, live_workers: g.1, quarantined: g.2 });
@@ -434,7 +439,11 @@ impl Worker {
         }
         self.phase = Phase::Meta;
         let value = records::encode(&self.meta());
-        self.send(Bucket::State, StoreRequest::Create { key: keys::meta(), value, ttl: None }, Pending::MetaCreate);
+        self.send(
+            Bucket::State,
+            StoreRequest::Create { key: keys::meta(), value, ttl: None },
+            Pending::MetaCreate,
+        );
     }
 
     fn on_meta(&mut self, now: Timestamp, get: bool, result: StoreResult) {
@@ -469,7 +478,12 @@ impl Worker {
 
     fn on_start_retry(&mut self, now: Timestamp) {
         let value = records::encode(&self.meta());
-        self.retry_later(now, Bucket::State, StoreRequest::Create { key: keys::meta(), value, ttl: None }, Pending::MetaCreate);
+        self.retry_later(
+            now,
+            Bucket::State,
+            StoreRequest::Create { key: keys::meta(), value, ttl: None },
+            Pending::MetaCreate,
+        );
     }
 
     /// P2 passed: open the watches and announce presence.
@@ -517,8 +531,14 @@ impl Worker {
             Err(e) if e.is_fatal() => self.fatal(FatalError::Store(e.to_string())),
             Err(_) => {
                 let value = records::encode(&self.presence_record());
-                let request = StoreRequest::Create { key: keys::worker(&self.me.instance), value, ttl: self.ttl() };
-                self.retry_later(now, Bucket::Lease, request, Pending::PresenceCreate { sent: now + self.retry_backoff() });
+                let request =
+                    StoreRequest::Create { key: keys::worker(&self.me.instance), value, ttl: self.ttl() };
+                self.retry_later(
+                    now,
+                    Bucket::Lease,
+                    request,
+                    Pending::PresenceCreate { sent: now + self.retry_backoff() },
+                );
             }
             Ok(other) => unreachable!("unexpected reply to presence create: {other:?}"),
         }
@@ -606,8 +626,12 @@ impl Worker {
             return;
         }
         let value = records::encode(&self.presence_record());
-        let request =
-            StoreRequest::CompareAndSwap { key: keys::worker(&self.me.instance), expected: rev, value, ttl: self.ttl() };
+        let request = StoreRequest::CompareAndSwap {
+            key: keys::worker(&self.me.instance),
+            expected: rev,
+            value,
+            ttl: self.ttl(),
+        };
         let op = self.send(Bucket::Lease, request, Pending::PresenceRenew { sent: now });
         self.presence.renewing = Some(op);
     }
@@ -621,7 +645,8 @@ impl Worker {
             }
             Err(StoreError::RevisionMismatch(_)) | Err(StoreError::Indeterminate(_)) => {
                 let key = keys::worker(&self.me.instance);
-                let op = self.send(Bucket::Lease, StoreRequest::Get { key }, Pending::PresenceResolve { sent });
+                let op =
+                    self.send(Bucket::Lease, StoreRequest::Get { key }, Pending::PresenceResolve { sent });
                 self.presence.renewing = Some(op);
             }
             Err(e) if e.is_fatal() => self.fatal(FatalError::Store(e.to_string())),
@@ -655,7 +680,8 @@ impl Worker {
             Ok(StoreReply::Value(None)) => {
                 self.presence.rev = None;
                 let value = records::encode(&self.presence_record());
-                let request = StoreRequest::Create { key: keys::worker(&self.me.instance), value, ttl: self.ttl() };
+                let request =
+                    StoreRequest::Create { key: keys::worker(&self.me.instance), value, ttl: self.ttl() };
                 let op = self.send(Bucket::Lease, request, Pending::PresenceCreate { sent: now });
                 self.presence.renewing = Some(op);
             }
@@ -670,7 +696,8 @@ impl Worker {
             Ok(StoreReply::Written(rev)) => self.presence_joined(now, rev, sent),
             Err(StoreError::AlreadyExists(_)) | Err(StoreError::Indeterminate(_)) => {
                 let key = keys::worker(&self.me.instance);
-                let op = self.send(Bucket::Lease, StoreRequest::Get { key }, Pending::PresenceResolve { sent });
+                let op =
+                    self.send(Bucket::Lease, StoreRequest::Get { key }, Pending::PresenceResolve { sent });
                 self.presence.renewing = Some(op);
             }
             _ => {}
@@ -682,7 +709,8 @@ impl Worker {
     fn on_tick(&mut self, now: Timestamp) {
         // Delayed retries.
         let due: Vec<Retry> = {
-            let (due, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retries).into_iter().partition(|r| r.at <= now);
+            let (due, keep): (Vec<_>, Vec<_>) =
+                std::mem::take(&mut self.retries).into_iter().partition(|r| r.at <= now);
             self.retries = keep;
             due
         };
@@ -756,7 +784,8 @@ impl Worker {
                 owner: self.me.clone(),
                 term: l.head.as_ref().map_or(0, |(_, h)| h.term),
             });
-            let request = StoreRequest::CompareAndSwap { key: keys::leader(), expected: l.rev, value, ttl: self.ttl() };
+            let request =
+                StoreRequest::CompareAndSwap { key: keys::leader(), expected: l.rev, value, ttl: self.ttl() };
             let op = self.send(Bucket::Lease, request, Pending::LeaderRenew { sent: now });
             self.leader.as_mut().expect("leader").renewing = Some(op);
         }
@@ -773,7 +802,8 @@ impl Worker {
             return;
         }
         let value = records::encode(&LeaseRecord { owner: self.me.clone(), epoch: h.epoch });
-        let request = StoreRequest::CompareAndSwap { key: keys::split(id), expected: rev, value, ttl: self.ttl() };
+        let request =
+            StoreRequest::CompareAndSwap { key: keys::split(id), expected: rev, value, ttl: self.ttl() };
         let op = self.send(Bucket::Lease, request, Pending::LeaseRenew { split: id.clone(), sent: now });
         self.held.get_mut(id).expect("held").renewing = Some(op);
     }
@@ -791,7 +821,12 @@ impl Worker {
             let h = self.held.get_mut(&id).expect("held");
             h.stage = Stage::Starved;
             let epoch = h.epoch;
-            self.out.push(Action::StopLane { split: id.clone(), epoch, reason: StopReason::Starved, deadline: None });
+            self.out.push(Action::StopLane {
+                split: id.clone(),
+                epoch,
+                reason: StopReason::Starved,
+                deadline: None,
+            });
             self.event(Event::Revoked { split: id, reason: StopReason::Starved });
         }
         if let Some(l) = &self.leader
@@ -805,7 +840,9 @@ impl Worker {
         let due: Vec<SplitId> = self
             .held
             .iter()
-            .filter(|(_, h)| h.commit.is_none() && matches!(h.stage, Stage::Stopping { deadline } if deadline <= now))
+            .filter(|(_, h)| {
+                h.commit.is_none() && matches!(h.stage, Stage::Stopping { deadline } if deadline <= now)
+            })
             .map(|(id, _)| id.clone())
             .collect();
         for id in due {
@@ -855,7 +892,9 @@ impl Worker {
             Pending::HeadWrite { head } => self.on_head_write(now, head, result),
             Pending::HeadRead { attempted } => self.on_head_read(now, attempted, result),
             Pending::PlanWrite { round, key, value } => self.on_plan_write(now, round, key, value, result),
-            Pending::ManifestChunk { manifest, chunk } => self.on_manifest_chunk(now, manifest, chunk, result),
+            Pending::ManifestChunk { manifest, chunk } => {
+                self.on_manifest_chunk(now, manifest, chunk, result)
+            }
             Pending::GcList => self.on_gc_list(result),
             Pending::Cleanup => {
                 if let Some(l) = &mut self.leaving {
@@ -863,9 +902,13 @@ impl Worker {
                 }
             }
             Pending::LeaseAcquire { split, sent } => self.on_lease_acquire(now, op, split, sent, result),
-            Pending::LeaseAcquireResolve { split, sent } => self.on_lease_acquire_resolve(now, op, split, sent, result),
+            Pending::LeaseAcquireResolve { split, sent } => {
+                self.on_lease_acquire_resolve(now, op, split, sent, result)
+            }
             Pending::LeaseRenew { split, sent } => self.on_lease_renew(now, op, split, sent, result),
-            Pending::LeaseRenewResolve { split, sent } => self.on_lease_renew_resolve(now, op, split, sent, result),
+            Pending::LeaseRenewResolve { split, sent } => {
+                self.on_lease_renew_resolve(now, op, split, sent, result)
+            }
             Pending::LeaseDelete { split } => self.on_lease_delete(now, op, split, result),
             Pending::RecordClaim { split } => self.on_record_claim(now, op, split, result),
             Pending::RecordClaimRead { split } => self.on_record_claim_read(now, op, split, result),
@@ -909,7 +952,9 @@ impl Worker {
         }
         match event {
             WatchEvent::Put(entry) => self.apply_put(now, watch, entry),
-            WatchEvent::Delete { key, revision, cause } => self.apply_delete(now, watch, key, revision, cause),
+            WatchEvent::Delete { key, revision, cause } => {
+                self.apply_delete(now, watch, key, revision, cause)
+            }
             WatchEvent::SnapshotComplete => {}
         }
     }
@@ -976,7 +1021,8 @@ impl Worker {
                 } else if let Some(inst) = keys::parse_worker(&entry.key) {
                     match records::decode::<PresenceRecord>(&entry.value) {
                         Ok(p) => {
-                            let newer = self.view.workers.get(&inst).is_none_or(|(r, _)| *r <= entry.revision);
+                            let newer =
+                                self.view.workers.get(&inst).is_none_or(|(r, _)| *r <= entry.revision);
                             if newer {
                                 self.view.workers.insert(inst, (entry.revision, p));
                             }
@@ -1026,7 +1072,12 @@ impl Worker {
                 if let Some(id) = keys::parse_split(&key) {
                     self.blocked.remove(&id);
                     // P7: our lease now names someone else at a newer revision: fenced.
-                    let foreign = self.view.splits.get(&id).and_then(|sv| sv.lease.as_ref()).is_some_and(|l| l.owner != self.me);
+                    let foreign = self
+                        .view
+                        .splits
+                        .get(&id)
+                        .and_then(|sv| sv.lease.as_ref())
+                        .is_some_and(|l| l.owner != self.me);
                     if foreign && self.held.get(&id).is_some_and(|h| h.lease_rev.is_some_and(|r| r < rev)) {
                         self.revoke(&id, StopReason::Fenced);
                     }
@@ -1044,7 +1095,10 @@ impl Worker {
                     self.blocked.remove(&id);
                     let record = self.view.splits.get(&id).and_then(|sv| sv.record.clone());
                     if let (Some(h), Some(r)) = (self.held.get(&id), record) {
-                        let written = matches!(h.stage, Stage::Running | Stage::ReadingDesc | Stage::Starved | Stage::Stopping { .. });
+                        let written = matches!(
+                            h.stage,
+                            Stage::Running | Stage::ReadingDesc | Stage::Starved | Stage::Stopping { .. }
+                        );
                         // Only an ownership change bumps the epoch or names another owner; our
                         // own terminal commit clears the owner at the same epoch.
                         let moved = r.epoch != h.epoch || r.owner.as_ref().is_some_and(|o| *o != self.me);
@@ -1076,7 +1130,14 @@ impl Worker {
         }
     }
 
-    fn apply_delete(&mut self, _now: Timestamp, watch: WatchId, key: Key, rev: Revision, _cause: DeleteCause) {
+    fn apply_delete(
+        &mut self,
+        _now: Timestamp,
+        watch: WatchId,
+        key: Key,
+        rev: Revision,
+        _cause: DeleteCause,
+    ) {
         match watch {
             WatchId::Leases => {
                 if let Some(id) = keys::parse_split(&key) {
@@ -1084,11 +1145,9 @@ impl Worker {
                     self.blocked.remove(&id);
                     // P7 (NATS-NOTES): an expiry can erase an acknowledged renewal. A delete of our
                     // own lease at a revision newer than our last write means the lease is gone.
-                    if self
-                        .held
-                        .get(&id)
-                        .is_some_and(|h| h.lease_rev.is_some_and(|r| r < rev) && h.stage != Stage::DeletingLease)
-                    {
+                    if self.held.get(&id).is_some_and(|h| {
+                        h.lease_rev.is_some_and(|r| r < rev) && h.stage != Stage::DeletingLease
+                    }) {
                         self.revoke(&id, StopReason::Fenced);
                     }
                 } else if let Some(inst) = keys::parse_worker(&key) {
@@ -1124,7 +1183,11 @@ impl Worker {
         }
         if let Some(c) = h.commit {
             self.pending.remove(&c.op);
-            self.out.push(Action::CommitDone { split: id.clone(), epoch: h.epoch, outcome: CommitOutcome::Lost });
+            self.out.push(Action::CommitDone {
+                split: id.clone(),
+                epoch: h.epoch,
+                outcome: CommitOutcome::Lost,
+            });
         }
         if lane_running || h.stage == Stage::Starved {
             self.event(Event::Revoked { split: id.clone(), reason });
@@ -1192,7 +1255,12 @@ impl Worker {
         {
             return;
         }
-        self.manifest_load = Some(ManifestLoad { manifest: m, chunks: BTreeMap::new(), outstanding: m.chunks as usize, failed: false });
+        self.manifest_load = Some(ManifestLoad {
+            manifest: m,
+            chunks: BTreeMap::new(),
+            outstanding: m.chunks as usize,
+            failed: false,
+        });
         if m.chunks == 0 {
             self.view.set_manifest(m, Vec::new());
             self.manifest_load = None;
@@ -1200,7 +1268,11 @@ impl Worker {
         }
         for chunk in 0..m.chunks {
             let key = keys::manifest(m.term, m.version, chunk);
-            self.send(Bucket::State, StoreRequest::Get { key }, Pending::ManifestChunk { manifest: m, chunk });
+            self.send(
+                Bucket::State,
+                StoreRequest::Get { key },
+                Pending::ManifestChunk { manifest: m, chunk },
+            );
         }
     }
 
@@ -1224,7 +1296,12 @@ impl Worker {
             Ok(StoreReply::Value(None)) => load.failed = true,
             Err(_) => {
                 let key = keys::manifest(manifest.term, manifest.version, chunk);
-                self.retry_later(now, Bucket::State, StoreRequest::Get { key }, Pending::ManifestChunk { manifest, chunk });
+                self.retry_later(
+                    now,
+                    Bucket::State,
+                    StoreRequest::Get { key },
+                    Pending::ManifestChunk { manifest, chunk },
+                );
             }
             Ok(other) => unreachable!("unexpected reply to manifest get: {other:?}"),
         }
@@ -1290,7 +1367,9 @@ impl Worker {
     fn claim_reason(&self, id: &SplitId) -> AcquisitionReason {
         let rec = self.view.splits.get(id).and_then(|sv| sv.record.as_ref()).expect("claimable has a record");
         match (&rec.state, &rec.owner) {
-            (SplitState::Owned, Some(o)) if o.instance == self.me.instance && o.incarnation != self.me.incarnation => {
+            (SplitState::Owned, Some(o))
+                if o.instance == self.me.instance && o.incarnation != self.me.incarnation =>
+            {
                 AcquisitionReason::Reclaimed
             }
             (SplitState::Owned, _) => AcquisitionReason::Expired,
@@ -1301,7 +1380,9 @@ impl Worker {
 
     /// P9: one steal per cycle from the most-loaded owner, only if it holds >= 2 more.
     fn maybe_steal(&mut self, now: Timestamp) {
-        if self.held.values().any(|h| h.reason == AcquisitionReason::Stolen && h.stage != Stage::Running && h.stage != Stage::Starved) {
+        if self.held.values().any(|h| {
+            h.reason == AcquisitionReason::Stolen && h.stage != Stage::Running && h.stage != Stage::Starved
+        }) {
             return;
         }
         if self.last_steal_at.is_some_and(|t| now < t + self.cfg.heartbeat_interval()) {
@@ -1360,7 +1441,10 @@ impl Worker {
         let key = keys::split(id);
         let request = match (&sv.lease, reason) {
             (Some(l), AcquisitionReason::Stolen) => {
-                if base.state != SplitState::Owned || base.owner.as_ref() != Some(&l.owner) || l.epoch != base.epoch {
+                if base.state != SplitState::Owned
+                    || base.owner.as_ref() != Some(&l.owner)
+                    || l.epoch != base.epoch
+                {
                     return;
                 }
                 StoreRequest::CompareAndSwap { key, expected: sv.lease_rev, value, ttl: self.ttl() }
@@ -1411,7 +1495,11 @@ impl Worker {
         if let Some(h) = self.held.remove(id)
             && let Some(rev) = h.lease_rev
         {
-            self.send(Bucket::Lease, StoreRequest::Delete { key: keys::split(id), expected: rev }, Pending::Cleanup);
+            self.send(
+                Bucket::Lease,
+                StoreRequest::Delete { key: keys::split(id), expected: rev },
+                Pending::Cleanup,
+            );
             if let Some(l) = &mut self.leaving {
                 l.cleanup_outstanding += 1;
             }
@@ -1423,11 +1511,22 @@ impl Worker {
         self.held.get(id).is_some_and(|h| h.op == Some(op))
     }
 
-    fn on_lease_acquire(&mut self, now: Timestamp, op: OpId, id: SplitId, sent: Timestamp, result: StoreResult) {
+    fn on_lease_acquire(
+        &mut self,
+        now: Timestamp,
+        op: OpId,
+        id: SplitId,
+        sent: Timestamp,
+        result: StoreResult,
+    ) {
         if !self.is_current(&id, op) {
             // A late success for something we gave up: release it.
             if let Ok(StoreReply::Written(rev)) = result {
-                self.send(Bucket::Lease, StoreRequest::Delete { key: keys::split(&id), expected: rev }, Pending::Cleanup);
+                self.send(
+                    Bucket::Lease,
+                    StoreRequest::Delete { key: keys::split(&id), expected: rev },
+                    Pending::Cleanup,
+                );
             }
             return;
         }
@@ -1437,7 +1536,11 @@ impl Worker {
             // In doubt: the read decides.
             Err(StoreError::Indeterminate(_)) => {
                 let request = StoreRequest::Get { key: keys::split(&id) };
-                let op = self.send(Bucket::Lease, request, Pending::LeaseAcquireResolve { split: id.clone(), sent });
+                let op = self.send(
+                    Bucket::Lease,
+                    request,
+                    Pending::LeaseAcquireResolve { split: id.clone(), sent },
+                );
                 self.held.get_mut(&id).expect("held").op = Some(op);
             }
             // Lost the race (AlreadyExists / RevisionMismatch) or the store is down: not an error.
@@ -1446,15 +1549,23 @@ impl Worker {
         }
     }
 
-    fn on_lease_acquire_resolve(&mut self, now: Timestamp, op: OpId, id: SplitId, sent: Timestamp, result: StoreResult) {
+    fn on_lease_acquire_resolve(
+        &mut self,
+        now: Timestamp,
+        op: OpId,
+        id: SplitId,
+        sent: Timestamp,
+        result: StoreResult,
+    ) {
         if !self.is_current(&id, op) {
             return;
         }
         let epoch = self.held[&id].epoch;
         let mine = match &result {
-            Ok(StoreReply::Value(Some(e))) => {
-                records::decode::<LeaseRecord>(&e.value).ok().filter(|l| l.owner == self.me && l.epoch == epoch).map(|_| e.revision)
-            }
+            Ok(StoreReply::Value(Some(e))) => records::decode::<LeaseRecord>(&e.value)
+                .ok()
+                .filter(|l| l.owner == self.me && l.epoch == epoch)
+                .map(|_| e.revision),
             _ => None,
         };
         match mine {
@@ -1543,7 +1654,11 @@ impl Worker {
         match result {
             Ok(StoreReply::Written(rev)) => self.claim_written(now, &id, rev),
             Err(StoreError::RevisionMismatch(_)) | Err(StoreError::Indeterminate(_)) => {
-                let op = self.send(Bucket::State, StoreRequest::Get { key: keys::split(&id) }, Pending::RecordClaimRead { split: id.clone() });
+                let op = self.send(
+                    Bucket::State,
+                    StoreRequest::Get { key: keys::split(&id) },
+                    Pending::RecordClaimRead { split: id.clone() },
+                );
                 self.held.get_mut(&id).expect("held").op = Some(op);
             }
             Err(e) if e.is_fatal() => self.fatal(FatalError::Store(e.to_string())),
@@ -1565,7 +1680,12 @@ impl Worker {
             Ok(StoreReply::Value(None)) => return self.abandon(&id),
             Err(_) => {
                 self.held.get_mut(&id).expect("held").op = None;
-                return self.retry_later(now, Bucket::State, StoreRequest::Get { key: keys::split(&id) }, Pending::RecordClaimRead { split: id });
+                return self.retry_later(
+                    now,
+                    Bucket::State,
+                    StoreRequest::Get { key: keys::split(&id) },
+                    Pending::RecordClaimRead { split: id },
+                );
             }
             Ok(other) => unreachable!("unexpected reply to record read: {other:?}"),
         };
@@ -1601,7 +1721,11 @@ impl Worker {
         let record = h.record.clone();
         self.view.put_record(id, rev, record.clone());
         if record.state == SplitState::Quarantined {
-            self.event(Event::Quarantined { split: id.clone(), attempts: record.attempts, last_error: record.last_error });
+            self.event(Event::Quarantined {
+                split: id.clone(),
+                attempts: record.attempts,
+                last_error: record.last_error,
+            });
             return self.delete_lease(id);
         }
         self.start_lane_setup(now, id);
@@ -1616,7 +1740,11 @@ impl Worker {
         if self.phase == Phase::Leaving {
             return self.begin_end(now, id, End::Release);
         }
-        let op = self.send(Bucket::State, StoreRequest::Get { key: keys::desc(id) }, Pending::DescRead { split: id.clone() });
+        let op = self.send(
+            Bucket::State,
+            StoreRequest::Get { key: keys::desc(id) },
+            Pending::DescRead { split: id.clone() },
+        );
         let h = self.held.get_mut(id).expect("held");
         h.stage = Stage::ReadingDesc;
         h.op = Some(op);
@@ -1656,15 +1784,28 @@ impl Worker {
                 }
                 Err(err) => {
                     self.event(Event::Undecodable { key: e.key.to_string(), error: err.to_string() });
-                    self.begin_end(now, &id, End::Fail { error: format!("undecodable descriptor: {err}"), unprocessable: true });
+                    self.begin_end(
+                        now,
+                        &id,
+                        End::Fail { error: format!("undecodable descriptor: {err}"), unprocessable: true },
+                    );
                 }
             },
             Ok(StoreReply::Value(None)) => {
-                self.begin_end(now, &id, End::Fail { error: "descriptor missing from the store".into(), unprocessable: true });
+                self.begin_end(
+                    now,
+                    &id,
+                    End::Fail { error: "descriptor missing from the store".into(), unprocessable: true },
+                );
             }
             Err(_) => {
                 self.held.get_mut(&id).expect("held").op = None;
-                self.retry_later(now, Bucket::State, StoreRequest::Get { key: keys::desc(&id) }, Pending::DescRead { split: id });
+                self.retry_later(
+                    now,
+                    Bucket::State,
+                    StoreRequest::Get { key: keys::desc(&id) },
+                    Pending::DescRead { split: id },
+                );
             }
             Ok(other) => unreachable!("unexpected reply to desc read: {other:?}"),
         }
@@ -1672,10 +1813,21 @@ impl Worker {
 
     // ----- heartbeats of held leases (P7, P11) -----
 
-    fn on_lease_renew(&mut self, now: Timestamp, op: OpId, id: SplitId, sent: Timestamp, result: StoreResult) {
+    fn on_lease_renew(
+        &mut self,
+        now: Timestamp,
+        op: OpId,
+        id: SplitId,
+        sent: Timestamp,
+        result: StoreResult,
+    ) {
         let Some(h) = self.held.get_mut(&id) else {
             if let Ok(StoreReply::Written(rev)) = result {
-                self.send(Bucket::Lease, StoreRequest::Delete { key: keys::split(&id), expected: rev }, Pending::Cleanup);
+                self.send(
+                    Bucket::Lease,
+                    StoreRequest::Delete { key: keys::split(&id), expected: rev },
+                    Pending::Cleanup,
+                );
             }
             return;
         };
@@ -1686,7 +1838,11 @@ impl Worker {
         match result {
             Ok(StoreReply::Written(rev)) => self.lease_renewed(now, &id, rev, sent),
             Err(StoreError::RevisionMismatch(_)) | Err(StoreError::Indeterminate(_)) => {
-                let op = self.send(Bucket::Lease, StoreRequest::Get { key: keys::split(&id) }, Pending::LeaseRenewResolve { split: id.clone(), sent });
+                let op = self.send(
+                    Bucket::Lease,
+                    StoreRequest::Get { key: keys::split(&id) },
+                    Pending::LeaseRenewResolve { split: id.clone(), sent },
+                );
                 self.held.get_mut(&id).expect("held").renewing = Some(op);
             }
             Err(e) if e.is_fatal() => self.fatal(FatalError::Store(e.to_string())),
@@ -1695,7 +1851,14 @@ impl Worker {
         }
     }
 
-    fn on_lease_renew_resolve(&mut self, now: Timestamp, op: OpId, id: SplitId, sent: Timestamp, result: StoreResult) {
+    fn on_lease_renew_resolve(
+        &mut self,
+        now: Timestamp,
+        op: OpId,
+        id: SplitId,
+        sent: Timestamp,
+        result: StoreResult,
+    ) {
         let Some(h) = self.held.get_mut(&id) else { return };
         if h.renewing != Some(op) {
             return;
@@ -1731,7 +1894,11 @@ impl Worker {
             // P11: the store came back and the lease is still ours. Re-read the record first: a
             // commit whose outcome was in doubt may have landed, and the lane must resume from
             // what is durable (resuming from an older copy would let it regress progress, I1).
-            let op = self.send(Bucket::State, StoreRequest::Get { key: keys::split(id) }, Pending::ResumeRead { split: id.clone() });
+            let op = self.send(
+                Bucket::State,
+                StoreRequest::Get { key: keys::split(id) },
+                Pending::ResumeRead { split: id.clone() },
+            );
             self.held.get_mut(id).expect("held").op = Some(op);
         }
         self.after_renewal(now, id);
@@ -1748,7 +1915,8 @@ impl Worker {
     // ----- commits (P8) -----
 
     fn on_commit(&mut self, now: Timestamp, id: SplitId, epoch: Epoch, progress: Bytes, terminal: bool) {
-        let reply = |w: &mut Self, outcome| w.out.push(Action::CommitDone { split: id.clone(), epoch, outcome });
+        let reply =
+            |w: &mut Self, outcome| w.out.push(Action::CommitDone { split: id.clone(), epoch, outcome });
         let Some(h) = self.held.get(&id) else { return reply(self, CommitOutcome::Lost) };
         if h.epoch != epoch {
             return reply(self, CommitOutcome::Lost);
@@ -1766,8 +1934,13 @@ impl Worker {
         #[cfg(feature = "mutations")]
         if self.cfg.mutations.unfenced_commit {
             // The tempting variant: read the record, then CAS against what was read.
-            let op = self.send(Bucket::State, StoreRequest::Get { key: keys::split(&id) }, Pending::RecordCommitRead { split: id.clone() });
-            self.held.get_mut(&id).expect("held").commit = Some(CommitInFlight { op, progress, terminal, unfenced_read: true });
+            let op = self.send(
+                Bucket::State,
+                StoreRequest::Get { key: keys::split(&id) },
+                Pending::RecordCommitRead { split: id.clone() },
+            );
+            self.held.get_mut(&id).expect("held").commit =
+                Some(CommitInFlight { op, progress, terminal, unfenced_read: true });
             return;
         }
         let request = StoreRequest::CompareAndSwap {
@@ -1805,7 +1978,11 @@ impl Worker {
             Ok(StoreReply::Written(rev)) => self.commit_applied(now, &id, rev),
             // P8: the outcome is decided by re-reading, never assumed.
             Err(StoreError::RevisionMismatch(_)) | Err(StoreError::Indeterminate(_)) => {
-                let op = self.send(Bucket::State, StoreRequest::Get { key: keys::split(&id) }, Pending::RecordCommitRead { split: id.clone() });
+                let op = self.send(
+                    Bucket::State,
+                    StoreRequest::Get { key: keys::split(&id) },
+                    Pending::RecordCommitRead { split: id.clone() },
+                );
                 self.held.get_mut(&id).expect("held").commit = Some(CommitInFlight { op, ..c });
             }
             Err(e) => {
@@ -1834,9 +2011,15 @@ impl Worker {
             let h = self.held.get_mut(&id).expect("held");
             h.record_rev = entry.revision;
             let record = self.commit_record(&self.held[&id], &c);
-            let request = StoreRequest::CompareAndSwap { key: keys::split(&id), expected: entry.revision, value: records::encode(&record), ttl: None };
+            let request = StoreRequest::CompareAndSwap {
+                key: keys::split(&id),
+                expected: entry.revision,
+                value: records::encode(&record),
+                ttl: None,
+            };
             let op = self.send(Bucket::State, request, Pending::RecordCommit { split: id.clone() });
-            self.held.get_mut(&id).expect("held").commit = Some(CommitInFlight { op, unfenced_read: false, ..c });
+            self.held.get_mut(&id).expect("held").commit =
+                Some(CommitInFlight { op, unfenced_read: false, ..c });
             return;
         }
         let h = &self.held[&id];
@@ -1928,7 +2111,12 @@ impl Worker {
         h.end = Some(end.clone());
         h.target = Some(record);
         if was_running && matches!(end, End::Release) {
-            self.out.push(Action::StopLane { split: id.clone(), epoch, reason: StopReason::Draining, deadline: None });
+            self.out.push(Action::StopLane {
+                split: id.clone(),
+                epoch,
+                reason: StopReason::Draining,
+                deadline: None,
+            });
         }
         self.write_end(now, id);
     }
@@ -1952,7 +2140,11 @@ impl Worker {
         match result {
             Ok(StoreReply::Written(rev)) => self.end_written(&id, rev),
             Err(StoreError::RevisionMismatch(_)) | Err(StoreError::Indeterminate(_)) => {
-                let op = self.send(Bucket::State, StoreRequest::Get { key: keys::split(&id) }, Pending::RecordEndRead { split: id.clone() });
+                let op = self.send(
+                    Bucket::State,
+                    StoreRequest::Get { key: keys::split(&id) },
+                    Pending::RecordEndRead { split: id.clone() },
+                );
                 self.held.get_mut(&id).expect("held").op = Some(op);
             }
             Err(e) if e.is_fatal() => self.fatal(FatalError::Store(e.to_string())),
@@ -2014,7 +2206,9 @@ impl Worker {
             Err(_) => return,
             Ok(other) => unreachable!("unexpected reply to resume read: {other:?}"),
         };
-        let Ok(rec) = records::decode::<SplitRecord>(&entry.value) else { return self.revoke(&id, StopReason::Fenced) };
+        let Ok(rec) = records::decode::<SplitRecord>(&entry.value) else {
+            return self.revoke(&id, StopReason::Fenced);
+        };
         let h = self.held.get_mut(&id).expect("held");
         if rec.epoch != h.epoch || rec.owner.as_ref() != Some(&self.me) || rec.state != SplitState::Owned {
             self.view.put_record(&id, entry.revision, rec);
@@ -2024,7 +2218,11 @@ impl Worker {
         h.record_rev = entry.revision;
         h.resumed = true;
         let _ = now;
-        let op = self.send(Bucket::State, StoreRequest::Get { key: keys::desc(&id) }, Pending::DescRead { split: id.clone() });
+        let op = self.send(
+            Bucket::State,
+            StoreRequest::Get { key: keys::desc(&id) },
+            Pending::DescRead { split: id.clone() },
+        );
         let h = self.held.get_mut(&id).expect("held");
         h.stage = Stage::ReadingDesc;
         h.op = Some(op);
@@ -2059,7 +2257,11 @@ impl Worker {
             self.held.remove(id);
             return;
         };
-        let op = self.send(Bucket::Lease, StoreRequest::Delete { key: keys::split(id), expected: rev }, Pending::LeaseDelete { split: id.clone() });
+        let op = self.send(
+            Bucket::Lease,
+            StoreRequest::Delete { key: keys::split(id), expected: rev },
+            Pending::LeaseDelete { split: id.clone() },
+        );
         self.held.get_mut(id).expect("held").op = Some(op);
     }
 
@@ -2077,7 +2279,13 @@ impl Worker {
             Phase::Running => self.leave(now, Outcome::Drained),
             Phase::Idle | Phase::Meta | Phase::Joining => {
                 self.phase = Phase::Leaving;
-                self.leaving = Some(Leaving { outcome: Outcome::Drained, deadline: now, cleanup_sent: false, cleanup_outstanding: 0, deadline_passed: false });
+                self.leaving = Some(Leaving {
+                    outcome: Outcome::Drained,
+                    deadline: now,
+                    cleanup_sent: false,
+                    cleanup_outstanding: 0,
+                    deadline_passed: false,
+                });
             }
             _ => {}
         }
@@ -2086,7 +2294,13 @@ impl Worker {
     fn leave(&mut self, now: Timestamp, outcome: Outcome) {
         self.phase = Phase::Leaving;
         let deadline = now + self.cfg.drain_timeout;
-        self.leaving = Some(Leaving { outcome, deadline, cleanup_sent: false, cleanup_outstanding: 0, deadline_passed: false });
+        self.leaving = Some(Leaving {
+            outcome,
+            deadline,
+            cleanup_sent: false,
+            cleanup_outstanding: 0,
+            deadline_passed: false,
+        });
         let ids: Vec<SplitId> = self.held.keys().cloned().collect();
         for id in ids {
             let h = self.held.get_mut(&id).expect("held");
@@ -2094,7 +2308,12 @@ impl Worker {
                 Stage::Running => {
                     h.stage = Stage::Stopping { deadline };
                     let epoch = h.epoch;
-                    self.out.push(Action::StopLane { split: id, epoch, reason: StopReason::Draining, deadline: Some(deadline) });
+                    self.out.push(Action::StopLane {
+                        split: id,
+                        epoch,
+                        reason: StopReason::Draining,
+                        deadline: Some(deadline),
+                    });
                 }
                 Stage::Starved => self.begin_end(now, &id, End::Release),
                 _ => {}
@@ -2110,11 +2329,19 @@ impl Worker {
         if !l.cleanup_sent {
             let mut n = 0;
             if let Some(rev) = self.presence.rev {
-                self.send(Bucket::Lease, StoreRequest::Delete { key: keys::worker(&self.me.instance), expected: rev }, Pending::Cleanup);
+                self.send(
+                    Bucket::Lease,
+                    StoreRequest::Delete { key: keys::worker(&self.me.instance), expected: rev },
+                    Pending::Cleanup,
+                );
                 n += 1;
             }
             if let Some(lead) = self.leader.take() {
-                self.send(Bucket::Lease, StoreRequest::Delete { key: keys::leader(), expected: lead.rev }, Pending::Cleanup);
+                self.send(
+                    Bucket::Lease,
+                    StoreRequest::Delete { key: keys::leader(), expected: lead.rev },
+                    Pending::Cleanup,
+                );
                 n += 1;
                 let term = lead.head.as_ref().map_or(0, |(_, h)| h.term);
                 self.event(Event::Leadership { leader: false, term });
@@ -2147,14 +2374,23 @@ impl Worker {
             // a renewal's answer was lost): renew it by CAS rather than wait for it to expire.
             if l.owner == self.me {
                 let value = records::encode(&LeaderRecord { owner: self.me.clone(), term: 0 });
-                let request = StoreRequest::CompareAndSwap { key: keys::leader(), expected: *rev, value, ttl: self.ttl() };
+                let request = StoreRequest::CompareAndSwap {
+                    key: keys::leader(),
+                    expected: *rev,
+                    value,
+                    ttl: self.ttl(),
+                };
                 let op = self.send(Bucket::Lease, request, Pending::LeaderCreate { sent: now });
                 self.leader_attempt = Some(op);
             }
             return;
         }
         let value = records::encode(&LeaderRecord { owner: self.me.clone(), term: 0 });
-        let op = self.send(Bucket::Lease, StoreRequest::Create { key: keys::leader(), value, ttl: self.ttl() }, Pending::LeaderCreate { sent: now });
+        let op = self.send(
+            Bucket::Lease,
+            StoreRequest::Create { key: keys::leader(), value, ttl: self.ttl() },
+            Pending::LeaderCreate { sent: now },
+        );
         self.leader_attempt = Some(op);
     }
 
@@ -2166,7 +2402,11 @@ impl Worker {
         match result {
             Ok(StoreReply::Written(rev)) => self.become_leader(now, rev, sent),
             Err(StoreError::Indeterminate(_)) => {
-                let op = self.send(Bucket::Lease, StoreRequest::Get { key: keys::leader() }, Pending::LeaderResolve { sent });
+                let op = self.send(
+                    Bucket::Lease,
+                    StoreRequest::Get { key: keys::leader() },
+                    Pending::LeaderResolve { sent },
+                );
                 self.leader_attempt = Some(op);
             }
             // Someone else leads; the watch will show it.
@@ -2227,8 +2467,16 @@ impl Worker {
     fn bump_term(&mut self, current: Option<(Revision, PlanHead)>) {
         let (request, head) = match current {
             None => {
-                let head = PlanHead { term: 1, leader: self.me.clone(), status: PlanStatus::Planning, manifest: None };
-                (StoreRequest::Create { key: keys::plan_head(), value: records::encode(&head), ttl: None }, head)
+                let head = PlanHead {
+                    term: 1,
+                    leader: self.me.clone(),
+                    status: PlanStatus::Planning,
+                    manifest: None,
+                };
+                (
+                    StoreRequest::Create { key: keys::plan_head(), value: records::encode(&head), ttl: None },
+                    head,
+                )
             }
             Some((rev, old)) => {
                 // A published Final plan needs no re-planning: keep it published.
@@ -2239,7 +2487,15 @@ impl Worker {
                     status: if needs_plan { PlanStatus::Planning } else { PlanStatus::Published },
                     manifest: old.manifest,
                 };
-                (StoreRequest::CompareAndSwap { key: keys::plan_head(), expected: rev, value: records::encode(&head), ttl: None }, head)
+                (
+                    StoreRequest::CompareAndSwap {
+                        key: keys::plan_head(),
+                        expected: rev,
+                        value: records::encode(&head),
+                        ttl: None,
+                    },
+                    head,
+                )
             }
         };
         self.send(Bucket::State, request, Pending::HeadWrite { head });
@@ -2257,7 +2513,11 @@ impl Worker {
                 l.trusted_until = sent + self.cfg.lease_trust();
             }
             Err(StoreError::RevisionMismatch(_)) | Err(StoreError::Indeterminate(_)) => {
-                let op = self.send(Bucket::Lease, StoreRequest::Get { key: keys::leader() }, Pending::LeaderResolve { sent });
+                let op = self.send(
+                    Bucket::Lease,
+                    StoreRequest::Get { key: keys::leader() },
+                    Pending::LeaderResolve { sent },
+                );
                 self.leader.as_mut().expect("leader").renewing = Some(op);
             }
             Err(_) => {}
@@ -2281,7 +2541,11 @@ impl Worker {
             Err(e) if e.is_fatal() => self.fatal(FatalError::Store(e.to_string())),
             // Mismatch, in doubt or unavailable: the read decides what happened (P8-style).
             Err(_) => {
-                self.send(Bucket::State, StoreRequest::Get { key: keys::plan_head() }, Pending::HeadRead { attempted: head });
+                self.send(
+                    Bucket::State,
+                    StoreRequest::Get { key: keys::plan_head() },
+                    Pending::HeadRead { attempted: head },
+                );
             }
             Ok(other) => unreachable!("unexpected reply to head write: {other:?}"),
         }
@@ -2308,7 +2572,8 @@ impl Worker {
             }
             self.event(Event::PlanPublished { term: m.term, version: m.version, splits: m.split_count });
         } else {
-            l.stage = if head.status == PlanStatus::Planning { PlanStage::WaitManifest } else { PlanStage::Idle };
+            l.stage =
+                if head.status == PlanStatus::Planning { PlanStage::WaitManifest } else { PlanStage::Idle };
         }
     }
 
@@ -2371,7 +2636,11 @@ impl Worker {
                     && self.view.manifest == Some(m)
                 {
                     l.gc_for = None;
-                    self.send(Bucket::State, StoreRequest::List { prefix: keys::manifest_prefix() }, Pending::GcList);
+                    self.send(
+                        Bucket::State,
+                        StoreRequest::List { prefix: keys::manifest_prefix() },
+                        Pending::GcList,
+                    );
                     // Orphan split records (written by a deposed leader, never published) are
                     // deleted if nobody ever owned them.
                     let orphans: Vec<(SplitId, Revision)> = self
@@ -2383,7 +2652,11 @@ impl Worker {
                         .map(|(id, sv)| (id.clone(), sv.record_rev))
                         .collect();
                     for (id, rev) in orphans {
-                        self.send(Bucket::State, StoreRequest::Delete { key: keys::split(&id), expected: rev }, Pending::Cleanup);
+                        self.send(
+                            Bucket::State,
+                            StoreRequest::Delete { key: keys::split(&id), expected: rev },
+                            Pending::Cleanup,
+                        );
                     }
                 }
             }
@@ -2420,10 +2693,14 @@ impl Worker {
                 continue;
             }
             entries.insert(s.id.clone(), s.weight);
-            first.push_back((keys::desc(&s.id), records::encode(&Descriptor { descriptor: s.descriptor.clone(), weight: s.weight })));
+            first.push_back((
+                keys::desc(&s.id),
+                records::encode(&Descriptor { descriptor: s.descriptor.clone(), weight: s.weight }),
+            ));
             first.push_back((keys::split(&s.id), records::encode(&SplitRecord::new())));
         }
-        let unchanged = head.manifest.is_some_and(|m| m.kind == plan.kind && m.term == head.term) && first.is_empty();
+        let unchanged =
+            head.manifest.is_some_and(|m| m.kind == plan.kind && m.term == head.term) && first.is_empty();
         if unchanged {
             l.stage = PlanStage::Idle;
             if plan.kind == PlanKind::Open {
@@ -2444,7 +2721,12 @@ impl Worker {
         let second = chunks
             .iter()
             .enumerate()
-            .map(|(i, c)| (keys::manifest(head.term, version, i as u32), records::encode(&ManifestChunk { splits: c.to_vec() })))
+            .map(|(i, c)| {
+                (
+                    keys::manifest(head.term, version, i as u32),
+                    records::encode(&ManifestChunk { splits: c.to_vec() }),
+                )
+            })
             .collect();
         l.stage = PlanStage::Writing(Box::new(PlanWrite {
             first,
@@ -2482,7 +2764,8 @@ impl Worker {
             };
             sends.push(next);
         }
-        let publish = w.first.is_empty() && w.second.is_empty() && w.first_in_flight + w.second_in_flight == 0;
+        let publish =
+            w.first.is_empty() && w.second.is_empty() && w.first_in_flight + w.second_in_flight == 0;
         let manifest = w.manifest;
         let round = w.round;
         for (key, value) in sends {
@@ -2493,8 +2776,18 @@ impl Worker {
             let l = self.leader.as_mut().expect("leader");
             let Some((rev, head)) = l.head.clone() else { return };
             l.stage = PlanStage::Publishing;
-            let new = PlanHead { term: head.term, leader: self.me.clone(), status: PlanStatus::Published, manifest: Some(manifest) };
-            let request = StoreRequest::CompareAndSwap { key: keys::plan_head(), expected: rev, value: records::encode(&new), ttl: None };
+            let new = PlanHead {
+                term: head.term,
+                leader: self.me.clone(),
+                status: PlanStatus::Published,
+                manifest: Some(manifest),
+            };
+            let request = StoreRequest::CompareAndSwap {
+                key: keys::plan_head(),
+                expected: rev,
+                value: records::encode(&new),
+                ttl: None,
+            };
             self.send(Bucket::State, request, Pending::HeadWrite { head: new });
         }
     }
@@ -2537,7 +2830,11 @@ impl Worker {
                 && (term, version) != (current.term, current.version)
                 && version <= current.version
             {
-                self.send(Bucket::State, StoreRequest::Delete { key: e.key, expected: e.revision }, Pending::Cleanup);
+                self.send(
+                    Bucket::State,
+                    StoreRequest::Delete { key: e.key, expected: e.revision },
+                    Pending::Cleanup,
+                );
             }
         }
     }
@@ -2560,8 +2857,11 @@ fn end_record(cfg: &Config, current: &SplitRecord, end: &End) -> SplitRecord {
             record.attempts += 1;
             record.last_error = Some(error.clone());
             record.last_end = Some(if *unprocessable { EndReason::Unprocessable } else { EndReason::Failed });
-            record.state =
-                if record.attempts >= cfg.max_attempts { SplitState::Quarantined } else { SplitState::Unleased };
+            record.state = if record.attempts >= cfg.max_attempts {
+                SplitState::Quarantined
+            } else {
+                SplitState::Unleased
+            };
         }
     }
     record

@@ -6,7 +6,9 @@ mod rig;
 use std::time::Duration;
 
 use bytes::Bytes;
-use etl_coordination_core::records::{self, keys, LeaseRecord, Meta, PresenceRecord, SplitRecord, SplitState};
+use etl_coordination_core::records::{
+    self, LeaseRecord, Meta, PresenceRecord, SplitRecord, SplitState, keys,
+};
 use etl_coordination_core::*;
 use rig::*;
 
@@ -43,7 +45,8 @@ fn running(n: usize) -> Rig {
 fn p2_startup_creates_meta_before_anything_else() {
     let mut w = Worker::new(cfg("w1", 1));
     let actions = w.handle(Timestamp::ZERO, Input::Start);
-    let meta = Meta { protocol_version: records::PROTOCOL_VERSION, fingerprint: "fp-1".into(), max_attempts: 2 };
+    let meta =
+        Meta { protocol_version: records::PROTOCOL_VERSION, fingerprint: "fp-1".into(), max_attempts: 2 };
     assert_eq!(
         actions,
         vec![Action::Store {
@@ -58,11 +61,18 @@ fn p2_startup_creates_meta_before_anything_else() {
 fn p2_a_diverging_meta_is_fatal_and_names_both_fingerprints() {
     let mut w = Worker::new(cfg("w1", 1));
     w.handle(Timestamp::ZERO, Input::Start);
-    let a = w.handle(Timestamp::ZERO, Input::StoreResult { op: OpId(1), result: Err(StoreError::AlreadyExists(keys::meta())) });
+    let a = w.handle(
+        Timestamp::ZERO,
+        Input::StoreResult { op: OpId(1), result: Err(StoreError::AlreadyExists(keys::meta())) },
+    );
     assert_eq!(store_requests(&a), vec![(Bucket::State, StoreRequest::Get { key: keys::meta() })]);
-    let other = Meta { protocol_version: records::PROTOCOL_VERSION, fingerprint: "fp-2".into(), max_attempts: 2 };
+    let other =
+        Meta { protocol_version: records::PROTOCOL_VERSION, fingerprint: "fp-2".into(), max_attempts: 2 };
     let entry = Entry { key: keys::meta(), value: records::encode(&other), revision: Revision(1) };
-    let a = w.handle(Timestamp::ZERO, Input::StoreResult { op: OpId(2), result: Ok(StoreReply::Value(Some(entry))) });
+    let a = w.handle(
+        Timestamp::ZERO,
+        Input::StoreResult { op: OpId(2), result: Ok(StoreReply::Value(Some(entry))) },
+    );
     let [Action::Fatal(e @ FatalError::ConfigDivergence { .. })] = a.as_slice() else { panic!("{a:?}") };
     let msg = e.to_string();
     assert!(msg.contains("\"fp-1\"") && msg.contains("\"fp-2\""), "{msg}");
@@ -74,7 +84,10 @@ fn p2_a_diverging_meta_is_fatal_and_names_both_fingerprints() {
 fn p2_a_matching_meta_opens_the_watches_and_announces_presence() {
     let mut w = Worker::new(cfg("w1", 1));
     w.handle(Timestamp::ZERO, Input::Start);
-    let a = w.handle(Timestamp::ZERO, Input::StoreResult { op: OpId(1), result: Ok(StoreReply::Written(Revision(1))) });
+    let a = w.handle(
+        Timestamp::ZERO,
+        Input::StoreResult { op: OpId(1), result: Ok(StoreReply::Written(Revision(1))) },
+    );
     let presence = PresenceRecord { incarnation: Incarnation(1), held: 0, capacity: 4 };
     assert_eq!(
         a,
@@ -100,12 +113,21 @@ fn p2_a_matching_meta_opens_the_watches_and_announces_presence() {
 fn observe_predecessor() -> (Worker, OpId) {
     let mut w = Worker::new(cfg("w1", 1));
     w.handle(Timestamp::ZERO, Input::Start);
-    w.handle(Timestamp::ZERO, Input::StoreResult { op: OpId(1), result: Ok(StoreReply::Written(Revision(1))) });
-    let a = w.handle(Timestamp::ZERO, Input::StoreResult { op: OpId(2), result: Err(StoreError::AlreadyExists(presence_key("w1"))) });
+    w.handle(
+        Timestamp::ZERO,
+        Input::StoreResult { op: OpId(1), result: Ok(StoreReply::Written(Revision(1))) },
+    );
+    let a = w.handle(
+        Timestamp::ZERO,
+        Input::StoreResult { op: OpId(2), result: Err(StoreError::AlreadyExists(presence_key("w1"))) },
+    );
     assert_eq!(store_requests(&a), vec![(Bucket::Lease, StoreRequest::Get { key: presence_key("w1") })]);
     let other = PresenceRecord { incarnation: Incarnation(9), held: 2, capacity: 4 };
     let entry = Entry { key: presence_key("w1"), value: records::encode(&other), revision: Revision(5) };
-    let a = w.handle(Timestamp::ZERO, Input::StoreResult { op: OpId(3), result: Ok(StoreReply::Value(Some(entry))) });
+    let a = w.handle(
+        Timestamp::ZERO,
+        Input::StoreResult { op: OpId(3), result: Ok(StoreReply::Value(Some(entry))) },
+    );
     assert!(a.is_empty(), "the worker waits before deciding: {a:?}");
     let deadline = w.next_deadline().expect("observation deadline");
     assert_eq!(deadline, Timestamp::ZERO + Duration::from_millis(1500), "one and a half heartbeats");
@@ -178,7 +200,8 @@ fn p3_a_restarted_instance_reclaims_its_splits_at_once_consuming_an_attempt() {
 #[test]
 fn p4_the_first_leader_bumps_the_term_then_plans_and_publishes() {
     let r = running(2);
-    let head: records::PlanHead = records::decode(&r.kv.get(Bucket::State, "plan.head").unwrap().value).unwrap();
+    let head: records::PlanHead =
+        records::decode(&r.kv.get(Bucket::State, "plan.head").unwrap().value).unwrap();
     assert_eq!(head.term, 1);
     assert_eq!(head.status, records::PlanStatus::Published);
     let m = head.manifest.unwrap();
@@ -201,15 +224,21 @@ fn p4_a_deposed_leaders_publication_loses_its_swap() {
         })
         .expect("the leader asked for a plan");
     // Meanwhile w2 takes over and bumps the term (w1 was paused past its lease).
-    let mut head: records::PlanHead = records::decode(&r.kv.get(Bucket::State, "plan.head").unwrap().value).unwrap();
+    let mut head: records::PlanHead =
+        records::decode(&r.kv.get(Bucket::State, "plan.head").unwrap().value).unwrap();
     assert_eq!(head.term, 1);
     head.term = 2;
     head.leader = Owner { instance: id("w2"), incarnation: Incarnation(2) };
     r.kv.put(Bucket::State, &keys::plan_head(), &head);
     r.take_log();
     r.feed(Input::PlanReady { request, result: Ok(plan(2, PlanKind::Final)) });
-    let stored: records::PlanHead = records::decode(&r.kv.get(Bucket::State, "plan.head").unwrap().value).unwrap();
-    assert_eq!((stored.status, stored.manifest), (records::PlanStatus::Planning, None), "I9: nothing published");
+    let stored: records::PlanHead =
+        records::decode(&r.kv.get(Bucket::State, "plan.head").unwrap().value).unwrap();
+    assert_eq!(
+        (stored.status, stored.manifest),
+        (records::PlanStatus::Planning, None),
+        "I9: nothing published"
+    );
     assert!(stored.term >= 2);
     assert!(r.log.contains(&Action::Event(Event::Leadership { leader: false, term: 1 })), "{:?}", r.log);
     assert!(r.started().is_empty());
@@ -234,7 +263,10 @@ fn p5_claim_is_lease_create_then_record_cas_with_epoch_plus_one() {
     assert_eq!((rec.epoch, rec.state, rec.attempts), (Epoch(1), SplitState::Owned, 0));
     assert_eq!(rec.owner.unwrap().instance, id("w1"));
     let lease = lease_of(&r.kv, "s0").unwrap();
-    assert_eq!(lease, LeaseRecord { owner: Owner { instance: id("w1"), incarnation: Incarnation(1) }, epoch: Epoch(1) });
+    assert_eq!(
+        lease,
+        LeaseRecord { owner: Owner { instance: id("w1"), incarnation: Incarnation(1) }, epoch: Epoch(1) }
+    );
 }
 
 #[test]
@@ -262,9 +294,21 @@ fn p7_a_lease_deleted_at_a_newer_revision_revokes_the_lane() {
     r.take_log();
     let a = r.feed(Input::Watch {
         watch: WatchId::Leases,
-        event: WatchEvent::Delete { key: keys::split(&sid("s0")), revision: Revision(lease_rev.0 + 100), cause: DeleteCause::Expired },
+        event: WatchEvent::Delete {
+            key: keys::split(&sid("s0")),
+            revision: Revision(lease_rev.0 + 100),
+            cause: DeleteCause::Expired,
+        },
     });
-    assert!(a.contains(&Action::StopLane { split: sid("s0"), epoch: Epoch(1), reason: StopReason::Fenced, deadline: None }), "{a:?}");
+    assert!(
+        a.contains(&Action::StopLane {
+            split: sid("s0"),
+            epoch: Epoch(1),
+            reason: StopReason::Fenced,
+            deadline: None
+        }),
+        "{a:?}"
+    );
 }
 
 #[test]
@@ -274,7 +318,9 @@ fn p8_commits_cas_against_our_own_last_write_and_a_lost_swap_stops_the_lane() {
     let rev = r.kv.get(Bucket::State, "split.s0").unwrap().revision;
     let a = r.feed(Input::Commit { split: sid("s0"), epoch: Epoch(1), progress: Bytes::from_static(b"10") });
     let reqs = store_requests(&a);
-    let [(Bucket::State, StoreRequest::CompareAndSwap { expected, .. })] = reqs.as_slice() else { panic!("{a:?}") };
+    let [(Bucket::State, StoreRequest::CompareAndSwap { expected, .. })] = reqs.as_slice() else {
+        panic!("{a:?}")
+    };
     assert_eq!(*expected, rev);
     let a = r.apply(op_of(&a, 0));
     assert_eq!(a, vec![Action::CommitDone { split: sid("s0"), epoch: Epoch(1), outcome: CommitOutcome::Ok }]);
@@ -287,9 +333,21 @@ fn p8_commits_cas_against_our_own_last_write_and_a_lost_swap_stops_the_lane() {
     let a = r.apply(op_of(&a, 0));
     // The mismatch is resolved by a read, which shows the new owner.
     let a = r.apply(op_of(&a, 0));
-    assert!(a.contains(&Action::CommitDone { split: sid("s0"), epoch: Epoch(1), outcome: CommitOutcome::Lost }), "{a:?}");
-    assert!(a.contains(&Action::StopLane { split: sid("s0"), epoch: Epoch(1), reason: StopReason::Fenced, deadline: None }));
-    assert_eq!(r.kv.record("s0").progress.as_deref(), Some(&b"10"[..]), "the new owner's record is untouched");
+    assert!(
+        a.contains(&Action::CommitDone { split: sid("s0"), epoch: Epoch(1), outcome: CommitOutcome::Lost }),
+        "{a:?}"
+    );
+    assert!(a.contains(&Action::StopLane {
+        split: sid("s0"),
+        epoch: Epoch(1),
+        reason: StopReason::Fenced,
+        deadline: None
+    }));
+    assert_eq!(
+        r.kv.record("s0").progress.as_deref(),
+        Some(&b"10"[..]),
+        "the new owner's record is untouched"
+    );
 }
 
 #[test]
@@ -319,7 +377,11 @@ fn p10_drain_stops_lanes_releases_without_attempts_and_leaves() {
     let mut r = running(2);
     r.take_log();
     r.feed(Input::Drain);
-    let stops = r.log.iter().filter(|a| matches!(a, Action::StopLane { reason: StopReason::Draining, deadline: Some(_), .. })).count();
+    let stops = r
+        .log
+        .iter()
+        .filter(|a| matches!(a, Action::StopLane { reason: StopReason::Draining, deadline: Some(_), .. }))
+        .count();
     assert_eq!(stops, 2);
     for s in ["s0", "s1"] {
         r.feed(Input::LaneStopped { split: sid(s), epoch: Epoch(1) });
@@ -346,7 +408,8 @@ fn p11_a_lease_without_a_successful_renewal_for_a_lease_duration_starves_its_lan
         for (op, _, _) in std::mem::take(&mut r.pending) {
             r.answer(op, Err(StoreError::Unavailable("down".into())));
         }
-        if let Some(Action::StopLane { reason, .. }) = a.iter().find(|x| matches!(x, Action::StopLane { .. })) {
+        if let Some(Action::StopLane { reason, .. }) = a.iter().find(|x| matches!(x, Action::StopLane { .. }))
+        {
             stopped = Some((*reason, r.now));
             break;
         }
@@ -420,7 +483,10 @@ fn p9_steals_one_split_from_an_owner_holding_two_more_and_then_stops() {
             _ => None,
         })
         .collect();
-    assert_eq!(acquired, vec![("s0".into(), AcquisitionReason::Create), ("s1".into(), AcquisitionReason::Stolen)]);
+    assert_eq!(
+        acquired,
+        vec![("s0".into(), AcquisitionReason::Create), ("s1".into(), AcquisitionReason::Stolen)]
+    );
     let rec = r.kv.record("s1");
     assert_eq!((rec.epoch, rec.attempts), (Epoch(2), 0), "a steal bumps the epoch and consumes no attempt");
     // 2 against 2: no further steal, however many cycles pass.
@@ -434,10 +500,13 @@ fn p9_steals_one_split_from_an_owner_holding_two_more_and_then_stops() {
 #[test]
 fn records_never_name_a_split_the_manifest_does_not_list() {
     let r = running(3);
-    let head: records::PlanHead = records::decode(&r.kv.get(Bucket::State, "plan.head").unwrap().value).unwrap();
+    let head: records::PlanHead =
+        records::decode(&r.kv.get(Bucket::State, "plan.head").unwrap().value).unwrap();
     let m = head.manifest.unwrap();
-    let chunk: records::ManifestChunk =
-        records::decode(&r.kv.get(Bucket::State, &keys::manifest(m.term, m.version, 0).to_string()).unwrap().value).unwrap();
+    let chunk: records::ManifestChunk = records::decode(
+        &r.kv.get(Bucket::State, &keys::manifest(m.term, m.version, 0).to_string()).unwrap().value,
+    )
+    .unwrap();
     assert_eq!(chunk.splits.len(), 3);
     for (id, _) in chunk.splits {
         assert!(r.kv.get(Bucket::State, &format!("desc.{id}")).is_some());
@@ -445,4 +514,3 @@ fn records_never_name_a_split_the_manifest_does_not_list() {
     }
     let _ = SplitRecord::new();
 }
-

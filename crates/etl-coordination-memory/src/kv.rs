@@ -73,7 +73,13 @@ impl MemoryKv {
     }
 
     /// Create-if-absent.
-    pub fn create(&mut self, now: Timestamp, key: &Key, value: Bytes, ttl: Option<Duration>) -> Result<Revision, StoreError> {
+    pub fn create(
+        &mut self,
+        now: Timestamp,
+        key: &Key,
+        value: Bytes,
+        ttl: Option<Duration>,
+    ) -> Result<Revision, StoreError> {
         validate_ttl(ttl)?;
         validate_value(&value)?;
         self.expire(now);
@@ -108,7 +114,11 @@ impl MemoryKv {
             Some(s) if s.revision == expected => {
                 self.slots.remove(key);
                 let revision = self.next_revision();
-                self.events.push(WatchEvent::Delete { key: key.clone(), revision, cause: DeleteCause::Deleted });
+                self.events.push(WatchEvent::Delete {
+                    key: key.clone(),
+                    revision,
+                    cause: DeleteCause::Deleted,
+                });
                 Ok(())
             }
             _ => Err(StoreError::RevisionMismatch(key.clone())),
@@ -170,6 +180,8 @@ mod tests {
         assert!(kv.get(t0 + Duration::from_millis(999), &k("a")).is_some());
         assert_eq!(kv.get(t0 + Duration::from_secs(1), &k("a")), None);
         let events = kv.take_events();
-        assert!(matches!(events.last(), Some(WatchEvent::Delete { cause: DeleteCause::Expired, revision, .. }) if *revision > r));
+        assert!(
+            matches!(events.last(), Some(WatchEvent::Delete { cause: DeleteCause::Expired, revision, .. }) if *revision > r)
+        );
     }
 }

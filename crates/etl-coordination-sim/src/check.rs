@@ -114,7 +114,14 @@ impl Checker {
     }
 
     /// A successful write to a split record (I1, I2 on data, I3, I5).
-    pub fn on_split_write(&mut self, at: Timestamp, writer: &Owner, id: &SplitId, old: Option<&SplitRecord>, new: &SplitRecord) {
+    pub fn on_split_write(
+        &mut self,
+        at: Timestamp,
+        writer: &Owner,
+        id: &SplitId,
+        old: Option<&SplitRecord>,
+        new: &SplitRecord,
+    ) {
         let Some(old) = old else {
             self.ensure(at, "I3", new.epoch == Epoch(0) && new.owner.is_none(), || {
                 format!("split {id}: record created in a non-initial state by {writer}")
@@ -123,7 +130,10 @@ impl Checker {
         };
         // Terminal records never change: Done stays done; Quarantined is never re-offered (I5).
         self.ensure(at, "I5", !old.is_terminal(), || {
-            format!("split {id}: {:?} record rewritten by {writer} (terminal splits are never re-offered)", old.state)
+            format!(
+                "split {id}: {:?} record rewritten by {writer} (terminal splits are never re-offered)",
+                old.state
+            )
         });
         // I3: fencing by epoch.
         self.ensure(at, "I3", new.epoch >= old.epoch, || {
@@ -150,7 +160,10 @@ impl Checker {
             let upto = (p_new as usize).min(emitted.len());
             let gap = emitted[..upto].iter().position(|e| !e);
             self.ensure(at, "I2", gap.is_none(), || {
-                format!("split {id}: progress {p_new} committed but record {} was never emitted", gap.unwrap_or(0))
+                format!(
+                    "split {id}: progress {p_new} committed but record {} was never emitted",
+                    gap.unwrap_or(0)
+                )
             });
         }
         // I5: attempts grow by one, and only on a non-graceful end.
@@ -190,13 +203,27 @@ impl Checker {
     }
 
     /// A successful write to the plan head (I9).
-    pub fn on_head_write(&mut self, at: Timestamp, writer: &Owner, old: Option<&PlanHead>, new: &PlanHead, state: &mut MemoryKv) {
-        self.ensure(at, "I9", new.leader == *writer, || format!("plan head written by {writer} naming leader {}", new.leader));
+    pub fn on_head_write(
+        &mut self,
+        at: Timestamp,
+        writer: &Owner,
+        old: Option<&PlanHead>,
+        new: &PlanHead,
+        state: &mut MemoryKv,
+    ) {
+        self.ensure(at, "I9", new.leader == *writer, || {
+            format!("plan head written by {writer} naming leader {}", new.leader)
+        });
         if let Some(old) = old {
-            self.ensure(at, "I9", new.term >= old.term, || format!("plan term regressed {} -> {}", old.term, new.term));
+            self.ensure(at, "I9", new.term >= old.term, || {
+                format!("plan term regressed {} -> {}", old.term, new.term)
+            });
             if new.term == old.term {
                 self.ensure(at, "I9", old.leader == *writer, || {
-                    format!("plan head of term {} rewritten by {writer}, not its leader {}", new.term, old.leader)
+                    format!(
+                        "plan head of term {} rewritten by {writer}, not its leader {}",
+                        new.term, old.leader
+                    )
                 });
             }
             if new.manifest != old.manifest {
@@ -217,20 +244,32 @@ impl Checker {
                 state.get(at, &keys::split(id)).is_none() || state.get(at, &keys::desc(id)).is_none()
             });
             self.ensure(at, "P4", missing.is_none() && ids.len() as u64 == m.split_count, || {
-                format!("published manifest v{} names split {:?} without records (or has the wrong count)", m.version, missing)
+                format!(
+                    "published manifest v{} names split {:?} without records (or has the wrong count)",
+                    m.version, missing
+                )
             });
         }
     }
 
     /// A lane emitted one record (I4's overlap bound, and the oracle for I2).
-    pub fn on_emit(&mut self, at: Timestamp, id: &SplitId, record: u64, epoch: Epoch, owner: &Owner, current: Option<&SplitRecord>) {
+    pub fn on_emit(
+        &mut self,
+        at: Timestamp,
+        id: &SplitId,
+        record: u64,
+        epoch: Epoch,
+        owner: &Owner,
+        current: Option<&SplitRecord>,
+    ) {
         if let Some(e) = self.emitted.get_mut(id)
             && let Some(slot) = e.get_mut(record as usize)
         {
             *slot = true;
         }
         let stale = current.is_none_or(|r| {
-            r.epoch > epoch || (r.epoch == epoch && r.owner.as_ref() != Some(owner) && r.state != SplitState::Done)
+            r.epoch > epoch
+                || (r.epoch == epoch && r.owner.as_ref() != Some(owner) && r.state != SplitState::Done)
         });
         if stale {
             let n = self.stale_emits.entry((id.clone(), epoch, owner.clone())).or_default();
@@ -246,7 +285,14 @@ impl Checker {
     }
 
     /// A lane starts: no other lane may run the same tenancy, and terminal splits never start.
-    pub fn on_lane_start(&mut self, at: Timestamp, id: &SplitId, epoch: Epoch, others: &[Epoch], current: Option<&SplitRecord>) {
+    pub fn on_lane_start(
+        &mut self,
+        at: Timestamp,
+        id: &SplitId,
+        epoch: Epoch,
+        others: &[Epoch],
+        current: Option<&SplitRecord>,
+    ) {
         self.ensure(at, "I4", !others.contains(&epoch), || format!("split {id}: two lanes at epoch {epoch}"));
         self.ensure(at, "I5", current.is_some_and(|r| !r.is_terminal()), || {
             format!("split {id}: lane started on a terminal split ({:?})", current.map(|r| r.state))
@@ -254,17 +300,27 @@ impl Checker {
     }
 
     /// A worker declared the job's outcome (I6, I2).
-    pub fn on_outcome(&mut self, at: Timestamp, who: &Owner, complete: bool, stalled: bool, state: &mut MemoryKv) {
+    pub fn on_outcome(
+        &mut self,
+        at: Timestamp,
+        who: &Owner,
+        complete: bool,
+        stalled: bool,
+        state: &mut MemoryKv,
+    ) {
         let head = state.get(at, &keys::plan_head()).and_then(|e| records::decode::<PlanHead>(&e.value).ok());
         let Some(m) = head.and_then(|h| h.manifest) else {
             return self.fail(at, "I6", format!("{who} declared an outcome without a published plan"));
         };
-        self.ensure(at, "I6", m.kind == PlanKind::Final, || format!("{who} declared an outcome of an open plan"));
+        self.ensure(at, "I6", m.kind == PlanKind::Final, || {
+            format!("{who} declared an outcome of an open plan")
+        });
         let ids = manifest_ids(state, at, m.term, m.version, m.chunks);
         let mut done = 0;
         let mut quarantined = 0;
         for id in &ids {
-            let rec = state.get(at, &keys::split(id)).and_then(|e| records::decode::<SplitRecord>(&e.value).ok());
+            let rec =
+                state.get(at, &keys::split(id)).and_then(|e| records::decode::<SplitRecord>(&e.value).ok());
             match rec.map(|r| r.state) {
                 Some(SplitState::Done) => done += 1,
                 Some(SplitState::Quarantined) => quarantined += 1,
@@ -273,12 +329,19 @@ impl Checker {
         }
         if complete {
             self.ensure(at, "I6", done == ids.len(), || {
-                format!("{who} declared Complete with {} of {} splits Done ({quarantined} quarantined)", done, ids.len())
+                format!(
+                    "{who} declared Complete with {} of {} splits Done ({quarantined} quarantined)",
+                    done,
+                    ids.len()
+                )
             });
         }
         if stalled {
             self.ensure(at, "I6", quarantined > 0 && done + quarantined == ids.len(), || {
-                format!("{who} declared Stalled with {done} Done and {quarantined} Quarantined of {}", ids.len())
+                format!(
+                    "{who} declared Stalled with {done} Done and {quarantined} Quarantined of {}",
+                    ids.len()
+                )
             });
         }
         // I2: every record of every Done split was emitted at least once.
@@ -291,13 +354,21 @@ impl Checker {
                 continue;
             }
             let gap = self.emitted.get(id).and_then(|e| e.iter().position(|x| !x));
-            self.ensure(at, "I2", gap.is_none(), || format!("split {id} is Done but record {} was never emitted", gap.unwrap_or(0)));
+            self.ensure(at, "I2", gap.is_none(), || {
+                format!("split {id} is Done but record {} was never emitted", gap.unwrap_or(0))
+            });
         }
     }
 }
 
 /// The split ids of a manifest, read from the store.
-pub(crate) fn manifest_ids(state: &mut MemoryKv, at: Timestamp, term: u64, version: u64, chunks: u32) -> Vec<SplitId> {
+pub(crate) fn manifest_ids(
+    state: &mut MemoryKv,
+    at: Timestamp,
+    term: u64,
+    version: u64,
+    chunks: u32,
+) -> Vec<SplitId> {
     let mut out = Vec::new();
     for c in 0..chunks {
         let key: Key = keys::manifest(term, version, c);

@@ -321,9 +321,17 @@ impl World {
     fn new(seed: u64, opts: Options) -> Self {
         let mut rng = Rng::new(seed);
         let mut splits = Vec::new();
-        let open_until = if opts.open_plan { Timestamp::ZERO + Duration::from_secs(rng.range(3, 15)) } else { Timestamp::ZERO };
+        let open_until = if opts.open_plan {
+            Timestamp::ZERO + Duration::from_secs(rng.range(3, 15))
+        } else {
+            Timestamp::ZERO
+        };
         for i in 0..opts.splits {
-            let total = if opts.uniform_records { opts.max_records.max(1) } else { rng.range(1, opts.max_records.max(1)) };
+            let total = if opts.uniform_records {
+                opts.max_records.max(1)
+            } else {
+                rng.range(1, opts.max_records.max(1))
+            };
             let poison = if i < opts.poison_crash {
                 Poison::Crash(rng.range(0, total - 1))
             } else if i < opts.poison_crash + opts.poison_unprocessable {
@@ -331,7 +339,8 @@ impl World {
             } else {
                 Poison::None
             };
-            let discovered_at = if opts.open_plan && i > 0 { Timestamp(rng.range(0, open_until.0)) } else { Timestamp::ZERO };
+            let discovered_at =
+                if opts.open_plan && i > 0 { Timestamp(rng.range(0, open_until.0)) } else { Timestamp::ZERO };
             splits.push(SplitSpec {
                 id: SplitId::new(format!("s{i:04}")).expect("valid id"),
                 weight: rng.range(1, 1000),
@@ -479,16 +488,29 @@ impl World {
                 let open: Vec<String> = self
                     .slots
                     .iter()
-                    .filter(|s| matches!(s.status, Status::Running | Status::Paused | Status::Crashed { restart: true }))
+                    .filter(|s| {
+                        matches!(
+                            s.status,
+                            Status::Running | Status::Paused | Status::Crashed { restart: true }
+                        )
+                    })
                     .map(|s| s.instance.to_string())
                     .collect();
-                self.checker.fail(self.now, "I8", format!("no outcome within the liveness bound; still running: {open:?}"));
+                self.checker.fail(
+                    self.now,
+                    "I8",
+                    format!("no outcome within the liveness bound; still running: {open:?}"),
+                );
                 break;
             }
             self.now = s.at;
             self.report.events += 1;
             if self.report.events > MAX_EVENTS {
-                self.checker.fail(self.now, "I8", format!("event storm: more than {MAX_EVENTS} events (a livelock)"));
+                self.checker.fail(
+                    self.now,
+                    "I8",
+                    format!("event storm: more than {MAX_EVENTS} events (a livelock)"),
+                );
                 break;
             }
             if self.trace {
@@ -529,7 +551,9 @@ impl World {
                 self.slots[slot].tick_at = None;
                 self.deliver(slot, Input::Tick);
             }
-            Ev::StoreOp { slot, life, op, bucket, request, fate } => self.store_op(slot, life, op, bucket, request, fate),
+            Ev::StoreOp { slot, life, op, bucket, request, fate } => {
+                self.store_op(slot, life, op, bucket, request, fate)
+            }
             Ev::OpenWatch { slot, life, watch } => self.open_watch(slot, life, watch),
             Ev::LaneStep { slot, life, split, epoch } => {
                 if self.slots[slot].life != life {
@@ -620,7 +644,10 @@ impl World {
             Action::Plan { request } => {
                 let plan = self.plan();
                 let delay = ms(self.rng.range(1, 40));
-                self.schedule(delay, Ev::ToWorker { slot, life, input: Input::PlanReady { request, result: Ok(plan) } });
+                self.schedule(
+                    delay,
+                    Ev::ToWorker { slot, life, input: Input::PlanReady { request, result: Ok(plan) } },
+                );
                 if self.faults_on && self.rng.chance(0.25) {
                     // Leader death mid-plan.
                     let when = ms(self.rng.range(0, 60));
@@ -628,23 +655,37 @@ impl World {
                     self.schedule(when, Ev::Crash { slot, life });
                 }
             }
-            Action::StartLane { split, epoch, descriptor, progress, .. } => self.start_lane(slot, split, epoch, descriptor, progress),
+            Action::StartLane { split, epoch, descriptor, progress, .. } => {
+                self.start_lane(slot, split, epoch, descriptor, progress)
+            }
             Action::StopLane { split, epoch, reason, .. } => self.stop_lane(slot, split, epoch, reason),
             Action::CommitDone { split, epoch, outcome } => self.commit_done(slot, split, epoch, outcome),
             Action::Event(e) => self.on_event(slot, e),
             Action::Finished(outcome) => {
                 let who = self.slots[slot].owner.clone();
-                let (complete, stalled) = (outcome == Outcome::Complete, matches!(outcome, Outcome::Stalled { .. }));
+                let (complete, stalled) =
+                    (outcome == Outcome::Complete, matches!(outcome, Outcome::Stalled { .. }));
                 if complete || stalled {
                     self.checker.on_outcome(self.now, &who, complete, stalled, &mut self.state);
                     let name = if complete { "complete" } else { "stalled" };
                     if self.report.outcome != "none" && self.report.outcome != name {
-                        self.checker.fail(self.now, "I6", format!("{who} declared {name} but another worker declared {}", self.report.outcome));
+                        self.checker.fail(
+                            self.now,
+                            "I6",
+                            format!(
+                                "{who} declared {name} but another worker declared {}",
+                                self.report.outcome
+                            ),
+                        );
                     }
                     self.report.outcome = name;
                     let poison = self.opts.poison_crash + self.opts.poison_unprocessable > 0;
                     if poison && complete {
-                        self.checker.fail(self.now, "P12", format!("{who} declared Complete although a poison split exists"));
+                        self.checker.fail(
+                            self.now,
+                            "P12",
+                            format!("{who} declared Complete although a poison split exists"),
+                        );
                     }
                 }
                 let s = &mut self.slots[slot];
@@ -654,9 +695,14 @@ impl World {
             }
             Action::Fatal(e) => {
                 let msg = e.to_string();
-                let expected = self.opts.scenario == Scenario::DuplicateId && matches!(e, FatalError::DuplicateInstance { .. });
+                let expected = self.opts.scenario == Scenario::DuplicateId
+                    && matches!(e, FatalError::DuplicateInstance { .. });
                 if !expected {
-                    self.checker.fail(self.now, "fatal", format!("{} stopped with an unexpected fatal error: {msg}", self.slots[slot].owner));
+                    self.checker.fail(
+                        self.now,
+                        "fatal",
+                        format!("{} stopped with an unexpected fatal error: {msg}", self.slots[slot].owner),
+                    );
                 }
                 self.report.fatal.push(msg);
                 let s = &mut self.slots[slot];
@@ -671,8 +717,11 @@ impl World {
         match e {
             Event::Acquired { split, reason, .. } => {
                 *self.report.acquisitions.entry(reason.label()).or_default() += 1;
-                let balance_window = !self.report.owned_after_convergence.is_empty() && !self.balance_window_closed;
-                if reason == AcquisitionReason::Stolen && ((self.opts.scenario == Scenario::Random && self.safety_over) || balance_window) {
+                let balance_window =
+                    !self.report.owned_after_convergence.is_empty() && !self.balance_window_closed;
+                if reason == AcquisitionReason::Stolen
+                    && ((self.opts.scenario == Scenario::Random && self.safety_over) || balance_window)
+                {
                     self.report.steals_after_faults += 1;
                 }
                 if let Some(t) = self.released_at.remove(&split) {
@@ -682,10 +731,8 @@ impl World {
                 }
             }
             Event::Quarantined { .. } => self.report.quarantined += 1,
-            Event::Released { split } => {
-                if self.opts.scenario == Scenario::DrainPickup {
-                    self.released_at.insert(split, self.now);
-                }
+            Event::Released { split } if self.opts.scenario == Scenario::DrainPickup => {
+                self.released_at.insert(split, self.now);
             }
             _ => {}
         }
@@ -698,7 +745,11 @@ impl World {
             .splits
             .iter()
             .filter(|s| !open || s.discovered_at <= self.now)
-            .map(|s| PlannedSplit { id: s.id.clone(), descriptor: Bytes::copy_from_slice(&s.total.to_le_bytes()), weight: s.weight })
+            .map(|s| PlannedSplit {
+                id: s.id.clone(),
+                descriptor: Bytes::copy_from_slice(&s.total.to_le_bytes()),
+                weight: s.weight,
+            })
             .collect();
         Plan { kind: if open { PlanKind::Open } else { PlanKind::Final }, splits }
     }
@@ -709,7 +760,14 @@ impl World {
         self.state.get(self.now, &keys::split(id)).and_then(|e| records::decode::<SplitRecord>(&e.value).ok())
     }
 
-    fn start_lane(&mut self, slot: usize, split: SplitId, epoch: Epoch, descriptor: Bytes, progress: Option<Bytes>) {
+    fn start_lane(
+        &mut self,
+        slot: usize,
+        split: SplitId,
+        epoch: Epoch,
+        descriptor: Bytes,
+        progress: Option<Bytes>,
+    ) {
         let total = u64::from_le_bytes(descriptor[..8].try_into().expect("sim descriptor"));
         let others: Vec<Epoch> = self
             .slots
@@ -720,7 +778,10 @@ impl World {
         let current = self.current_record(&split);
         self.checker.on_lane_start(self.now, &split, epoch, &others, current.as_ref());
         let next = progress_of(&progress);
-        self.slots[slot].lanes.insert(split.clone(), Lane { epoch, next, total, since_commit: 0, committing: false, draining: false });
+        self.slots[slot].lanes.insert(
+            split.clone(),
+            Lane { epoch, next, total, since_commit: 0, committing: false, draining: false },
+        );
         let life = self.slots[slot].life;
         let step = ms(self.opts.step_ms);
         self.schedule(step, Ev::LaneStep { slot, life, split, epoch });
@@ -734,7 +795,10 @@ impl World {
         let (next, total) = (lane.next, lane.total);
         if next >= total {
             self.slots[slot].lanes.get_mut(&split).expect("lane").committing = true;
-            return self.deliver(slot, Input::Finish { split, epoch, progress: Bytes::copy_from_slice(&total.to_le_bytes()) });
+            return self.deliver(
+                slot,
+                Input::Finish { split, epoch, progress: Bytes::copy_from_slice(&total.to_le_bytes()) },
+            );
         }
         let spec = &self.splits[self.split_index[&split]];
         match spec.poison {
@@ -760,12 +824,18 @@ impl World {
         if lane.next >= lane.total {
             lane.committing = true;
             let total = lane.total;
-            return self.deliver(slot, Input::Finish { split, epoch, progress: Bytes::copy_from_slice(&total.to_le_bytes()) });
+            return self.deliver(
+                slot,
+                Input::Finish { split, epoch, progress: Bytes::copy_from_slice(&total.to_le_bytes()) },
+            );
         }
         if lane.since_commit >= self.opts.commit_every {
             lane.committing = true;
             let p = lane.next;
-            return self.deliver(slot, Input::Commit { split, epoch, progress: Bytes::copy_from_slice(&p.to_le_bytes()) });
+            return self.deliver(
+                slot,
+                Input::Commit { split, epoch, progress: Bytes::copy_from_slice(&p.to_le_bytes()) },
+            );
         }
         let life = self.slots[slot].life;
         self.schedule(ms(self.opts.step_ms), Ev::LaneStep { slot, life, split, epoch });
@@ -788,7 +858,10 @@ impl World {
                 if lane.since_commit > 0 {
                     lane.committing = true;
                     let p = lane.next;
-                    self.deliver(slot, Input::Commit { split, epoch, progress: Bytes::copy_from_slice(&p.to_le_bytes()) });
+                    self.deliver(
+                        slot,
+                        Input::Commit { split, epoch, progress: Bytes::copy_from_slice(&p.to_le_bytes()) },
+                    );
                 } else {
                     self.slots[slot].lanes.remove(&split);
                     self.deliver(slot, Input::LaneStopped { split, epoch });
@@ -850,7 +923,15 @@ impl World {
         ms(500)
     }
 
-    fn store_op(&mut self, slot: usize, life: u32, op: OpId, bucket: Bucket, request: StoreRequest, fate: Fate) {
+    fn store_op(
+        &mut self,
+        slot: usize,
+        life: u32,
+        op: OpId,
+        bucket: Bucket,
+        request: StoreRequest,
+        fate: Fate,
+    ) {
         if self.now < self.outage_until {
             let indeterminate = self.rng.chance(0.5);
             let (result, after) = if indeterminate {
@@ -862,7 +943,13 @@ impl World {
         }
         if fate == Fate::LostRequest {
             let t = self.op_timeout();
-            return self.respond(slot, life, op, Err(StoreError::Indeterminate("request timed out".into())), t);
+            return self.respond(
+                slot,
+                life,
+                op,
+                Err(StoreError::Indeterminate("request timed out".into())),
+                t,
+            );
         }
         let writer = self.slots[slot].owner.clone();
         let result = self.apply(&writer, bucket, request);
@@ -879,9 +966,9 @@ impl World {
     fn apply(&mut self, writer: &Owner, bucket: Bucket, request: StoreRequest) -> StoreResult {
         let now = self.now;
         let split_key = match &request {
-            StoreRequest::Create { key, .. } | StoreRequest::CompareAndSwap { key, .. } | StoreRequest::Delete { key, .. } => {
-                Some(key.clone())
-            }
+            StoreRequest::Create { key, .. }
+            | StoreRequest::CompareAndSwap { key, .. }
+            | StoreRequest::Delete { key, .. } => Some(key.clone()),
             _ => None,
         };
         let old = split_key.as_ref().and_then(|k| self.kv(bucket).get(now, k));
@@ -890,14 +977,21 @@ impl World {
         let erase = bucket == Bucket::Lease
             && self.faults_on
             && matches!(request, StoreRequest::CompareAndSwap { .. })
-            && split_key.as_ref().and_then(|k| self.lease.expires_at(k)).is_some_and(|t| t.saturating_since(now) <= ms(10))
+            && split_key
+                .as_ref()
+                .and_then(|k| self.lease.expires_at(k))
+                .is_some_and(|t| t.saturating_since(now) <= ms(10))
             && self.rng.chance(0.5);
         let result = match request.clone() {
-            StoreRequest::Create { key, value, ttl } => self.kv(bucket).create(now, &key, value, ttl).map(StoreReply::Written),
+            StoreRequest::Create { key, value, ttl } => {
+                self.kv(bucket).create(now, &key, value, ttl).map(StoreReply::Written)
+            }
             StoreRequest::CompareAndSwap { key, expected, value, ttl } => {
                 self.kv(bucket).compare_and_swap(now, &key, expected, value, ttl).map(StoreReply::Written)
             }
-            StoreRequest::Delete { key, expected } => self.kv(bucket).delete(now, &key, expected).map(|()| StoreReply::Deleted),
+            StoreRequest::Delete { key, expected } => {
+                self.kv(bucket).delete(now, &key, expected).map(|()| StoreReply::Deleted)
+            }
             StoreRequest::Get { key } => Ok(StoreReply::Value(self.kv(bucket).get(now, &key))),
             StoreRequest::List { prefix } => Ok(StoreReply::Entries(self.kv(bucket).list(now, &prefix))),
         };
@@ -906,7 +1000,8 @@ impl World {
                 let new = self.state.get(now, key).expect("just written");
                 if let Some(id) = keys::parse_split(key) {
                     let old = old.as_ref().and_then(|e| records::decode::<SplitRecord>(&e.value).ok());
-                    let new = records::decode::<SplitRecord>(&new.value).expect("protocol writes decodable records");
+                    let new = records::decode::<SplitRecord>(&new.value)
+                        .expect("protocol writes decodable records");
                     self.checker.on_split_write(now, writer, &id, old.as_ref(), &new);
                 } else if *key == keys::plan_head() {
                     let old = old.as_ref().and_then(|e| records::decode::<PlanHead>(&e.value).ok());
@@ -944,7 +1039,10 @@ impl World {
                 let at = (self.now + delay).max(Timestamp(self.subs[i].last_at.0 + 1));
                 self.subs[i].last_at = at;
                 let (slot, life, watch) = (self.subs[i].slot, self.subs[i].life, self.subs[i].watch);
-                self.schedule_at(at, Ev::ToWorker { slot, life, input: Input::Watch { watch, event: ev.clone() } });
+                self.schedule_at(
+                    at,
+                    Ev::ToWorker { slot, life, input: Input::Watch { watch, event: ev.clone() } },
+                );
             }
         }
     }
@@ -962,17 +1060,25 @@ impl World {
         let mut at = self.now;
         for e in entries {
             at = at + us(self.rng.range(1, 50));
-            self.schedule_at(at, Ev::ToWorker { slot, life, input: Input::Watch { watch, event: WatchEvent::Put(e) } });
+            self.schedule_at(
+                at,
+                Ev::ToWorker { slot, life, input: Input::Watch { watch, event: WatchEvent::Put(e) } },
+            );
         }
         at = at + us(1);
-        self.schedule_at(at, Ev::ToWorker { slot, life, input: Input::Watch { watch, event: WatchEvent::SnapshotComplete } });
+        self.schedule_at(
+            at,
+            Ev::ToWorker { slot, life, input: Input::Watch { watch, event: WatchEvent::SnapshotComplete } },
+        );
         self.subs.push(Sub { slot, life, watch, last_at: at });
     }
 
     // ----- faults -----
 
     fn live_slots(&self) -> Vec<usize> {
-        (0..self.slots.len()).filter(|&i| self.slots[i].status == Status::Running && !self.slots[i].draining).collect()
+        (0..self.slots.len())
+            .filter(|&i| self.slots[i].status == Status::Running && !self.slots[i].draining)
+            .collect()
     }
 
     fn crash(&mut self, slot: usize, restart: bool) {
@@ -1038,7 +1144,14 @@ impl World {
                 let subs = std::mem::take(&mut self.subs);
                 for s in subs {
                     let d = ms(self.rng.range(1, 100));
-                    self.schedule(d, Ev::ToWorker { slot: s.slot, life: s.life, input: Input::WatchFailed { watch: s.watch } });
+                    self.schedule(
+                        d,
+                        Ev::ToWorker {
+                            slot: s.slot,
+                            life: s.life,
+                            input: Input::WatchFailed { watch: s.watch },
+                        },
+                    );
                 }
             }
             45..=59 if !self.subs.is_empty() => {
@@ -1046,9 +1159,15 @@ impl World {
                 let i = self.rng.range(0, self.subs.len() as u64 - 1) as usize;
                 let s = self.subs.remove(i);
                 let d = ms(self.rng.range(1, 50));
-                self.schedule(d, Ev::ToWorker { slot: s.slot, life: s.life, input: Input::WatchFailed { watch: s.watch } });
+                self.schedule(
+                    d,
+                    Ev::ToWorker { slot: s.slot, life: s.life, input: Input::WatchFailed { watch: s.watch } },
+                );
             }
-            60..=72 if self.slots.iter().filter(|s| s.status != Status::Finished).count() < self.opts.max_workers => {
+            60..=72
+                if self.slots.iter().filter(|s| s.status != Status::Finished).count()
+                    < self.opts.max_workers =>
+            {
                 self.fault("scale_up");
                 let id = self.new_instance_id();
                 self.add_worker(id);
@@ -1060,7 +1179,10 @@ impl World {
                 self.deliver(slot, Input::Drain);
             }
             83..=92 => {
-                let leader = live.iter().copied().find(|&i| self.slots[i].core.as_ref().is_some_and(|c| c.is_leader()));
+                let leader = live
+                    .iter()
+                    .copied()
+                    .find(|&i| self.slots[i].core.as_ref().is_some_and(|c| c.is_leader()));
                 if let Some(slot) = leader {
                     self.fault("leader_killed");
                     self.crash(slot, true);
@@ -1105,10 +1227,9 @@ impl World {
                 self.resume(slot);
             }
         }
-        let alive = self
-            .slots
-            .iter()
-            .any(|s| matches!(s.status, Status::Running | Status::Paused | Status::Crashed { restart: true }));
+        let alive = self.slots.iter().any(|s| {
+            matches!(s.status, Status::Running | Status::Paused | Status::Crashed { restart: true })
+        });
         if !alive {
             let id = self.new_instance_id();
             self.add_worker(id);
@@ -1135,21 +1256,34 @@ impl World {
                     // Measure after convergence, then watch for further steals.
                     self.schedule(Duration::from_secs(20), Ev::Probe);
                 } else if self.report.owned_after_convergence.is_empty() {
-                    let owned: Vec<u32> =
-                        self.slots.iter().map(|s| s.core.as_ref().map_or(0, |c| c.held().count() as u32)).collect();
-                    let (min, max) = (owned.iter().min().copied().unwrap_or(0), owned.iter().max().copied().unwrap_or(0));
+                    let owned: Vec<u32> = self
+                        .slots
+                        .iter()
+                        .map(|s| s.core.as_ref().map_or(0, |c| c.held().count() as u32))
+                        .collect();
+                    let (min, max) =
+                        (owned.iter().min().copied().unwrap_or(0), owned.iter().max().copied().unwrap_or(0));
                     if max - min > 1 {
-                        self.checker.fail(self.now, "I7", format!("owned counts {owned:?} differ by more than 1 after convergence"));
+                        self.checker.fail(
+                            self.now,
+                            "I7",
+                            format!("owned counts {owned:?} differ by more than 1 after convergence"),
+                        );
                     }
                     self.report.owned_after_convergence = owned;
-                    self.report.steals_to_converge = self.report.acquisitions.get("stolen").copied().unwrap_or(0);
+                    self.report.steals_to_converge =
+                        self.report.acquisitions.get("stolen").copied().unwrap_or(0);
                     self.report.steals_after_faults = 0;
                     self.schedule(Duration::from_secs(15), Ev::Probe);
                 } else if !self.balance_window_closed {
                     self.balance_window_closed = true;
                     let n = self.report.steals_after_faults;
                     if n > 0 {
-                        self.checker.fail(self.now, "I7", format!("{n} steals after convergence: ownership oscillates"));
+                        self.checker.fail(
+                            self.now,
+                            "I7",
+                            format!("{n} steals after convergence: ownership oscillates"),
+                        );
                     }
                 }
             }
@@ -1160,12 +1294,28 @@ impl World {
     fn finish(mut self) -> Report {
         // I7 in random runs: once faults stop, every steal moves a split toward balance, so the
         // number of steals is bounded by the number of splits; more means ownership oscillates.
-        if self.opts.scenario == Scenario::Random && self.report.steals_after_faults > self.splits.len() as u64 {
+        if self.opts.scenario == Scenario::Random
+            && self.report.steals_after_faults > self.splits.len() as u64
+        {
             let n = self.report.steals_after_faults;
-            self.checker.fail(self.now, "I7", format!("{n} steals after the faults stopped, for {} splits: ownership oscillates", self.splits.len()));
+            self.checker.fail(
+                self.now,
+                "I7",
+                format!(
+                    "{n} steals after the faults stopped, for {} splits: ownership oscillates",
+                    self.splits.len()
+                ),
+            );
         }
-        if self.checker.violation.is_none() && self.report.outcome == "none" && self.opts.scenario == Scenario::Random {
-            let states: Vec<String> = self.slots.iter().map(|s| format!("{}: {:?} {:?}", s.instance, s.status, s.outcome)).collect();
+        if self.checker.violation.is_none()
+            && self.report.outcome == "none"
+            && self.opts.scenario == Scenario::Random
+        {
+            let states: Vec<String> = self
+                .slots
+                .iter()
+                .map(|s| format!("{}: {:?} {:?}", s.instance, s.status, s.outcome))
+                .collect();
             self.checker.fail(self.now, "I8", format!("the run ended without a job outcome: {states:?}"));
         }
         self.report.violation = self.checker.violation.take();

@@ -10,7 +10,11 @@ fn the_same_seed_replays_the_same_trace() {
         let a = run(seed, &opts);
         let b = run(seed, &opts);
         assert_eq!(a.trace_hash, b.trace_hash, "seed {seed}");
-        assert_eq!((a.events, a.virtual_time, &a.checks), (b.events, b.virtual_time, &b.checks), "seed {seed}");
+        assert_eq!(
+            (a.events, a.virtual_time, &a.checks),
+            (b.events, b.virtual_time, &b.checks),
+            "seed {seed}"
+        );
         assert_ne!(run(seed + 1, &Options::for_seed(seed + 1)).trace_hash, a.trace_hash);
     }
 }
@@ -20,7 +24,11 @@ fn a_sweep_of_random_fault_schedules_keeps_every_invariant() {
     let mut outcomes = [0u32; 2];
     for seed in 0..300 {
         let r = run(seed, &Options::for_seed(seed));
-        assert!(r.violation.is_none(), "seed {seed}: {}\n  reproduce: cargo xtask sim --seed {seed}", r.violation.unwrap());
+        assert!(
+            r.violation.is_none(),
+            "seed {seed}: {}\n  reproduce: cargo xtask sim --seed {seed}",
+            r.violation.unwrap()
+        );
         match r.outcome {
             "complete" => outcomes[0] += 1,
             "stalled" => outcomes[1] += 1,
@@ -86,7 +94,8 @@ fn caught(mutations: Mutations, rules: &[&str], seeds: u64) -> (u64, String) {
 
 #[test]
 fn commits_without_the_fence_are_caught() {
-    let (_, v) = caught(Mutations { unfenced_commit: true, ..Mutations::default() }, &["I1", "I3", "I2", "I5"], 500);
+    let (_, v) =
+        caught(Mutations { unfenced_commit: true, ..Mutations::default() }, &["I1", "I3", "I2", "I5"], 500);
     assert!(v.contains("split"), "{v}");
 }
 

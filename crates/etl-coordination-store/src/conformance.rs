@@ -44,7 +44,9 @@ pub async fn next_matching(
 }
 
 async fn wait_expired<S: Store>(store: &S, watch: &mut WatchStream, k: &Key) {
-    let ev = next_matching(watch, EXPIRY_TIMEOUT, |e| matches!(e, WatchEvent::Delete { key, .. } if key == k)).await;
+    let ev =
+        next_matching(watch, EXPIRY_TIMEOUT, |e| matches!(e, WatchEvent::Delete { key, .. } if key == k))
+            .await;
     let WatchEvent::Delete { cause, .. } = ev else { unreachable!() };
     assert_eq!(cause, DeleteCause::Expired, "expected an expiry of {k}");
     assert_eq!(store.get(k).await.unwrap(), None, "an expired key must read as absent");

@@ -75,11 +75,15 @@ pub trait Store: Send + Sync + 'static {
 /// Executes one request of the protocol core against a store.
 pub async fn execute<S: Store + ?Sized>(store: &S, request: StoreRequest) -> StoreResult {
     match request {
-        StoreRequest::Create { key, value, ttl } => store.create(&key, value, ttl).await.map(StoreReply::Written),
+        StoreRequest::Create { key, value, ttl } => {
+            store.create(&key, value, ttl).await.map(StoreReply::Written)
+        }
         StoreRequest::CompareAndSwap { key, expected, value, ttl } => {
             store.compare_and_swap(&key, expected, value, ttl).await.map(StoreReply::Written)
         }
-        StoreRequest::Delete { key, expected } => store.delete(&key, expected).await.map(|()| StoreReply::Deleted),
+        StoreRequest::Delete { key, expected } => {
+            store.delete(&key, expected).await.map(|()| StoreReply::Deleted)
+        }
         StoreRequest::Get { key } => store.get(&key).await.map(StoreReply::Value),
         StoreRequest::List { prefix } => store.list(&prefix).await.map(StoreReply::Entries),
     }
@@ -89,9 +93,9 @@ pub async fn execute<S: Store + ?Sized>(store: &S, request: StoreRequest) -> Sto
 /// (NATS per-message TTLs are whole seconds; sub-second values are rejected by the server).
 pub fn validate_ttl(ttl: Option<Duration>) -> Result<(), StoreError> {
     match ttl {
-        Some(t) if t < Duration::from_secs(1) || t.subsec_nanos() != 0 => Err(StoreError::InvalidValue(format!(
-            "ttl {t:?} is not a whole number of seconds of at least 1s"
-        ))),
+        Some(t) if t < Duration::from_secs(1) || t.subsec_nanos() != 0 => Err(StoreError::InvalidValue(
+            format!("ttl {t:?} is not a whole number of seconds of at least 1s"),
+        )),
         _ => Ok(()),
     }
 }

@@ -57,25 +57,39 @@ impl Kv {
                     self.rev += 1;
                     self.set_ttl(bucket, key, *ttl);
                     self.data[b].insert(key.to_string(), (value.clone(), self.rev));
-                    events.push(WatchEvent::Put(Entry { key: key.clone(), value: value.clone(), revision: Revision(self.rev) }));
+                    events.push(WatchEvent::Put(Entry {
+                        key: key.clone(),
+                        value: value.clone(),
+                        revision: Revision(self.rev),
+                    }));
                     Ok(StoreReply::Written(Revision(self.rev)))
                 }
             }
-            StoreRequest::CompareAndSwap { key, expected, value, ttl } => match self.data[b].get(key.as_str()) {
-                Some((_, r)) if *r == expected.0 => {
-                    self.rev += 1;
-                    self.set_ttl(bucket, key, *ttl);
-                    self.data[b].insert(key.to_string(), (value.clone(), self.rev));
-                    events.push(WatchEvent::Put(Entry { key: key.clone(), value: value.clone(), revision: Revision(self.rev) }));
-                    Ok(StoreReply::Written(Revision(self.rev)))
+            StoreRequest::CompareAndSwap { key, expected, value, ttl } => {
+                match self.data[b].get(key.as_str()) {
+                    Some((_, r)) if *r == expected.0 => {
+                        self.rev += 1;
+                        self.set_ttl(bucket, key, *ttl);
+                        self.data[b].insert(key.to_string(), (value.clone(), self.rev));
+                        events.push(WatchEvent::Put(Entry {
+                            key: key.clone(),
+                            value: value.clone(),
+                            revision: Revision(self.rev),
+                        }));
+                        Ok(StoreReply::Written(Revision(self.rev)))
+                    }
+                    _ => Err(StoreError::RevisionMismatch(key.clone())),
                 }
-                _ => Err(StoreError::RevisionMismatch(key.clone())),
-            },
+            }
             StoreRequest::Delete { key, expected } => match self.data[b].get(key.as_str()) {
                 Some((_, r)) if *r == expected.0 => {
                     self.data[b].remove(key.as_str());
                     self.rev += 1;
-                    events.push(WatchEvent::Delete { key: key.clone(), revision: Revision(self.rev), cause: DeleteCause::Deleted });
+                    events.push(WatchEvent::Delete {
+                        key: key.clone(),
+                        revision: Revision(self.rev),
+                        cause: DeleteCause::Deleted,
+                    });
                     Ok(StoreReply::Deleted)
                 }
                 _ => Err(StoreError::RevisionMismatch(key.clone())),
@@ -117,7 +131,8 @@ impl Kv {
     /// Expires lease keys whose TTL ran out by `now`; returns the watch events.
     pub fn expire(&mut self, now: Timestamp) -> Vec<(WatchId, WatchEvent)> {
         self.now = now;
-        let due: Vec<String> = self.expiry.iter().filter(|(_, t)| **t <= now).map(|(k, _)| k.clone()).collect();
+        let due: Vec<String> =
+            self.expiry.iter().filter(|(_, t)| **t <= now).map(|(k, _)| k.clone()).collect();
         let mut out = Vec::new();
         for k in due {
             self.expiry.remove(&k);
@@ -126,7 +141,14 @@ impl Kv {
                 let key = Key::new(k).unwrap();
                 for w in &self.watches {
                     if w.bucket() == Bucket::Lease && w.prefix().matches(&key) {
-                        out.push((*w, WatchEvent::Delete { key: key.clone(), revision: Revision(self.rev), cause: DeleteCause::Expired }));
+                        out.push((
+                            *w,
+                            WatchEvent::Delete {
+                                key: key.clone(),
+                                revision: Revision(self.rev),
+                                cause: DeleteCause::Expired,
+                            },
+                        ));
                     }
                 }
             }
@@ -135,16 +157,22 @@ impl Kv {
     }
 
     pub fn get(&self, bucket: Bucket, key: &str) -> Option<Entry> {
-        self.data[bi(bucket)]
-            .get(key)
-            .map(|(v, r)| Entry { key: Key::new(key).unwrap(), value: v.clone(), revision: Revision(*r) })
+        self.data[bi(bucket)].get(key).map(|(v, r)| Entry {
+            key: Key::new(key).unwrap(),
+            value: v.clone(),
+            revision: Revision(*r),
+        })
     }
 
     pub fn list(&self, bucket: Bucket, prefix: &Prefix) -> Vec<Entry> {
         self.data[bi(bucket)]
             .iter()
             .filter(|(k, _)| k.starts_with(prefix.as_str()))
-            .map(|(k, (v, r))| Entry { key: Key::new(k.clone()).unwrap(), value: v.clone(), revision: Revision(*r) })
+            .map(|(k, (v, r))| Entry {
+                key: Key::new(k.clone()).unwrap(),
+                value: v.clone(),
+                revision: Revision(*r),
+            })
             .collect()
     }
 
@@ -176,7 +204,16 @@ pub struct Rig {
 
 impl Rig {
     pub fn new(cfg: Config) -> Self {
-        Rig { w: Worker::new(cfg), now: Timestamp::ZERO, kv: Kv::default(), pending: Vec::new(), log: Vec::new(), auto: true, plan: None, expire: true }
+        Rig {
+            w: Worker::new(cfg),
+            now: Timestamp::ZERO,
+            kv: Kv::default(),
+            pending: Vec::new(),
+            log: Vec::new(),
+            auto: true,
+            plan: None,
+            expire: true,
+        }
     }
 
     /// Feeds an input; in auto mode answers store requests, opens watches and runs the planner
@@ -294,7 +331,11 @@ pub fn plan(n: usize, kind: PlanKind) -> Plan {
     Plan {
         kind,
         splits: (0..n)
-            .map(|i| PlannedSplit { id: sid(&format!("s{i}")), descriptor: Bytes::from(format!("d{i}")), weight: i as u64 + 1 })
+            .map(|i| PlannedSplit {
+                id: sid(&format!("s{i}")),
+                descriptor: Bytes::from(format!("d{i}")),
+                weight: i as u64 + 1,
+            })
             .collect(),
     }
 }
