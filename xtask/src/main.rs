@@ -101,6 +101,7 @@ pub fn sweep(start: u64, count: u64) -> Result<()> {
     println!("  invariant checks: {:?}", agg.checks);
     println!("  outcomes: {:?}", agg.outcomes);
     println!("  acquisitions: {:?}", agg.acquisitions);
+    println!("  data: {:?}", agg.stats);
     if agg.failures.is_empty() {
         println!("  violations: none");
         return Ok(());
@@ -119,6 +120,7 @@ struct Agg {
     checks: BTreeMap<&'static str, u64>,
     outcomes: BTreeMap<&'static str, u64>,
     acquisitions: BTreeMap<&'static str, u64>,
+    stats: BTreeMap<&'static str, u64>,
     failures: Vec<(u64, String)>,
 }
 
@@ -138,9 +140,12 @@ impl Agg {
         if r.poison_splits == 0 && r.outcome == "stalled" {
             *self.outcomes.entry("stalled_without_poison").or_default() += 1;
         }
-        *self.outcomes.entry("splits_quarantined").or_default() += r.quarantined as u64;
-        *self.outcomes.entry("steals_in_liveness").or_default() += r.steals_after_faults;
-        let e = self.outcomes.entry("max_steals_in_liveness").or_default();
+        *self.stats.entry("splits_quarantined").or_default() += r.quarantined as u64;
+        *self.stats.entry("records_in_input").or_default() += r.records_total;
+        *self.stats.entry("records_replayed").or_default() +=
+            r.records_emitted.saturating_sub(r.records_total);
+        *self.stats.entry("steals_after_faults").or_default() += r.steals_after_faults;
+        let e = self.stats.entry("max_steals_after_faults_in_one_run").or_default();
         *e = (*e).max(r.steals_after_faults);
         if let Some(v) = &r.violation {
             self.failures.push((r.seed, v.to_string()));
@@ -163,7 +168,7 @@ fn ci() -> Result<()> {
     cargo(&["fmt", "--all", "--", "--check"])?;
     cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
     cargo(&["test", "--workspace"])?;
-    let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2000);
+    let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5000);
     sweep(0, seeds)?;
     println!("ci passed in {:.0}s", t0.elapsed().as_secs_f64());
     Ok(())

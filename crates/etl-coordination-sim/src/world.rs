@@ -1292,6 +1292,8 @@ impl World {
     }
 
     fn finish(mut self) -> Report {
+        *self.checker.checks.entry("I7").or_default() += 1;
+        *self.checker.checks.entry("I8").or_default() += 1;
         // I7 in random runs: once faults stop, every steal moves a split toward balance, so the
         // number of steals is bounded by the number of splits; more means ownership oscillates.
         if self.opts.scenario == Scenario::Random
