@@ -110,6 +110,8 @@ struct Leading {
     stage: PlanStage,
     replan_at: Option<Timestamp>,
     gc_for: Option<ManifestRef>,
+    /// The last manifest version this leader wrote (published or not).
+    last_version: u64,
 }
 
 #[derive(Debug)]
@@ -715,6 +717,9 @@ impl Worker {
             due
         };
         for r in due {
+            if !self.retry_wanted(&r.pending) {
+                continue;
+            }
             let op = self.send(r.bucket, r.request, r.pending.clone());
             self.rebind_retry(op, &r.pending);
         }
@@ -753,6 +758,20 @@ impl Worker {
                     l.stage = PlanStage::WaitManifest;
                 }
             }
+        }
+    }
+
+    /// Whether a delayed retry still belongs to a live step: the split may have been lost and
+    /// re-acquired meanwhile (a new tenancy runs its own reads), or already moved on.
+    fn retry_wanted(&self, pending: &Pending) -> bool {
+        match pending {
+            Pending::DescRead { split } => {
+                self.held.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::ReadingDesc)
+            }
+            Pending::RecordClaimRead { split } => {
+                self.held.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::WritingRecord)
+            }
+            _ => true,
         }
     }
 
@@ -1921,6 +1940,10 @@ impl Worker {
         if h.epoch != epoch {
             return reply(self, CommitOutcome::Lost);
         }
+        if h.stage == Stage::Starved {
+            // This lane was stopped (P11); a resumed lane is a new lane.
+            return reply(self, CommitOutcome::Lost);
+        }
         if !matches!(h.stage, Stage::Running | Stage::Stopping { .. }) || h.commit.is_some() {
             return reply(self, CommitOutcome::Retryable);
         }
@@ -2458,6 +2481,7 @@ impl Worker {
             stage: PlanStage::Bumping,
             replan_at: None,
             gc_for: None,
+            last_version: 0,
         }));
         self.bump_term(self.view.plan_head.clone());
     }
@@ -2708,7 +2732,10 @@ impl Worker {
             }
             return;
         }
-        let version = head.manifest.map_or(1, |m| m.version + 1);
+        // Every planning round writes a fresh version: a round that failed to publish may have
+        // left chunks behind, and create-if-absent would silently keep their old content.
+        let version = head.manifest.map_or(1, |m| m.version + 1).max(l.last_version + 1);
+        l.last_version = version;
         let list: Vec<(SplitId, u64)> = entries.into_iter().collect();
         let chunks: Vec<&[(SplitId, u64)]> = list.chunks(records::MANIFEST_CHUNK_LEN).collect();
         let manifest = ManifestRef {

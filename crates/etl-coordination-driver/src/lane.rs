@@ -1,0 +1,182 @@
+//! [`Lane`]: one split held by this worker, as the embedding source sees it.
+
+use bytes::Bytes;
+use etl_coordination_core::{AcquisitionReason, CommitOutcome, Epoch, SplitId, StopReason};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use crate::driver::Msg;
+
+/// Why and by when a lane must stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stop {
+    /// Fenced (lost the split), starved (lease not renewed in time) or draining.
+    pub reason: StopReason,
+    /// Draining only: commit before this instant, then call [`Lane::stopped`].
+    pub deadline: Option<Instant>,
+}
+
+/// A split this worker holds, handed to the source to process.
+///
+/// Process records from [`Lane::resume_from`], [`commit`](Lane::commit) progress as you go,
+/// and end the lane with exactly one of [`finish`](Lane::finish), [`fail`](Lane::fail),
+/// [`unprocessable`](Lane::unprocessable) or (after a drain stop) [`stopped`](Lane::stopped).
+/// Watch [`revoked`](Lane::revoked): when it fires with `Fenced` or `Starved`, stop at once
+/// (the split is no longer safely yours). Dropping a lane without ending it counts as a
+/// failure (one attempt), except after a stop signal.
+#[derive(Debug)]
+pub struct Lane {
+    pub(crate) split: SplitId,
+    pub(crate) epoch: Epoch,
+    pub(crate) descriptor: Bytes,
+    pub(crate) weight: u64,
+    pub(crate) progress: Option<Bytes>,
+    pub(crate) reason: Option<AcquisitionReason>,
+    pub(crate) tx: mpsc::UnboundedSender<Msg>,
+    pub(crate) stop: watch::Receiver<Option<Stop>>,
+    pub(crate) ended: bool,
+}
+
+impl Lane {
+    /// The split's id.
+    pub fn split(&self) -> &SplitId {
+        &self.split
+    }
+
+    /// The fencing token of this tenancy: hand it to sinks that can fence writes too.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// The planner's descriptor of the split.
+    pub fn descriptor(&self) -> &Bytes {
+        &self.descriptor
+    }
+
+    /// The planner's weight of the split.
+    pub fn weight(&self) -> u64 {
+        self.weight
+    }
+
+    /// The last committed progress; `None` means start from the beginning.
+    pub fn resume_from(&self) -> Option<&Bytes> {
+        self.progress.as_ref()
+    }
+
+    /// Why this worker acquired the split; `None` when a starved lane resumes.
+    pub fn reason(&self) -> Option<AcquisitionReason> {
+        self.reason
+    }
+
+    /// The stop signal, if one was given.
+    pub fn stop_requested(&self) -> Option<Stop> {
+        *self.stop.borrow()
+    }
+
+    /// Resolves when the lane must stop.
+    pub async fn revoked(&mut self) -> Stop {
+        loop {
+            if let Some(stop) = *self.stop.borrow_and_update() {
+                return stop;
+            }
+            if self.stop.changed().await.is_err() {
+                // The driver is gone: nothing is fenced any more.
+                return Stop { reason: StopReason::Fenced, deadline: None };
+            }
+        }
+    }
+
+    async fn request(&self, make: impl FnOnce(oneshot::Sender<CommitOutcome>) -> Msg) -> CommitOutcome {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(make(tx)).is_err() {
+            return CommitOutcome::Lost;
+        }
+        rx.await.unwrap_or(CommitOutcome::Lost)
+    }
+
+    /// Commits progress (P8): `Ok` once durable, `Lost` if the split is no longer ours (stop
+    /// at once; nothing was written), `Retryable` if nothing was written for now (store
+    /// unavailable): keep the progress and commit again later.
+    pub async fn commit(&mut self, progress: Bytes) -> CommitOutcome {
+        let (split, epoch) = (self.split.clone(), self.epoch);
+        let outcome = self.request(|reply| Msg::Commit { split, epoch, progress, terminal: false, reply }).await;
+        if outcome == CommitOutcome::Lost {
+            self.ended = true;
+        }
+        outcome
+    }
+
+    /// Commits the final progress and marks the split Done. On `Retryable`, the lane is handed
+    /// back so the source can try again.
+    pub async fn finish(mut self, progress: Bytes) -> Result<(), (Lane, CommitOutcome)> {
+        let (split, epoch) = (self.split.clone(), self.epoch);
+        let outcome = self.request(|reply| Msg::Commit { split, epoch, progress, terminal: true, reply }).await;
+        match outcome {
+            CommitOutcome::Ok => {
+                self.ended = true;
+                Ok(())
+            }
+            CommitOutcome::Lost => {
+                self.ended = true;
+                Err((self, outcome))
+            }
+            CommitOutcome::Retryable => Err((self, outcome)),
+        }
+    }
+
+    /// Reports that processing the split failed; consumes one attempt (P12).
+    pub fn fail(mut self, error: impl Into<String>) {
+        self.end_with_failure(error.into(), false);
+    }
+
+    /// Reports that the split can never be processed; consumes one attempt (P12).
+    pub fn unprocessable(mut self, reason: impl Into<String>) {
+        self.end_with_failure(reason.into(), true);
+    }
+
+    fn end_with_failure(&mut self, error: String, unprocessable: bool) {
+        self.ended = true;
+        let _ = self.tx.send(Msg::Fail { split: self.split.clone(), epoch: self.epoch, error, unprocessable });
+    }
+
+    /// Acknowledges a stop (after the final commit when draining): the split is released.
+    pub fn stopped(mut self) {
+        self.ended = true;
+        let _ = self.tx.send(Msg::LaneStopped { split: self.split.clone(), epoch: self.epoch });
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        match *self.stop.borrow() {
+            Some(Stop { reason: StopReason::Draining, .. }) => {
+                let _ = self.tx.send(Msg::LaneStopped { split: self.split.clone(), epoch: self.epoch });
+            }
+            Some(_) => {}
+            None => {
+                let _ = self.tx.send(Msg::Fail {
+                    split: self.split.clone(),
+                    epoch: self.epoch,
+                    error: "the source dropped the lane without finishing, failing or stopping it".into(),
+                    unprocessable: false,
+                });
+            }
+        }
+    }
+}
+
+/// The lanes this worker is given, in order of acquisition.
+#[derive(Debug)]
+pub struct Lanes {
+    pub(crate) rx: mpsc::UnboundedReceiver<Lane>,
+}
+
+impl Lanes {
+    /// The next lane; `None` once the driver has stopped.
+    pub async fn next(&mut self) -> Option<Lane> {
+        self.rx.recv().await
+    }
+}

@@ -1,0 +1,412 @@
+//! The failure modes of SPEC section 9 that can happen inside one process, run through the
+//! driver against the memory store on paused (virtual) tokio time.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use etl_coordination_core::Prefix;
+use etl_coordination_core::records::{self, SplitRecord};
+use etl_coordination_driver::*;
+use etl_coordination_memory::{MemoryStore, Store};
+use futures_util::StreamExt;
+
+/// Watches every split record and remembers any regression of committed progress (I1).
+#[derive(Clone, Default)]
+struct ProgressMonitor(Arc<Mutex<(BTreeMap<String, u64>, Vec<String>)>>);
+
+impl ProgressMonitor {
+    fn spawn(stores: &JobStores<MemoryStore>) -> Self {
+        let m = ProgressMonitor::default();
+        let state = stores.state.clone();
+        let inner = m.clone();
+        tokio::spawn(async move {
+            let mut w = state.watch(&Prefix::new("split.").unwrap()).await.unwrap();
+            while let Some(Ok(ev)) = w.next().await {
+                if let etl_coordination_core::WatchEvent::Put(e) = ev {
+                    let rec: SplitRecord = records::decode(&e.value).unwrap();
+                    let p = rec.progress.as_ref().map_or(0, decode);
+                    let mut g = inner.0.lock().unwrap();
+                    let prev = g.0.insert(e.key.to_string(), p).unwrap_or(0);
+                    if p < prev {
+                        g.1.push(format!("{}: progress regressed {prev} -> {p}", e.key));
+                    }
+                }
+            }
+        });
+        m
+    }
+
+    fn assert_monotonic(&self) {
+        let g = self.0.lock().unwrap();
+        assert!(g.1.is_empty(), "I1 violated: {:?}", g.1);
+        assert!(!g.0.is_empty(), "the monitor saw no commits");
+    }
+}
+
+/// Splits `s00..` each with `records` records; the descriptor is the record count.
+#[derive(Clone)]
+struct TestPlanner {
+    splits: usize,
+    records: u64,
+    fingerprint: String,
+}
+
+impl Planner for TestPlanner {
+    fn fingerprint(&self) -> String {
+        self.fingerprint.clone()
+    }
+
+    async fn plan(&self) -> Result<Plan, PlanError> {
+        Ok(Plan {
+            kind: PlanKind::Final,
+            splits: (0..self.splits)
+                .map(|i| PlannedSplit {
+                    id: SplitId::new(format!("s{i:02}")).unwrap(),
+                    descriptor: Bytes::copy_from_slice(&self.records.to_le_bytes()),
+                    weight: 100 + i as u64,
+                })
+                .collect(),
+        })
+    }
+}
+
+fn planner(splits: usize, records: u64) -> TestPlanner {
+    TestPlanner { splits, records, fingerprint: "test-planner/v1".into() }
+}
+
+/// Every emitted record, per split: (record index, epoch, worker, when), and every commit
+/// outcome per worker.
+#[derive(Clone, Default)]
+struct Oracle(Arc<Mutex<BTreeMap<SplitId, Vec<(u64, Epoch, String, tokio::time::Instant)>>>>, Arc<Mutex<Vec<(String, CommitOutcome)>>>);
+
+impl Oracle {
+    fn emit(&self, split: &SplitId, record: u64, epoch: Epoch, worker: &str) {
+        let now = tokio::time::Instant::now();
+        self.0.lock().unwrap().entry(split.clone()).or_default().push((record, epoch, worker.to_owned(), now));
+    }
+
+    fn committed(&self, worker: &str, outcome: CommitOutcome) {
+        self.1.lock().unwrap().push((worker.to_owned(), outcome));
+    }
+
+    fn outcomes_of(&self, worker: &str) -> Vec<CommitOutcome> {
+        self.1.lock().unwrap().iter().filter(|(w, _)| w == worker).map(|(_, o)| *o).collect()
+    }
+
+    /// First emission by `worker` of any split, if any.
+    fn first_emit_by(&self, worker: &str) -> Option<tokio::time::Instant> {
+        let map = self.0.lock().unwrap();
+        map.values().flat_map(|v| v.iter()).filter(|r| r.2 == worker).map(|r| r.3).min()
+    }
+
+    /// Asserts no loss: every record of every split emitted at least once.
+    fn assert_complete(&self, splits: usize, records: u64) {
+        let map = self.0.lock().unwrap();
+        for i in 0..splits {
+            let id = SplitId::new(format!("s{i:02}")).unwrap();
+            let seen: std::collections::BTreeSet<u64> = map.get(&id).map(|v| v.iter().map(|r| r.0).collect()).unwrap_or_default();
+            let missing: Vec<u64> = (0..records).filter(|r| !seen.contains(r)).collect();
+            assert!(missing.is_empty(), "split {id}: records {missing:?} never emitted");
+        }
+    }
+
+    fn workers_of(&self, split: &str) -> Vec<String> {
+        let map = self.0.lock().unwrap();
+        let mut w: Vec<String> =
+            map.get(&SplitId::new(split).unwrap()).map(|v| v.iter().map(|r| r.2.clone()).collect()).unwrap_or_default();
+        w.dedup();
+        w
+    }
+}
+
+#[derive(Clone)]
+struct Source {
+    oracle: Oracle,
+    record_delay: Duration,
+    commit_every: u64,
+    poison: Option<&'static str>,
+}
+
+fn progress(n: u64) -> Bytes {
+    Bytes::copy_from_slice(&n.to_le_bytes())
+}
+
+fn decode(b: &Bytes) -> u64 {
+    u64::from_le_bytes(b[..8].try_into().unwrap())
+}
+
+impl Source {
+    fn spawn(self, mut lanes: Lanes, worker: String) {
+        tokio::spawn(async move {
+            while let Some(lane) = lanes.next().await {
+                tokio::spawn(self.clone().process(lane, worker.clone()));
+            }
+        });
+    }
+
+    async fn process(self, mut lane: Lane, worker: String) {
+        let total = decode(lane.descriptor());
+        let mut next = lane.resume_from().map_or(0, decode);
+        let mut since = 0;
+        loop {
+            if let Some(stop) = lane.stop_requested() {
+                if stop.reason == StopReason::Draining {
+                    if since > 0 {
+                        let _ = lane.commit(progress(next)).await;
+                    }
+                    lane.stopped();
+                }
+                return;
+            }
+            if next == total {
+                match lane.finish(progress(total)).await {
+                    Ok(()) => return,
+                    Err((l, CommitOutcome::Retryable)) => {
+                        lane = l;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                    Err(_) => return,
+                }
+            }
+            if self.poison == Some(lane.split().as_str()) {
+                lane.fail(format!("record {next} is corrupt"));
+                return;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(self.record_delay) => {}
+                _ = lane.revoked() => continue,
+            }
+            self.oracle.emit(lane.split(), next, lane.epoch(), &worker);
+            next += 1;
+            since += 1;
+            if since >= self.commit_every {
+                let outcome = lane.commit(progress(next)).await;
+                self.oracle.committed(&worker, outcome);
+                match outcome {
+                    CommitOutcome::Ok => since = 0,
+                    CommitOutcome::Lost => return,
+                    CommitOutcome::Retryable => {}
+                }
+            }
+        }
+    }
+}
+
+fn config(id: &str) -> DriverConfig {
+    DriverConfig {
+        instance_id: Some(InstanceId::new(id).unwrap()),
+        lease_duration: Duration::from_secs(3),
+        max_in_flight: 4,
+        max_attempts: 3,
+        drain_timeout: Duration::from_secs(2),
+        ..DriverConfig::default()
+    }
+}
+
+fn fresh_stores() -> JobStores<MemoryStore> {
+    // Logs of the driver, shown for failing tests (RUST_LOG=debug for more).
+    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).try_init();
+    JobStores { state: MemoryStore::new(), lease: MemoryStore::new() }
+}
+
+fn source(oracle: &Oracle) -> Source {
+    Source { oracle: oracle.clone(), record_delay: Duration::from_millis(10), commit_every: 10, poison: None }
+}
+
+fn start(stores: &JobStores<MemoryStore>, id: &str, p: TestPlanner, src: Source, cfg: DriverConfig) -> DriverHandle {
+    let (handle, lanes) = CoordinationDriver::start(stores.clone(), p, cfg).expect("valid config");
+    src.spawn(lanes, id.to_owned());
+    let _ = id;
+    handle
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_workers_complete_a_job_with_no_loss() {
+    let stores = fresh_stores();
+    let oracle = Oracle::default();
+    let a = start(&stores, "a", planner(6, 50), source(&oracle), config("a"));
+    let b = start(&stores, "b", planner(6, 50), source(&oracle), config("b"));
+    assert_eq!(a.outcome().await.unwrap(), JobOutcome::Complete);
+    assert_eq!(b.outcome().await.unwrap(), JobOutcome::Complete);
+    oracle.assert_complete(6, 50);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_killed_worker_is_taken_over_after_the_lease_and_resumes_from_committed_progress() {
+    let stores = fresh_stores();
+    let oracle = Oracle::default();
+    let monitor = ProgressMonitor::spawn(&stores);
+    let a = start(&stores, "a", planner(2, 400), source(&oracle), config("a"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let b = start(&stores, "b", planner(2, 400), source(&oracle), config("b"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t0 = tokio::time::Instant::now();
+    assert!(oracle.first_emit_by("a").is_some());
+    a.kill();
+    assert!(matches!(a.outcome().await, Err(DriverError::Killed)));
+    assert_eq!(b.outcome().await.unwrap(), JobOutcome::Complete);
+    oracle.assert_complete(2, 400);
+    // a's splits moved to b: both names appear on the split a started.
+    // Whatever a held moved to b, and only after a's lease ran out (3 s after its last renewal,
+    // so at least 2 s after the kill).
+    let map = oracle.0.lock().unwrap();
+    let mut moved = 0;
+    for v in map.values() {
+        let Some(last_a) = v.iter().filter(|r| r.2 == "a").map(|r| r.3).max() else { continue };
+        if last_a + Duration::from_millis(50) < t0 {
+            continue; // moved to b earlier (stolen), not by the kill
+        }
+        let first_b = v.iter().filter(|r| r.2 == "b" && r.3 > last_a).map(|r| r.3).min().expect("b took over");
+        assert!(first_b.duration_since(t0) >= Duration::from_secs(2), "taken over {:?} after the kill", first_b.duration_since(t0));
+        assert!(first_b.duration_since(t0) <= Duration::from_secs(4), "taken over {:?} after the kill", first_b.duration_since(t0));
+        moved += 1;
+    }
+    assert!(moved >= 1, "a held something when it was killed");
+    monitor.assert_monotonic();
+    let _ = t0;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drained_worker_hands_its_splits_over_at_once_without_consuming_attempts() {
+    let stores = fresh_stores();
+    let oracle = Oracle::default();
+    let mut one = config("a");
+    one.max_attempts = 1; // any consumed attempt would quarantine: the job could not complete
+    let monitor = ProgressMonitor::spawn(&stores);
+    let a = start(&stores, "a", planner(4, 300), source(&oracle), one.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut cb = one;
+    cb.instance_id = Some(InstanceId::new("b").unwrap());
+    let b = start(&stores, "b", planner(4, 300), source(&oracle), cb);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let drained_at = tokio::time::Instant::now();
+    a.drain();
+    assert_eq!(a.outcome().await.unwrap(), JobOutcome::Drained);
+    assert_eq!(b.outcome().await.unwrap(), JobOutcome::Complete);
+    oracle.assert_complete(4, 300);
+    monitor.assert_monotonic();
+    // Picked up without a lease wait (3 s): b resumes a's splits within milliseconds.
+    let map = oracle.0.lock().unwrap();
+    let mut handed_over = 0;
+    for (split, v) in map.iter() {
+        let Some(last_a) = v.iter().filter(|r| r.2 == "a").map(|r| r.3).max() else { continue };
+        if last_a + Duration::from_millis(50) < drained_at {
+            continue; // moved to b earlier (stolen), not by the drain
+        }
+        handed_over += 1;
+        if let Some(first_b) = v.iter().filter(|r| r.2 == "b" && r.3 >= drained_at).map(|r| r.3).min() {
+            assert!(
+                first_b.duration_since(last_a) < Duration::from_millis(500),
+                "{split}: picked up {:?} after a's last record; drain at +{:?}",
+                first_b.duration_since(last_a),
+                last_a.duration_since(drained_at)
+            );
+        }
+    }
+    assert!(handed_over >= 1, "a held splits when it drained");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_frozen_zombie_loses_its_commit_after_a_takeover_and_nothing_regresses() {
+    let stores = fresh_stores();
+    let oracle = Oracle::default();
+    let monitor = ProgressMonitor::spawn(&stores);
+    let a = start(&stores, "a", planner(1, 600), source(&oracle), config("a"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let b = start(&stores, "b", planner(1, 600), source(&oracle), config("b"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // a holds s00; freeze it past its lease: b takes over, then a wakes up.
+    a.freeze(Duration::from_secs(5));
+    assert_eq!(b.outcome().await.unwrap(), JobOutcome::Complete);
+    assert_eq!(a.outcome().await.unwrap(), JobOutcome::Complete);
+    oracle.assert_complete(1, 600);
+    monitor.assert_monotonic();
+    let workers = oracle.workers_of("s00");
+    assert!(workers.contains(&"b".to_owned()), "b took over: {workers:?}");
+    // The zombie's first commit after waking up was fenced: nothing written, lane stopped.
+    assert!(oracle.outcomes_of("a").contains(&CommitOutcome::Lost), "{:?}", oracle.outcomes_of("a"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_poison_split_is_quarantined_at_the_cap_and_the_job_stalls() {
+    let stores = fresh_stores();
+    let oracle = Oracle::default();
+    let mut src = source(&oracle);
+    src.poison = Some("s01");
+    let a = start(&stores, "a", planner(3, 20), src.clone(), config("a"));
+    let err = a.outcome().await.unwrap_err();
+    let DriverError::Stalled { quarantined } = &err else { panic!("{err}") };
+    assert_eq!(quarantined.len(), 1);
+    assert_eq!(quarantined[0].0.as_str(), "s01");
+    assert!(quarantined[0].1.as_deref().unwrap().contains("corrupt"));
+    assert!(err.to_string().contains("requeue"), "the error says what to do: {err}");
+    // With on_stall = warn the same job is a warning, not an error.
+    let other = fresh_stores();
+    let mut warn = config("w");
+    warn.on_stall = OnStall::Warn;
+    let w = start(&other, "w", planner(3, 20), src, warn);
+    assert!(matches!(w.outcome().await.unwrap(), JobOutcome::Stalled { .. }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn scale_up_spreads_the_work_across_new_workers() {
+    let stores = fresh_stores();
+    let oracle = Oracle::default();
+    let a = start(&stores, "a", planner(8, 1000), source(&oracle), config("a"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let b = start(&stores, "b", planner(8, 1000), source(&oracle), config("b"));
+    let c = start(&stores, "c", planner(8, 1000), source(&oracle), config("c"));
+    for h in [&a, &b, &c] {
+        assert_eq!(h.outcome().await.unwrap(), JobOutcome::Complete);
+    }
+    oracle.assert_complete(8, 1000);
+    let map = oracle.0.lock().unwrap();
+    let mut by_worker: BTreeMap<String, usize> = BTreeMap::new();
+    for v in map.values() {
+        for r in v {
+            *by_worker.entry(r.2.clone()).or_default() += 1;
+        }
+    }
+    assert!(by_worker.len() == 3 && by_worker.values().all(|n| *n >= 1000), "work spread: {by_worker:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_live_process_with_the_same_instance_id_is_fatal() {
+    let stores = fresh_stores();
+    let oracle = Oracle::default();
+    let a = start(&stores, "a", planner(2, 2000), source(&oracle), config("a"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let twin = start(&stores, "a", planner(2, 2000), source(&oracle), config("a"));
+    let err = twin.outcome().await.unwrap_err();
+    assert!(err.to_string().contains("duplicate instance id a"), "{err}");
+    assert_eq!(a.outcome().await.unwrap(), JobOutcome::Complete, "the original keeps running");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_with_another_planner_fingerprint_is_refused_naming_both() {
+    let stores = fresh_stores();
+    let oracle = Oracle::default();
+    let a = start(&stores, "a", planner(2, 50), source(&oracle), config("a"));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut other = planner(2, 50);
+    other.fingerprint = "test-planner/v2".into();
+    let b = start(&stores, "b", other, source(&oracle), config("b"));
+    let err = b.outcome().await.unwrap_err().to_string();
+    assert!(err.contains("test-planner/v1") && err.contains("test-planner/v2"), "{err}");
+    assert_eq!(a.outcome().await.unwrap(), JobOutcome::Complete);
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalid_knobs_are_rejected_naming_the_field() {
+    let mut c = config("a");
+    c.lease_duration = Duration::from_millis(2500);
+    let err = CoordinationDriver::start(fresh_stores(), planner(1, 1), c).unwrap_err().to_string();
+    assert!(err.contains("lease_duration"), "{err}");
+    let mut c = config("a");
+    c.max_in_flight = 0;
+    let err = CoordinationDriver::start(fresh_stores(), planner(1, 1), c).unwrap_err().to_string();
+    assert!(err.contains("max_in_flight"), "{err}");
+}
