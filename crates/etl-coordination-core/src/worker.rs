@@ -1605,10 +1605,14 @@ impl Worker {
         h.trusted_until = sent + self.cfg.lease_trust();
         let epoch = h.epoch;
         self.view.put_lease(id, rev, LeaseRecord { owner: me, epoch });
-        if self.phase == Phase::Leaving {
-            // Draining meanwhile: give it back untouched.
+        let displaced = matches!(h_reason(&self.held, id), Some(AcquisitionReason::Stolen | AcquisitionReason::Reclaimed));
+        if self.phase == Phase::Leaving && !displaced {
+            // Draining meanwhile: nobody held this lease, so give it back untouched.
             return self.abandon(id);
         }
+        // A steal or reclaim displaced a live lease: finish the takeover so the record never
+        // names an owner without a lease (a peer would charge an attempt for it); a drain then
+        // releases it gracefully.
         self.write_claim(now, id);
     }
 
@@ -2865,6 +2869,10 @@ impl Worker {
             }
         }
     }
+}
+
+fn h_reason(held: &BTreeMap<SplitId, Held>, id: &SplitId) -> Option<AcquisitionReason> {
+    held.get(id).map(|h| h.reason)
 }
 
 /// The record that ends a tenancy (P10 release, P12 failure and quarantine).

@@ -804,6 +804,10 @@ impl World {
         match spec.poison {
             Poison::Crash(at) if at == next => {
                 self.fault("poison_crash");
+                // A crash is a fault: steals that rebalance after it are not oscillation (I7).
+                if self.opts.scenario == Scenario::Random {
+                    self.report.steals_after_faults = 0;
+                }
                 return self.crash(slot, true);
             }
             Poison::Unprocessable(at) if at == next => {
