@@ -11,6 +11,7 @@ use etl_coordination_core::{
     Action, Bucket, CommitOutcome, Config, ConfigError, Epoch, Event, FatalError, Incarnation, Input, InstanceId,
     OpId, Outcome, Plan, SplitId, StopReason, StoreError, StoreResult, Timestamp, WatchEvent, WatchId, Worker,
 };
+use etl_coordination_metrics::{Metrics, WriteOutcome};
 use etl_coordination_store::{Store, execute};
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -50,6 +51,8 @@ pub enum OnStall {
 /// Tuning knobs (SPEC section 7) and driver settings.
 #[derive(Clone, Debug)]
 pub struct DriverConfig {
+    /// The job's name, used as the `coordination_job` metric label.
+    pub job: String,
     /// Stable identity (e.g. the pod name with dots substituted); `None`: random.
     pub instance_id: Option<InstanceId>,
     /// Lease TTL: takeover latency after an ungraceful death. Whole seconds, at least 1 s.
@@ -71,6 +74,7 @@ pub struct DriverConfig {
 impl Default for DriverConfig {
     fn default() -> Self {
         DriverConfig {
+            job: "default".into(),
             instance_id: None,
             lease_duration: defaults::LEASE_DURATION,
             max_in_flight: defaults::MAX_IN_FLIGHT,
@@ -242,6 +246,7 @@ impl CoordinationDriver {
             stops: BTreeMap::new(),
             waiters: BTreeMap::new(),
             done: false,
+            metrics: Metrics::new(config.job.clone(), instance_id.to_string()),
         };
         tokio::spawn(task.run());
         Ok((DriverHandle { tx, outcome: outcome_rx, instance_id }, Lanes { rx: lanes_rx }))
@@ -279,6 +284,7 @@ struct Task<S, P> {
     stops: BTreeMap<SplitId, (Epoch, watch::Sender<Option<Stop>>)>,
     waiters: BTreeMap<(SplitId, Epoch), oneshot::Sender<CommitOutcome>>,
     done: bool,
+    metrics: Metrics,
 }
 
 impl<S: Store, P: Planner> Task<S, P> {
@@ -393,12 +399,23 @@ impl<S: Store, P: Planner> Task<S, P> {
                 let tx = self.tx.clone();
                 let timeout = self.op_timeout;
                 let write = request.is_write();
+                let name = request.op_name();
+                let metrics = self.metrics.clone();
                 tokio::spawn(async move {
+                    let started = Instant::now();
                     let result = match tokio::time::timeout(timeout, execute(&*store, request)).await {
                         Ok(r) => r,
                         Err(_) if write => Err(StoreError::Indeterminate(format!("no answer within {timeout:?}"))),
                         Err(_) => Err(StoreError::Unavailable(format!("no answer within {timeout:?}"))),
                     };
+                    metrics.store_op(name, started.elapsed());
+                    if write {
+                        metrics.write(match &result {
+                            Ok(_) => WriteOutcome::Ok,
+                            Err(StoreError::AlreadyExists(_) | StoreError::RevisionMismatch(_)) => WriteOutcome::Conflict,
+                            Err(_) => WriteOutcome::Error,
+                        });
+                    }
                     let _ = tx.send(Msg::StoreDone { op, result });
                 });
             }
@@ -443,7 +460,10 @@ impl<S: Store, P: Planner> Task<S, P> {
                     let _ = reply.send(outcome);
                 }
             }
-            Action::Event(e) => log_event(&e),
+            Action::Event(e) => {
+                self.record(&e);
+                log_event(&e);
+            }
             Action::Finished(outcome) => {
                 let result = match outcome {
                     Outcome::Complete => {
@@ -471,7 +491,27 @@ impl<S: Store, P: Planner> Task<S, P> {
         }
     }
 
+    fn record(&self, e: &Event) {
+        match e {
+            Event::Acquired { reason, .. } => self.metrics.acquisition(reason.label()),
+            Event::Revoked { reason, .. } => {
+                if let Some(label) = reason.revocation_label() {
+                    self.metrics.revocation(label);
+                }
+            }
+            Event::Leadership { leader, .. } => self.metrics.leader(*leader),
+            Event::Gauges { owned, live_workers, quarantined } => {
+                self.metrics.splits_owned(*owned);
+                self.metrics.live_workers(*live_workers);
+                self.metrics.splits_quarantined(*quarantined);
+            }
+            _ => {}
+        }
+    }
+
     fn finish(&mut self, result: Result<JobOutcome, DriverError>) {
+        self.metrics.splits_owned(0);
+        self.metrics.leader(false);
         self.done = true;
         for (_, (_, tx)) in std::mem::take(&mut self.stops) {
             let _ = tx.send(Some(Stop { reason: StopReason::Fenced, deadline: None }));

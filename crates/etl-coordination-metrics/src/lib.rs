@@ -1,0 +1,221 @@
+//! The `etl_coordination_*` metric families (SPEC section 8) on the [`metrics`] facade, and
+//! their Prometheus exposition.
+//!
+//! [`Metrics`] is a small typed handle: one per worker, carrying the `coordination_job` and
+//! `instance` labels, so several workers in one process (the embedded default) stay apart in
+//! one exporter. The protocol core never touches metrics; the driver records them from the
+//! core's events and from its store calls. [`install_prometheus`] installs a global recorder
+//! and returns the handle whose `render()` is the text exposition served at `/metrics`.
+//!
+//! The families, their labels and what to alert on are documented in `docs/METRICS.md`.
+
+use std::time::Duration;
+
+use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+pub use metrics_exporter_prometheus::PrometheusHandle;
+
+/// Metric names, so dashboards, alerts and tests can refer to them.
+pub mod names {
+    /// Gauge: splits this worker holds.
+    pub const SPLITS_OWNED: &str = "etl_coordination_splits_owned";
+    /// Gauge: live workers in this worker's fleet view.
+    pub const LIVE_WORKERS: &str = "etl_coordination_live_workers";
+    /// Gauge: 1 while this worker leads, else 0.
+    pub const LEADER: &str = "etl_coordination_leader";
+    /// Counter: acquisitions by reason.
+    pub const ACQUISITIONS_TOTAL: &str = "etl_coordination_acquisitions_total";
+    /// Counter: lane revocations by reason.
+    pub const REVOCATIONS_TOTAL: &str = "etl_coordination_revocations_total";
+    /// Gauge: quarantined splits of the plan.
+    pub const SPLITS_QUARANTINED: &str = "etl_coordination_splits_quarantined";
+    /// Histogram: store round-trip time by operation.
+    pub const STORE_OP_DURATION_SECONDS: &str = "etl_coordination_store_op_duration_seconds";
+    /// Counter: store writes by outcome.
+    pub const WRITES_TOTAL: &str = "etl_coordination_writes_total";
+
+    /// Every family.
+    pub const ALL: [&str; 8] = [
+        SPLITS_OWNED,
+        LIVE_WORKERS,
+        LEADER,
+        ACQUISITIONS_TOTAL,
+        REVOCATIONS_TOTAL,
+        SPLITS_QUARANTINED,
+        STORE_OP_DURATION_SECONDS,
+        WRITES_TOTAL,
+    ];
+}
+
+/// Acquisition reasons (label values of `acquisitions_total`).
+pub const ACQUISITION_REASONS: [&str; 5] = ["create", "released", "expired", "reclaimed", "stolen"];
+/// Revocation reasons (label values of `revocations_total`).
+pub const REVOCATION_REASONS: [&str; 2] = ["fenced", "starved"];
+/// Write outcomes (label values of `writes_total`).
+pub const WRITE_OUTCOMES: [&str; 3] = ["ok", "conflict", "error"];
+/// Store operations (label values of `store_op_duration_seconds`).
+pub const STORE_OPS: [&str; 6] = ["create", "cas", "delete", "get", "list", "watch"];
+
+/// Outcome of one store write, for `writes_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// Applied.
+    Ok,
+    /// The fence said no (revision mismatch, already exists): fencing working as designed.
+    Conflict,
+    /// Failed or in doubt (timeout, unavailable).
+    Error,
+}
+
+impl WriteOutcome {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Conflict => "conflict",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// Describes every family (help text and unit) to the installed recorder.
+pub fn describe() {
+    describe_gauge!(names::SPLITS_OWNED, Unit::Count, "Splits this worker holds (its lanes).");
+    describe_gauge!(names::LIVE_WORKERS, Unit::Count, "Live workers in this worker's fleet view (presence keys).");
+    describe_gauge!(names::LEADER, "1 while this worker holds the leader lease and plans, else 0.");
+    describe_counter!(names::ACQUISITIONS_TOTAL, Unit::Count, "Split acquisitions by reason: create, released, expired, reclaimed, stolen.");
+    describe_counter!(names::REVOCATIONS_TOTAL, Unit::Count, "Lanes stopped because ownership was lost (fenced) or could not be renewed in time (starved).");
+    describe_gauge!(names::SPLITS_QUARANTINED, Unit::Count, "Splits of the plan parked after max_attempts failing tenancies.");
+    describe_histogram!(names::STORE_OP_DURATION_SECONDS, Unit::Seconds, "Round-trip time of coordination store operations.");
+    describe_counter!(names::WRITES_TOTAL, Unit::Count, "Coordination store writes by outcome; conflict is fencing working as designed.");
+}
+
+/// Typed metric handles of one worker.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    job: String,
+    instance: String,
+}
+
+impl Metrics {
+    /// Handles labelled with the job and this worker's instance id. Zeroes every series so
+    /// that dashboards and alerts see each family from the start.
+    pub fn new(job: impl Into<String>, instance: impl Into<String>) -> Self {
+        let m = Metrics { job: job.into(), instance: instance.into() };
+        m.splits_owned(0);
+        m.leader(false);
+        m.splits_quarantined(0);
+        for reason in ACQUISITION_REASONS {
+            counter!(names::ACQUISITIONS_TOTAL, "coordination_job" => m.job.clone(), "instance" => m.instance.clone(), "reason" => reason).increment(0);
+        }
+        for reason in REVOCATION_REASONS {
+            counter!(names::REVOCATIONS_TOTAL, "coordination_job" => m.job.clone(), "instance" => m.instance.clone(), "reason" => reason).increment(0);
+        }
+        for outcome in WRITE_OUTCOMES {
+            counter!(names::WRITES_TOTAL, "coordination_job" => m.job.clone(), "instance" => m.instance.clone(), "outcome" => outcome).increment(0);
+        }
+        m
+    }
+
+    /// `splits_owned`.
+    pub fn splits_owned(&self, n: u32) {
+        gauge!(names::SPLITS_OWNED, "coordination_job" => self.job.clone(), "instance" => self.instance.clone()).set(n as f64);
+    }
+
+    /// `live_workers`.
+    pub fn live_workers(&self, n: u32) {
+        gauge!(names::LIVE_WORKERS, "coordination_job" => self.job.clone(), "instance" => self.instance.clone()).set(n as f64);
+    }
+
+    /// `leader`.
+    pub fn leader(&self, leading: bool) {
+        gauge!(names::LEADER, "coordination_job" => self.job.clone(), "instance" => self.instance.clone())
+            .set(if leading { 1.0 } else { 0.0 });
+    }
+
+    /// `acquisitions_total{reason}`.
+    pub fn acquisition(&self, reason: &'static str) {
+        counter!(names::ACQUISITIONS_TOTAL, "coordination_job" => self.job.clone(), "instance" => self.instance.clone(), "reason" => reason).increment(1);
+    }
+
+    /// `revocations_total{reason}`.
+    pub fn revocation(&self, reason: &'static str) {
+        counter!(names::REVOCATIONS_TOTAL, "coordination_job" => self.job.clone(), "instance" => self.instance.clone(), "reason" => reason).increment(1);
+    }
+
+    /// `splits_quarantined`.
+    pub fn splits_quarantined(&self, n: u32) {
+        gauge!(names::SPLITS_QUARANTINED, "coordination_job" => self.job.clone(), "instance" => self.instance.clone()).set(n as f64);
+    }
+
+    /// `store_op_duration_seconds{op}`.
+    pub fn store_op(&self, op: &'static str, took: Duration) {
+        histogram!(names::STORE_OP_DURATION_SECONDS, "coordination_job" => self.job.clone(), "instance" => self.instance.clone(), "op" => op)
+            .record(took.as_secs_f64());
+    }
+
+    /// `writes_total{outcome}`.
+    pub fn write(&self, outcome: WriteOutcome) {
+        counter!(names::WRITES_TOTAL, "coordination_job" => self.job.clone(), "instance" => self.instance.clone(), "outcome" => outcome.label()).increment(1);
+    }
+}
+
+/// The Prometheus recorder could not be installed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot install the Prometheus metrics recorder: {0} (is another metrics recorder installed?)")]
+pub struct InstallError(String);
+
+/// Installs a global Prometheus recorder (store-op latencies as histograms with buckets from
+/// 100 µs to 10 s) and describes every family. Call once per process.
+pub fn install_prometheus() -> Result<PrometheusHandle, InstallError> {
+    let buckets = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(names::STORE_OP_DURATION_SECONDS.into()),
+            &buckets,
+        )
+        .map_err(|e| InstallError(e.to_string()))?
+        .install_recorder()
+        .map_err(|e| InstallError(e.to_string()))?;
+    describe();
+    Ok(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_is_exposed_with_its_labels_and_type() {
+        let handle = install_prometheus().expect("first install");
+        let m = Metrics::new("backfill", "pod-1");
+        m.splits_owned(3);
+        m.live_workers(2);
+        m.leader(true);
+        m.acquisition("stolen");
+        m.revocation("starved");
+        m.splits_quarantined(1);
+        m.store_op("cas", Duration::from_micros(300));
+        m.write(WriteOutcome::Conflict);
+        let text = handle.render();
+        for family in names::ALL {
+            assert!(text.contains(&format!("# HELP {family}")), "{family} has help text:\n{text}");
+        }
+        let expect = [
+            "# TYPE etl_coordination_splits_owned gauge",
+            "# TYPE etl_coordination_acquisitions_total counter",
+            "# TYPE etl_coordination_store_op_duration_seconds histogram",
+            r#"etl_coordination_splits_owned{coordination_job="backfill",instance="pod-1"} 3"#,
+            r#"etl_coordination_live_workers{coordination_job="backfill",instance="pod-1"} 2"#,
+            r#"etl_coordination_leader{coordination_job="backfill",instance="pod-1"} 1"#,
+            r#"etl_coordination_acquisitions_total{coordination_job="backfill",instance="pod-1",reason="stolen"} 1"#,
+            r#"etl_coordination_acquisitions_total{coordination_job="backfill",instance="pod-1",reason="create"} 0"#,
+            r#"etl_coordination_revocations_total{coordination_job="backfill",instance="pod-1",reason="starved"} 1"#,
+            r#"etl_coordination_splits_quarantined{coordination_job="backfill",instance="pod-1"} 1"#,
+            r#"etl_coordination_writes_total{coordination_job="backfill",instance="pod-1",outcome="conflict"} 1"#,
+            r#"etl_coordination_store_op_duration_seconds_bucket{coordination_job="backfill",instance="pod-1",op="cas",le="0.0005"} 1"#,
+        ];
+        for line in expect {
+            assert!(text.contains(line), "missing {line:?} in:\n{text}");
+        }
+        assert!(install_prometheus().is_err(), "a second install is refused with an error");
+    }
+}
