@@ -112,6 +112,8 @@ struct Leading {
     gc_for: Option<ManifestRef>,
     /// The last manifest version this leader wrote (published or not).
     last_version: u64,
+    /// Which leadership stint of this worker this is (results of older stints are ignored).
+    stint: u64,
 }
 
 #[derive(Debug)]
@@ -232,8 +234,8 @@ enum Pending {
     LeaderCreate { sent: Timestamp },
     LeaderRenew { sent: Timestamp },
     LeaderResolve { sent: Timestamp },
-    HeadWrite { head: PlanHead },
-    HeadRead { attempted: PlanHead },
+    HeadWrite { stint: u64, head: PlanHead },
+    HeadRead { stint: u64, attempted: PlanHead },
     PlanWrite { round: u64, key: Key, value: Bytes },
     ManifestChunk { manifest: ManifestRef, chunk: u32 },
     GcList,
@@ -908,8 +910,10 @@ impl Worker {
             Pending::LeaderCreate { sent } => self.on_leader_create(now, op, sent, result),
             Pending::LeaderRenew { sent } => self.on_leader_renew(op, sent, result),
             Pending::LeaderResolve { sent } => self.on_leader_resolve(op, sent, result),
-            Pending::HeadWrite { head } => self.on_head_write(now, head, result),
-            Pending::HeadRead { attempted } => self.on_head_read(now, attempted, result),
+            // Results of an earlier leadership stint are stale: that stint is over.
+            Pending::HeadWrite { stint, .. } | Pending::HeadRead { stint, .. } if Some(stint) != self.leader.as_ref().map(|l| l.stint) => {}
+            Pending::HeadWrite { head, .. } => self.on_head_write(now, head, result),
+            Pending::HeadRead { attempted, .. } => self.on_head_read(now, attempted, result),
             Pending::PlanWrite { round, key, value } => self.on_plan_write(now, round, key, value, result),
             Pending::ManifestChunk { manifest, chunk } => {
                 self.on_manifest_chunk(now, manifest, chunk, result)
@@ -1605,7 +1609,10 @@ impl Worker {
         h.trusted_until = sent + self.cfg.lease_trust();
         let epoch = h.epoch;
         self.view.put_lease(id, rev, LeaseRecord { owner: me, epoch });
-        let displaced = matches!(h_reason(&self.held, id), Some(AcquisitionReason::Stolen | AcquisitionReason::Reclaimed));
+        let displaced = matches!(
+            h_reason(&self.held, id),
+            Some(AcquisitionReason::Stolen | AcquisitionReason::Reclaimed)
+        );
         if self.phase == Phase::Leaving && !displaced {
             // Draining meanwhile: nobody held this lease, so give it back untouched.
             return self.abandon(id);
@@ -2486,7 +2493,9 @@ impl Worker {
             replan_at: None,
             gc_for: None,
             last_version: 0,
+            stint: self.next_plan_request,
         }));
+        self.next_plan_request += 1;
         self.bump_term(self.view.plan_head.clone());
     }
 
@@ -2526,7 +2535,7 @@ impl Worker {
                 )
             }
         };
-        self.send(Bucket::State, request, Pending::HeadWrite { head });
+        self.send(Bucket::State, request, Pending::HeadWrite { stint: self.stint(), head });
     }
 
     fn on_leader_renew(&mut self, op: OpId, sent: Timestamp, result: StoreResult) {
@@ -2553,6 +2562,10 @@ impl Worker {
         }
     }
 
+    fn stint(&self) -> u64 {
+        self.leader.as_ref().map_or(0, |l| l.stint)
+    }
+
     fn step_down(&mut self) {
         if let Some(l) = self.leader.take() {
             let term = l.head.as_ref().map_or(0, |(_, h)| h.term);
@@ -2572,7 +2585,7 @@ impl Worker {
                 self.send(
                     Bucket::State,
                     StoreRequest::Get { key: keys::plan_head() },
-                    Pending::HeadRead { attempted: head },
+                    Pending::HeadRead { stint: self.stint(), attempted: head },
                 );
             }
             Ok(other) => unreachable!("unexpected reply to head write: {other:?}"),
@@ -2629,14 +2642,14 @@ impl Worker {
             Some((rev, h)) if h == attempted => self.head_written(now, rev, h),
             // Still our term and nobody else wrote (only the term's leader writes the head):
             // send the same write against the fresh revision.
-            Some((rev, h)) if my_term == Some(h.term) && h.leader == self.me => {
+            Some((rev, h)) if my_term == Some(h.term) && h.leader == self.me && attempted.term == h.term => {
                 let request = StoreRequest::CompareAndSwap {
                     key: keys::plan_head(),
                     expected: rev,
                     value: records::encode(&attempted),
                     ttl: None,
                 };
-                self.send(Bucket::State, request, Pending::HeadWrite { head: attempted });
+                self.send(Bucket::State, request, Pending::HeadWrite { stint: self.stint(), head: attempted });
             }
             // No term established yet: bump against what is there now.
             current if my_term.is_none() => self.bump_term(current),
@@ -2819,7 +2832,7 @@ impl Worker {
                 value: records::encode(&new),
                 ttl: None,
             };
-            self.send(Bucket::State, request, Pending::HeadWrite { head: new });
+            self.send(Bucket::State, request, Pending::HeadWrite { stint: self.stint(), head: new });
         }
     }
 

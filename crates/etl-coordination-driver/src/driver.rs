@@ -8,8 +8,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use etl_coordination_core::config::defaults;
 use etl_coordination_core::{
-    Action, Bucket, CommitOutcome, Config, ConfigError, Epoch, Event, FatalError, Incarnation, Input, InstanceId,
-    OpId, Outcome, Plan, SplitId, StopReason, StoreError, StoreResult, Timestamp, WatchEvent, WatchId, Worker,
+    Action, Bucket, CommitOutcome, Config, ConfigError, Epoch, Event, FatalError, Incarnation, Input,
+    InstanceId, OpId, Outcome, Plan, SplitId, StopReason, StoreError, StoreResult, Timestamp, WatchEvent,
+    WatchId, Worker,
 };
 use etl_coordination_metrics::{Metrics, WriteOutcome};
 use etl_coordination_store::{Store, execute};
@@ -143,13 +144,41 @@ fn describe(q: &[(SplitId, Option<String>)]) -> String {
 /// Messages into the driver task.
 #[derive(Debug)]
 pub(crate) enum Msg {
-    StoreDone { op: OpId, result: StoreResult },
-    Watch { watch: WatchId, generation: u64, event: WatchEvent },
-    WatchFailed { watch: WatchId, generation: u64, error: String },
-    PlanReady { request: u64, result: Result<Plan, String> },
-    Commit { split: SplitId, epoch: Epoch, progress: Bytes, terminal: bool, reply: oneshot::Sender<CommitOutcome> },
-    Fail { split: SplitId, epoch: Epoch, error: String, unprocessable: bool },
-    LaneStopped { split: SplitId, epoch: Epoch },
+    StoreDone {
+        op: OpId,
+        result: StoreResult,
+    },
+    Watch {
+        watch: WatchId,
+        generation: u64,
+        event: WatchEvent,
+    },
+    WatchFailed {
+        watch: WatchId,
+        generation: u64,
+        error: String,
+    },
+    PlanReady {
+        request: u64,
+        result: Result<Plan, String>,
+    },
+    Commit {
+        split: SplitId,
+        epoch: Epoch,
+        progress: Bytes,
+        terminal: bool,
+        reply: oneshot::Sender<CommitOutcome>,
+    },
+    Fail {
+        split: SplitId,
+        epoch: Epoch,
+        error: String,
+        unprocessable: bool,
+    },
+    LaneStopped {
+        split: SplitId,
+        epoch: Epoch,
+    },
     Drain,
     Kill,
     Freeze(Duration),
@@ -224,7 +253,9 @@ impl CoordinationDriver {
         cfg.drain_timeout = config.drain_timeout;
         cfg.validate()?;
         if config.op_timeout.is_zero() {
-            return Err(ConfigError { field: "op_timeout", value: "0s".into(), rule: "must be positive" }.into());
+            return Err(
+                ConfigError { field: "op_timeout", value: "0s".into(), rule: "must be positive" }.into()
+            );
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let (lanes_tx, lanes_rx) = mpsc::unbounded_channel();
@@ -258,7 +289,9 @@ fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(std::process::id() as u64);
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u128(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
+    );
     h.finish()
 }
 
@@ -357,7 +390,11 @@ impl<S: Store, P: Planner> Task<S, P> {
                     return None;
                 }
                 self.waiters.insert((split.clone(), epoch), reply);
-                if terminal { Input::Finish { split, epoch, progress } } else { Input::Commit { split, epoch, progress } }
+                if terminal {
+                    Input::Finish { split, epoch, progress }
+                } else {
+                    Input::Commit { split, epoch, progress }
+                }
             }
             Msg::Fail { split, epoch, error, unprocessable } => {
                 warn!(%split, %epoch, %error, unprocessable, "source reported the split failed");
@@ -405,14 +442,18 @@ impl<S: Store, P: Planner> Task<S, P> {
                     let started = Instant::now();
                     let result = match tokio::time::timeout(timeout, execute(&*store, request)).await {
                         Ok(r) => r,
-                        Err(_) if write => Err(StoreError::Indeterminate(format!("no answer within {timeout:?}"))),
+                        Err(_) if write => {
+                            Err(StoreError::Indeterminate(format!("no answer within {timeout:?}")))
+                        }
                         Err(_) => Err(StoreError::Unavailable(format!("no answer within {timeout:?}"))),
                     };
                     metrics.store_op(name, started.elapsed());
                     if write {
                         metrics.write(match &result {
                             Ok(_) => WriteOutcome::Ok,
-                            Err(StoreError::AlreadyExists(_) | StoreError::RevisionMismatch(_)) => WriteOutcome::Conflict,
+                            Err(StoreError::AlreadyExists(_) | StoreError::RevisionMismatch(_)) => {
+                                WriteOutcome::Conflict
+                            }
                             Err(_) => WriteOutcome::Error,
                         });
                     }
@@ -524,7 +565,8 @@ impl<S: Store, P: Planner> Task<S, P> {
 
     fn open_watch(&mut self, watch: WatchId) {
         let store = self.store(watch.bucket());
-        let entry = self.watches.entry(watch).or_insert(WatchTask { generation: 0, failures: 0, handle: None });
+        let entry =
+            self.watches.entry(watch).or_insert(WatchTask { generation: 0, failures: 0, handle: None });
         entry.generation += 1;
         if let Some(h) = entry.handle.take() {
             h.abort();
@@ -577,7 +619,9 @@ async fn sleep_until(deadline: Option<Instant>) {
 
 fn log_event(e: &Event) {
     match e {
-        Event::Acquired { split, reason, epoch } => info!(%split, reason = reason.label(), %epoch, "split acquired"),
+        Event::Acquired { split, reason, epoch } => {
+            info!(%split, reason = reason.label(), %epoch, "split acquired")
+        }
         Event::Revoked { split, reason } => warn!(%split, ?reason, "lane revoked"),
         Event::Leadership { leader, term } => info!(leader, term, "leadership changed"),
         Event::PlanPublished { term, version, splits } => info!(term, version, splits, "plan published"),
@@ -587,7 +631,9 @@ fn log_event(e: &Event) {
         }
         Event::Released { split } => debug!(%split, "split released"),
         Event::Finished { split } => debug!(%split, "split done"),
-        Event::Gauges { owned, live_workers, quarantined } => debug!(owned, live_workers, quarantined, "gauges"),
+        Event::Gauges { owned, live_workers, quarantined } => {
+            debug!(owned, live_workers, quarantined, "gauges")
+        }
         Event::Undecodable { key, error } => warn!(%key, %error, "ignored an undecodable record"),
     }
 }

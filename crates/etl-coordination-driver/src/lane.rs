@@ -99,7 +99,8 @@ impl Lane {
     /// unavailable): keep the progress and commit again later.
     pub async fn commit(&mut self, progress: Bytes) -> CommitOutcome {
         let (split, epoch) = (self.split.clone(), self.epoch);
-        let outcome = self.request(|reply| Msg::Commit { split, epoch, progress, terminal: false, reply }).await;
+        let outcome =
+            self.request(|reply| Msg::Commit { split, epoch, progress, terminal: false, reply }).await;
         if outcome == CommitOutcome::Lost {
             self.ended = true;
         }
@@ -110,7 +111,8 @@ impl Lane {
     /// back so the source can try again.
     pub async fn finish(mut self, progress: Bytes) -> Result<(), (Lane, CommitOutcome)> {
         let (split, epoch) = (self.split.clone(), self.epoch);
-        let outcome = self.request(|reply| Msg::Commit { split, epoch, progress, terminal: true, reply }).await;
+        let outcome =
+            self.request(|reply| Msg::Commit { split, epoch, progress, terminal: true, reply }).await;
         match outcome {
             CommitOutcome::Ok => {
                 self.ended = true;
@@ -136,7 +138,8 @@ impl Lane {
 
     fn end_with_failure(&mut self, error: String, unprocessable: bool) {
         self.ended = true;
-        let _ = self.tx.send(Msg::Fail { split: self.split.clone(), epoch: self.epoch, error, unprocessable });
+        let _ =
+            self.tx.send(Msg::Fail { split: self.split.clone(), epoch: self.epoch, error, unprocessable });
     }
 
     /// Acknowledges a stop (after the final commit when draining): the split is released.

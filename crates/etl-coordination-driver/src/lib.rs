@@ -14,7 +14,10 @@
 mod driver;
 mod lane;
 
-pub use driver::{CoordinationDriver, DriverConfig, DriverError, DriverHandle, JobOutcome, JobStores, OnStall, Planner, PlanError};
+pub use driver::{
+    CoordinationDriver, DriverConfig, DriverError, DriverHandle, JobOutcome, JobStores, OnStall, PlanError,
+    Planner,
+};
 pub use etl_coordination_core::{
     AcquisitionReason, CommitOutcome, Epoch, InstanceId, Plan, PlanKind, PlannedSplit, SplitId, StopReason,
 };

@@ -12,9 +12,11 @@ use etl_coordination_driver::*;
 use etl_coordination_memory::{MemoryStore, Store};
 use futures_util::StreamExt;
 
-/// Watches every split record and remembers any regression of committed progress (I1).
+/// Latest progress per key, and the regressions seen.
+type Progress = (BTreeMap<String, u64>, Vec<String>);
+
 #[derive(Clone, Default)]
-struct ProgressMonitor(Arc<Mutex<(BTreeMap<String, u64>, Vec<String>)>>);
+struct ProgressMonitor(Arc<Mutex<Progress>>);
 
 impl ProgressMonitor {
     fn spawn(stores: &JobStores<MemoryStore>) -> Self {
@@ -79,12 +81,20 @@ fn planner(splits: usize, records: u64) -> TestPlanner {
 /// Every emitted record, per split: (record index, epoch, worker, when), and every commit
 /// outcome per worker.
 #[derive(Clone, Default)]
-struct Oracle(Arc<Mutex<BTreeMap<SplitId, Vec<(u64, Epoch, String, tokio::time::Instant)>>>>, Arc<Mutex<Vec<(String, CommitOutcome)>>>);
+struct Oracle(Arc<Mutex<Emissions>>, Arc<Mutex<Vec<(String, CommitOutcome)>>>);
+
+/// Per split: (record index, epoch, worker, when).
+type Emissions = BTreeMap<SplitId, Vec<(u64, Epoch, String, tokio::time::Instant)>>;
 
 impl Oracle {
     fn emit(&self, split: &SplitId, record: u64, epoch: Epoch, worker: &str) {
         let now = tokio::time::Instant::now();
-        self.0.lock().unwrap().entry(split.clone()).or_default().push((record, epoch, worker.to_owned(), now));
+        self.0.lock().unwrap().entry(split.clone()).or_default().push((
+            record,
+            epoch,
+            worker.to_owned(),
+            now,
+        ));
     }
 
     fn committed(&self, worker: &str, outcome: CommitOutcome) {
@@ -106,7 +116,8 @@ impl Oracle {
         let map = self.0.lock().unwrap();
         for i in 0..splits {
             let id = SplitId::new(format!("s{i:02}")).unwrap();
-            let seen: std::collections::BTreeSet<u64> = map.get(&id).map(|v| v.iter().map(|r| r.0).collect()).unwrap_or_default();
+            let seen: std::collections::BTreeSet<u64> =
+                map.get(&id).map(|v| v.iter().map(|r| r.0).collect()).unwrap_or_default();
             let missing: Vec<u64> = (0..records).filter(|r| !seen.contains(r)).collect();
             assert!(missing.is_empty(), "split {id}: records {missing:?} never emitted");
         }
@@ -114,8 +125,10 @@ impl Oracle {
 
     fn workers_of(&self, split: &str) -> Vec<String> {
         let map = self.0.lock().unwrap();
-        let mut w: Vec<String> =
-            map.get(&SplitId::new(split).unwrap()).map(|v| v.iter().map(|r| r.2.clone()).collect()).unwrap_or_default();
+        let mut w: Vec<String> = map
+            .get(&SplitId::new(split).unwrap())
+            .map(|v| v.iter().map(|r| r.2.clone()).collect())
+            .unwrap_or_default();
         w.dedup();
         w
     }
@@ -208,7 +221,10 @@ fn config(id: &str) -> DriverConfig {
 
 fn fresh_stores() -> JobStores<MemoryStore> {
     // Logs of the driver, shown for failing tests (RUST_LOG=debug for more).
-    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
     JobStores { state: MemoryStore::new(), lease: MemoryStore::new() }
 }
 
@@ -216,7 +232,13 @@ fn source(oracle: &Oracle) -> Source {
     Source { oracle: oracle.clone(), record_delay: Duration::from_millis(10), commit_every: 10, poison: None }
 }
 
-fn start(stores: &JobStores<MemoryStore>, id: &str, p: TestPlanner, src: Source, cfg: DriverConfig) -> DriverHandle {
+fn start(
+    stores: &JobStores<MemoryStore>,
+    id: &str,
+    p: TestPlanner,
+    src: Source,
+    cfg: DriverConfig,
+) -> DriverHandle {
     let (handle, lanes) = CoordinationDriver::start(stores.clone(), p, cfg).expect("valid config");
     src.spawn(lanes, id.to_owned());
     let _ = id;
@@ -259,9 +281,18 @@ async fn a_killed_worker_is_taken_over_after_the_lease_and_resumes_from_committe
         if last_a + Duration::from_millis(50) < t0 {
             continue; // moved to b earlier (stolen), not by the kill
         }
-        let first_b = v.iter().filter(|r| r.2 == "b" && r.3 > last_a).map(|r| r.3).min().expect("b took over");
-        assert!(first_b.duration_since(t0) >= Duration::from_secs(2), "taken over {:?} after the kill", first_b.duration_since(t0));
-        assert!(first_b.duration_since(t0) <= Duration::from_secs(4), "taken over {:?} after the kill", first_b.duration_since(t0));
+        let first_b =
+            v.iter().filter(|r| r.2 == "b" && r.3 > last_a).map(|r| r.3).min().expect("b took over");
+        assert!(
+            first_b.duration_since(t0) >= Duration::from_secs(2),
+            "taken over {:?} after the kill",
+            first_b.duration_since(t0)
+        );
+        assert!(
+            first_b.duration_since(t0) <= Duration::from_secs(4),
+            "taken over {:?} after the kill",
+            first_b.duration_since(t0)
+        );
         moved += 1;
     }
     assert!(moved >= 1, "a held something when it was killed");

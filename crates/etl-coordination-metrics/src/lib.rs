@@ -79,13 +79,37 @@ impl WriteOutcome {
 /// Describes every family (help text and unit) to the installed recorder.
 pub fn describe() {
     describe_gauge!(names::SPLITS_OWNED, Unit::Count, "Splits this worker holds (its lanes).");
-    describe_gauge!(names::LIVE_WORKERS, Unit::Count, "Live workers in this worker's fleet view (presence keys).");
+    describe_gauge!(
+        names::LIVE_WORKERS,
+        Unit::Count,
+        "Live workers in this worker's fleet view (presence keys)."
+    );
     describe_gauge!(names::LEADER, "1 while this worker holds the leader lease and plans, else 0.");
-    describe_counter!(names::ACQUISITIONS_TOTAL, Unit::Count, "Split acquisitions by reason: create, released, expired, reclaimed, stolen.");
-    describe_counter!(names::REVOCATIONS_TOTAL, Unit::Count, "Lanes stopped because ownership was lost (fenced) or could not be renewed in time (starved).");
-    describe_gauge!(names::SPLITS_QUARANTINED, Unit::Count, "Splits of the plan parked after max_attempts failing tenancies.");
-    describe_histogram!(names::STORE_OP_DURATION_SECONDS, Unit::Seconds, "Round-trip time of coordination store operations.");
-    describe_counter!(names::WRITES_TOTAL, Unit::Count, "Coordination store writes by outcome; conflict is fencing working as designed.");
+    describe_counter!(
+        names::ACQUISITIONS_TOTAL,
+        Unit::Count,
+        "Split acquisitions by reason: create, released, expired, reclaimed, stolen."
+    );
+    describe_counter!(
+        names::REVOCATIONS_TOTAL,
+        Unit::Count,
+        "Lanes stopped because ownership was lost (fenced) or could not be renewed in time (starved)."
+    );
+    describe_gauge!(
+        names::SPLITS_QUARANTINED,
+        Unit::Count,
+        "Splits of the plan parked after max_attempts failing tenancies."
+    );
+    describe_histogram!(
+        names::STORE_OP_DURATION_SECONDS,
+        Unit::Seconds,
+        "Round-trip time of coordination store operations."
+    );
+    describe_counter!(
+        names::WRITES_TOTAL,
+        Unit::Count,
+        "Coordination store writes by outcome; conflict is fencing working as designed."
+    );
 }
 
 /// Typed metric handles of one worker.
@@ -166,7 +190,9 @@ pub struct InstallError(String);
 /// Installs a global Prometheus recorder (store-op latencies as histograms with buckets from
 /// 100 µs to 10 s) and describes every family. Call once per process.
 pub fn install_prometheus() -> Result<PrometheusHandle, InstallError> {
-    let buckets = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+    let buckets = [
+        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ];
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .set_buckets_for_metric(
             metrics_exporter_prometheus::Matcher::Full(names::STORE_OP_DURATION_SECONDS.into()),

@@ -298,7 +298,10 @@ impl Checker {
         // renewal races the start); such a lane is a zombie bounded by I4's emission bound and
         // fenced by I3. What must never happen is a lane for an epoch the record never had.
         self.ensure(at, "I4", current.is_some_and(|r| r.epoch >= epoch), || {
-            format!("split {id}: lane started at epoch {epoch} ahead of the record ({:?})", current.map(|r| r.epoch))
+            format!(
+                "split {id}: lane started at epoch {epoch} ahead of the record ({:?})",
+                current.map(|r| r.epoch)
+            )
         });
     }
 

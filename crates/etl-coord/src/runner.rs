@@ -1,0 +1,178 @@
+//! The lane loop every source reuses: read records from where the split's committed progress
+//! says, emit them to the sink, commit progress every few records (flushing the sink first),
+//! obey stop signals, and finish, fail or stop the lane.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use etl_coordination_driver::{CommitOutcome, Lane, StopReason};
+use tracing::{debug, warn};
+
+use crate::sink::{JsonlSink, SinkLine};
+
+/// One record read from a split.
+#[derive(Clone, Debug)]
+pub struct Record {
+    /// Unique key within the whole input.
+    pub key: String,
+    /// The record's content (a line, a row rendered as text).
+    pub content: String,
+    /// The split's progress once this record is emitted.
+    pub progress: Bytes,
+}
+
+/// Reads one split from its committed progress.
+pub trait SplitReader: Send {
+    /// The next record, or `None` at the end of the split.
+    fn next(&mut self) -> impl Future<Output = anyhow::Result<Option<Record>>> + Send;
+    /// The progress that marks the split finished.
+    fn final_progress(&self) -> Bytes;
+}
+
+/// Behaviour of the lane loop, including the fault options used by tests.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// This worker's instance id (written to the sink).
+    pub instance: String,
+    /// Commit after this many records...
+    pub commit_every: u64,
+    /// ...or after this long, whichever comes first.
+    pub commit_interval: Duration,
+    /// Sleep per record (tests and demos).
+    pub record_delay: Duration,
+    /// Reaching a record containing this text aborts the process, like a crash.
+    pub poison_marker: Option<String>,
+    /// Reaching a record containing this text reports the split unprocessable.
+    pub unprocessable_marker: Option<String>,
+    /// Incremented per emitted record (progress displays).
+    pub counter: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            instance: String::new(),
+            commit_every: 500,
+            commit_interval: Duration::from_secs(1),
+            record_delay: Duration::ZERO,
+            poison_marker: None,
+            unprocessable_marker: None,
+            counter: None,
+        }
+    }
+}
+
+/// How a lane ended, for the caller's bookkeeping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LaneEnd {
+    /// The split is Done.
+    Finished,
+    /// Stopped on a drain after the final commit.
+    Stopped,
+    /// Lost or starved: stopped at once.
+    Revoked,
+    /// Reported failed or unprocessable.
+    Failed,
+}
+
+/// Runs one lane to its end. Returns the number of records emitted and how it ended.
+pub async fn run_lane<R: SplitReader>(
+    mut lane: Lane,
+    mut reader: R,
+    sink: JsonlSink,
+    opts: RunOptions,
+) -> (u64, LaneEnd) {
+    let split = lane.split().to_string();
+    let epoch = lane.epoch().0;
+    let mut emitted = 0u64;
+    let mut uncommitted: Option<Bytes> = None;
+    let mut since = 0u64;
+    let mut last_commit = Instant::now();
+    loop {
+        if let Some(stop) = lane.stop_requested() {
+            if stop.reason != StopReason::Draining {
+                debug!(%split, ?stop, "lane revoked");
+                return (emitted, LaneEnd::Revoked);
+            }
+            if let Some(p) = uncommitted.take() {
+                let _ = sink.flush();
+                let _ = lane.commit(p).await;
+            }
+            lane.stopped();
+            return (emitted, LaneEnd::Stopped);
+        }
+        let record = match reader.next().await {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(%split, error = %e, "reading the split failed");
+                lane.fail(format!("{e:#}"));
+                return (emitted, LaneEnd::Failed);
+            }
+        };
+        let Some(record) = record else {
+            if let Err(e) = sink.flush() {
+                lane.fail(format!("sink: {e}"));
+                return (emitted, LaneEnd::Failed);
+            }
+            let mut lane_opt = Some(lane);
+            loop {
+                let l = lane_opt.take().expect("lane");
+                match l.finish(reader.final_progress()).await {
+                    Ok(()) => return (emitted, LaneEnd::Finished),
+                    Err((_, CommitOutcome::Lost)) => return (emitted, LaneEnd::Revoked),
+                    Err((l, _)) => {
+                        if l.stop_requested().is_some_and(|s| s.reason != StopReason::Draining) {
+                            return (emitted, LaneEnd::Revoked);
+                        }
+                        lane_opt = Some(l);
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            }
+        };
+        if opts.poison_marker.as_deref().is_some_and(|m| record.content.contains(m)) {
+            // Like a crash: no commit, no release. The lease expires and a peer retries.
+            eprintln!("poison record {} reached: aborting the process", record.key);
+            std::process::abort();
+        }
+        if opts.unprocessable_marker.as_deref().is_some_and(|m| record.content.contains(m)) {
+            lane.unprocessable(format!("record {} cannot be processed", record.key));
+            return (emitted, LaneEnd::Failed);
+        }
+        if !opts.record_delay.is_zero() {
+            tokio::select! {
+                () = tokio::time::sleep(opts.record_delay) => {}
+                _ = lane.revoked() => continue,
+            }
+        }
+        let line =
+            SinkLine { split: split.clone(), record: record.key, epoch, instance: opts.instance.clone() };
+        if let Err(e) = sink.write(&line) {
+            lane.fail(format!("sink: {e}"));
+            return (emitted, LaneEnd::Failed);
+        }
+        emitted += 1;
+        since += 1;
+        if let Some(c) = &opts.counter {
+            c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        uncommitted = Some(record.progress);
+        if since >= opts.commit_every || last_commit.elapsed() >= opts.commit_interval {
+            if let Err(e) = sink.flush() {
+                lane.fail(format!("sink: {e}"));
+                return (emitted, LaneEnd::Failed);
+            }
+            let p = uncommitted.clone().expect("progress");
+            match lane.commit(p).await {
+                CommitOutcome::Ok => {
+                    uncommitted = None;
+                    since = 0;
+                    last_commit = Instant::now();
+                }
+                CommitOutcome::Lost => return (emitted, LaneEnd::Revoked),
+                CommitOutcome::Retryable => last_commit = Instant::now(),
+            }
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! The `etl-coord` command end to end: demo (with and without chaos), a standalone worker with
+//! a sink, fault options, exit codes and error messages.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+
+use etl_coord::demo::{generate, input_keys};
+use etl_coord::sink::JsonlSink;
+
+fn etl_coord() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_etl-coord"))
+}
+
+fn run(cmd: &mut Command) -> (i32, String, String) {
+    let out = cmd.output().expect("etl-coord runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn the_demo_completes_and_reports_no_loss() {
+    let (code, out, err) = run(etl_coord().args([
+        "demo",
+        "--workers",
+        "3",
+        "--files",
+        "12",
+        "--lines",
+        "500",
+        "--split-size",
+        "20000",
+    ]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("no loss: every one of the 6000 input records was emitted at least once"), "{out}");
+    assert!(out.contains("acquisitions:") && out.contains("create"), "{out}");
+}
+
+#[test]
+fn the_demo_survives_chaos_without_loss() {
+    let (code, out, err) = run(etl_coord().args([
+        "demo",
+        "--chaos",
+        "--workers",
+        "3",
+        "--files",
+        "16",
+        "--lines",
+        "600",
+        "--split-size",
+        "20000",
+        "--seed",
+        "7",
+    ]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("no loss"), "{out}");
+    assert!(out.contains("kills"), "chaos happened: {out}");
+}
+
+fn input(dir: &Path, files: usize, lines: usize) -> BTreeSet<String> {
+    generate(dir, files, lines).unwrap();
+    input_keys(dir).unwrap()
+}
+
+#[test]
+fn a_standalone_worker_processes_everything_into_its_sink() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let expected = input(&data, 5, 200);
+    let sink = tmp.path().join("out.jsonl");
+    let (code, out, err) = run(etl_coord().args([
+        "worker",
+        "--job",
+        "t1",
+        "--store",
+        "memory",
+        "--source",
+        &format!("files:{}", data.display()),
+        "--sink",
+        sink.to_str().unwrap(),
+        "--instance-id",
+        "solo",
+        "--split-size",
+        "4000",
+        "--lease-duration",
+        "3s",
+    ]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    let lines = JsonlSink::read(&sink).unwrap();
+    let seen: BTreeSet<String> = lines.iter().map(|l| l.record.clone()).collect();
+    assert_eq!(seen, expected, "every input record in the sink");
+    assert!(lines.iter().all(|l| l.instance == "solo" && l.epoch >= 1));
+}
+
+#[test]
+fn an_unprocessable_split_is_quarantined_and_the_worker_exits_3() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    input(&data, 3, 50);
+    std::fs::write(data.join("bad.txt"), "fine\nBROKEN record\n").unwrap();
+    let (code, out, err) = run(etl_coord().args([
+        "worker",
+        "--job",
+        "t2",
+        "--source",
+        &format!("files:{}", data.display()),
+        "--split-size",
+        "100",
+        "--max-attempts",
+        "2",
+        "--lease-duration",
+        "3s",
+        "--unprocessable-marker",
+        "BROKEN",
+    ]));
+    assert_eq!(code, 3, "{out}\n{err}");
+    assert!(err.contains("quarantined") && err.contains("requeue"), "{err}");
+    // With --on-stall warn the same job exits 0.
+    let (code, _, err) = run(etl_coord().args([
+        "worker",
+        "--job",
+        "t2",
+        "--source",
+        &format!("files:{}", data.display()),
+        "--split-size",
+        "100",
+        "--max-attempts",
+        "2",
+        "--lease-duration",
+        "3s",
+        "--unprocessable-marker",
+        "BROKEN",
+        "--on-stall",
+        "warn",
+    ]));
+    assert_eq!(code, 0, "{err}");
+}
+
+#[test]
+fn usage_errors_exit_2_and_bad_values_exit_1_naming_the_field() {
+    let (code, _, _) = run(etl_coord().args(["worker", "--job", "x"]));
+    assert_eq!(code, 2, "missing --source is a usage error");
+    let tmp = tempfile::tempdir().unwrap();
+    let (code, _, err) = run(etl_coord().args([
+        "worker",
+        "--job",
+        "x",
+        "--source",
+        &format!("files:{}", tmp.path().display()),
+        "--lease-duration",
+        "1500ms",
+    ]));
+    assert_eq!(code, 1);
+    assert!(err.contains("lease_duration") && err.contains("whole number of seconds"), "{err}");
+    let (code, _, err) = run(etl_coord().args(["worker", "--job", "bad.name", "--source", "files:/tmp"]));
+    assert_eq!(code, 1);
+    assert!(err.contains("job name") && err.contains("[A-Za-z0-9_-]"), "{err}");
+    let (code, _, err) = run(etl_coord().args(["worker", "--job", "x", "--source", "files:/no/such/dir"]));
+    assert_eq!(code, 1);
+    assert!(err.contains("does not exist"), "{err}");
+}
