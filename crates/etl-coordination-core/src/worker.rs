@@ -2660,6 +2660,16 @@ impl Worker {
 
     fn drive_plan(&mut self, now: Timestamp) {
         let Some(l) = self.leader.as_mut() else { return };
+        // Our own head write may have landed while its answer was lost: a newer head of our
+        // term, by us, is ours (only a term's leader writes it), so adopt it.
+        if let (Some((vrev, vh)), Some((rev, h))) = (&self.view.plan_head, &l.head)
+            && vh.term == h.term
+            && vh.leader == self.me
+            && vrev > rev
+        {
+            let (vrev, vh) = (*vrev, vh.clone());
+            l.head = Some((vrev, vh));
+        }
         match &mut l.stage {
             PlanStage::WaitManifest => {
                 let Some((_, head)) = &l.head else { return };
