@@ -16,7 +16,9 @@ use etl_coord::demo::{DemoOptions, run_demo};
 use etl_coord::ops;
 use etl_coord::runner::{RunOptions, run_lane};
 use etl_coord::sink::JsonlSink;
-use etl_coord::sources::files::{DEFAULT_SPLIT_BYTES, FilesPlanner, FilesSource};
+use etl_coord::sources::AnySource;
+use etl_coord::sources::files::DEFAULT_SPLIT_BYTES;
+use etl_coord::sources::sqlite::DEFAULT_SPLIT_ROWS;
 use etl_coordination_driver::{
     CoordinationDriver, DriverConfig, DriverError, InstanceId, JobOutcome, JobStores, OnStall, SplitId,
 };
@@ -121,6 +123,9 @@ struct WorkerArgs {
     /// Files source: target bytes per split.
     #[arg(long, default_value_t = DEFAULT_SPLIT_BYTES)]
     split_size: u64,
+    /// SQLite source: rows per split.
+    #[arg(long, default_value_t = DEFAULT_SPLIT_ROWS)]
+    split_rows: u64,
     /// Serve /metrics, /healthz and /readyz on this address.
     #[arg(long)]
     admin_addr: Option<SocketAddr>,
@@ -291,13 +296,7 @@ fn default_instance_id(flag: Option<String>) -> anyhow::Result<Option<InstanceId
 
 async fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     let stores = open_stores(&a.store).await?;
-    let Some(dir) = a.source.strip_prefix("files:") else {
-        if a.source.starts_with("sqlite:") {
-            bail!("--source {}: the sqlite source is not part of this build yet", a.source);
-        }
-        bail!("--source {:?}: expected files:DIR or sqlite:PATH:TABLE", a.source);
-    };
-    let source = FilesSource::open(dir, a.split_size)?;
+    let source = AnySource::open(&a.source, a.split_size, a.split_rows)?;
     let sink = match &a.sink {
         Some(p) => JsonlSink::open(p).with_context(|| format!("opening the sink {}", p.display()))?,
         None => JsonlSink::discard(),
@@ -314,7 +313,7 @@ async fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         ..DriverConfig::default()
     };
     let metrics = etl_coordination_metrics::install_prometheus()?;
-    let (handle, mut lanes) = CoordinationDriver::start(stores, FilesPlanner(source.clone()), config)?;
+    let (handle, mut lanes) = CoordinationDriver::start(stores, source.clone(), config)?;
     let instance = handle.instance_id().to_string();
     let ready = Arc::new(AtomicBool::new(true));
     if let Some(addr) = a.admin_addr {

@@ -164,3 +164,97 @@ fn usage_errors_exit_2_and_bad_values_exit_1_naming_the_field() {
     assert_eq!(code, 1);
     assert!(err.contains("does not exist"), "{err}");
 }
+
+#[test]
+fn a_worker_scans_a_sqlite_table_into_its_sink() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("shop.db");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch("CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT)").unwrap();
+    for i in 1..=700 {
+        conn.execute("INSERT INTO orders (id, item) VALUES (?1, ?2)", (i, format!("item {i}"))).unwrap();
+    }
+    drop(conn);
+    let sink = tmp.path().join("out.jsonl");
+    let (code, out, err) = run(etl_coord().args([
+        "worker",
+        "--job",
+        "t3",
+        "--source",
+        &format!("sqlite:{}:orders", db.display()),
+        "--split-rows",
+        "100",
+        "--sink",
+        sink.to_str().unwrap(),
+        "--lease-duration",
+        "3s",
+    ]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    let seen: BTreeSet<String> = JsonlSink::read(&sink).unwrap().into_iter().map(|l| l.record).collect();
+    let expected: BTreeSet<String> = (1..=700).map(|i| format!("orders:{i}")).collect();
+    assert_eq!(seen, expected);
+}
+
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+#[test]
+fn the_admin_server_serves_metrics_and_health_and_sigterm_drains() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    input(&data, 2, 400);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let child = etl_coord()
+        .args([
+            "worker",
+            "--job",
+            "t4",
+            "--source",
+            &format!("files:{}", data.display()),
+            "--split-size",
+            "1000",
+            "--lease-duration",
+            "3s",
+            "--record-delay-ms",
+            "20",
+            "--admin-addr",
+            &addr,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait (bounded) for the admin server and the first acquisition.
+    let mut metrics = String::new();
+    for _ in 0..100 {
+        if let Some(body) = http_get(&addr, "/metrics")
+            && body.contains(r#"reason="create"}"#)
+            && !body.contains(r#"reason="create"} 0"#)
+        {
+            metrics = body;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    for family in etl_coordination_metrics::names::ALL {
+        assert!(metrics.contains(family), "{family} missing from /metrics:\n{metrics}");
+    }
+    assert!(metrics.contains(r#"coordination_job="t4""#), "{metrics}");
+    assert!(http_get(&addr, "/healthz").unwrap().starts_with("HTTP/1.1 200"));
+    assert!(http_get(&addr, "/readyz").unwrap().starts_with("HTTP/1.1 200"));
+    // SIGTERM drains: the process commits, releases and exits 0 well before the job is done.
+    let status =
+        std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("draining"));
+}

@@ -911,7 +911,8 @@ impl Worker {
             Pending::LeaderRenew { sent } => self.on_leader_renew(op, sent, result),
             Pending::LeaderResolve { sent } => self.on_leader_resolve(op, sent, result),
             // Results of an earlier leadership stint are stale: that stint is over.
-            Pending::HeadWrite { stint, .. } | Pending::HeadRead { stint, .. } if Some(stint) != self.leader.as_ref().map(|l| l.stint) => {}
+            Pending::HeadWrite { stint, .. } | Pending::HeadRead { stint, .. }
+                if Some(stint) != self.leader.as_ref().map(|l| l.stint) => {}
             Pending::HeadWrite { head, .. } => self.on_head_write(now, head, result),
             Pending::HeadRead { attempted, .. } => self.on_head_read(now, attempted, result),
             Pending::PlanWrite { round, key, value } => self.on_plan_write(now, round, key, value, result),
@@ -2649,7 +2650,11 @@ impl Worker {
                     value: records::encode(&attempted),
                     ttl: None,
                 };
-                self.send(Bucket::State, request, Pending::HeadWrite { stint: self.stint(), head: attempted });
+                self.send(
+                    Bucket::State,
+                    request,
+                    Pending::HeadWrite { stint: self.stint(), head: attempted },
+                );
             }
             // No term established yet: bump against what is there now.
             current if my_term.is_none() => self.bump_term(current),
