@@ -258,3 +258,20 @@ fn the_admin_server_serves_metrics_and_health_and_sigterm_drains() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("draining"));
 }
+
+#[test]
+fn a_poison_marker_aborts_the_process_like_a_crash() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("a.txt"), "fine\nPOISON here\nnever reached\n").unwrap();
+    let sink = tmp.path().join("out.jsonl");
+    let (code, _, err) = run(etl_coord().args([
+        "worker", "--job", "t5", "--source", &format!("files:{}", data.display()), "--sink", sink.to_str().unwrap(),
+        "--lease-duration", "3s", "--poison-marker", "POISON",
+    ]));
+    assert_eq!(code, -1, "killed by a signal (abort), not a clean exit: {err}");
+    assert!(err.contains("poison record a.txt:2"), "{err}");
+    let lines = JsonlSink::read(&sink).unwrap_or_default();
+    assert!(lines.iter().all(|l| l.record != "a.txt:3"), "nothing after the poison record");
+}
