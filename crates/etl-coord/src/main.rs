@@ -38,7 +38,7 @@ enum Command {
     /// check the output for loss.
     Demo(DemoArgs),
     /// Run one replica of a coordinated pipeline (multi-process and Kubernetes use).
-    Worker(WorkerArgs),
+    Worker(Box<WorkerArgs>),
     /// Show a job's plan, leader, live workers and every split.
     Status(StatusArgs),
     /// Return a quarantined split to the queue (attempts reset) after fixing its cause.
@@ -84,9 +84,24 @@ struct StoreArgs {
     /// Job name: [A-Za-z0-9_-]; suffixes the store's bucket names.
     #[arg(long)]
     job: String,
-    /// `memory` (a single standalone instance) or `nats://HOST:PORT`.
+    /// `memory` (a single standalone instance) or `nats://HOST:PORT` (comma-separate several).
     #[arg(long, default_value = "memory")]
     store: String,
+    /// NATS: bucket replicas (3 on a production cluster).
+    #[arg(long, default_value_t = 1)]
+    nats_replicas: usize,
+    /// NATS: a credentials (.creds) file.
+    #[arg(long, env = "NATS_CREDS")]
+    nats_creds: Option<PathBuf>,
+    /// NATS: an authentication token.
+    #[arg(long, env = "NATS_TOKEN", hide_env_values = true)]
+    nats_token: Option<String>,
+    /// NATS: require TLS.
+    #[arg(long)]
+    nats_tls: bool,
+    /// NATS: timeout of one request.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    nats_op_timeout: Duration,
 }
 
 #[derive(clap::Args, Debug)]
@@ -206,10 +221,12 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Demo(a) => demo(a).await,
-        Command::Worker(a) => worker(a).await,
+        Command::Worker(a) => worker(*a).await,
         Command::Status(a) => {
-            let stores = open_stores(&a.store).await?;
-            let s = ops::status(&stores).await?;
+            let s = match open_stores(&a.store).await? {
+                Stores::Memory(st) => ops::status(&st).await?,
+                Stores::Nats(st) => ops::status(&*st).await?,
+            };
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&s)?);
             } else {
@@ -218,21 +235,40 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Requeue(a) => {
-            let stores = open_stores(&a.store).await?;
             let split = SplitId::new(a.split.clone())?;
-            ops::requeue(&stores, &split).await?;
+            match open_stores(&a.store).await? {
+                Stores::Memory(st) => ops::requeue(&st, &split).await?,
+                Stores::Nats(st) => ops::requeue(&*st, &split).await?,
+            }
             println!("split {split} requeued: attempts reset, offered to workers again");
             Ok(ExitCode::SUCCESS)
         }
     }
 }
 
-async fn open_stores(args: &StoreArgs) -> anyhow::Result<JobStores<MemoryStore>> {
-    etl_coordination_core::JobName::new(args.job.clone())?;
+/// The job's stores, on the backend `--store` names.
+enum Stores {
+    Memory(JobStores<MemoryStore>),
+    Nats(Box<JobStores<etl_coordination_nats::NatsStore>>),
+}
+
+async fn open_stores(args: &StoreArgs) -> anyhow::Result<Stores> {
+    let job = etl_coordination_core::JobName::new(args.job.clone())?;
     match args.store.as_str() {
-        "memory" => Ok(JobStores { state: MemoryStore::new(), lease: MemoryStore::new() }),
-        url if url.starts_with("nats://") => {
-            bail!("--store {url}: the NATS backend is not part of this build yet; use --store memory")
+        "memory" => Ok(Stores::Memory(JobStores { state: MemoryStore::new(), lease: MemoryStore::new() })),
+        url if url.starts_with("nats://") || url.starts_with("tls://") => {
+            let mut cfg = etl_coordination_nats::NatsConfig::new(url);
+            cfg.replicas = args.nats_replicas;
+            cfg.op_timeout = args.nats_op_timeout;
+            cfg.tls_required = args.nats_tls;
+            if let Some(t) = &args.nats_token {
+                cfg.auth = etl_coordination_nats::NatsAuth::Token(t.clone());
+            }
+            if let Some(c) = &args.nats_creds {
+                cfg.auth = etl_coordination_nats::NatsAuth::CredentialsFile(c.clone());
+            }
+            let job = etl_coordination_nats::connect(&cfg, &job).await?;
+            Ok(Stores::Nats(Box::new(JobStores { state: job.state, lease: job.lease })))
         }
         other => bail!("--store {other:?}: expected `memory` or nats://HOST:PORT"),
     }
@@ -295,7 +331,16 @@ fn default_instance_id(flag: Option<String>) -> anyhow::Result<Option<InstanceId
 }
 
 async fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
-    let stores = open_stores(&a.store).await?;
+    match open_stores(&a.store).await? {
+        Stores::Memory(st) => worker_on(st, a).await,
+        Stores::Nats(st) => worker_on(*st, a).await,
+    }
+}
+
+async fn worker_on<S: etl_coordination_store::Store>(
+    stores: JobStores<S>,
+    a: WorkerArgs,
+) -> anyhow::Result<ExitCode> {
     let source = AnySource::open(&a.source, a.split_size, a.split_rows)?;
     let sink = match &a.sink {
         Some(p) => JsonlSink::open(p).with_context(|| format!("opening the sink {}", p.display()))?,

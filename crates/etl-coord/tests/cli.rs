@@ -267,8 +267,17 @@ fn a_poison_marker_aborts_the_process_like_a_crash() {
     std::fs::write(data.join("a.txt"), "fine\nPOISON here\nnever reached\n").unwrap();
     let sink = tmp.path().join("out.jsonl");
     let (code, _, err) = run(etl_coord().args([
-        "worker", "--job", "t5", "--source", &format!("files:{}", data.display()), "--sink", sink.to_str().unwrap(),
-        "--lease-duration", "3s", "--poison-marker", "POISON",
+        "worker",
+        "--job",
+        "t5",
+        "--source",
+        &format!("files:{}", data.display()),
+        "--sink",
+        sink.to_str().unwrap(),
+        "--lease-duration",
+        "3s",
+        "--poison-marker",
+        "POISON",
     ]));
     assert_eq!(code, -1, "killed by a signal (abort), not a clean exit: {err}");
     assert!(err.contains("poison record a.txt:2"), "{err}");

@@ -1,0 +1,535 @@
+//! NATS JetStream KV backend of etl-coordination (server >= 2.11).
+//!
+//! A job uses two KV buckets: `etl_coordination_{job}_state` (durable records) and
+//! `etl_coordination_{job}_lease` (per-message TTLs and limit markers). [`connect`] checks the
+//! server (version, JetStream), creates or validates both buckets, and returns one
+//! [`NatsStore`] per bucket. Every primitive is written against the traps measured in
+//! `NATS-NOTES.md`:
+//!
+//! - create-if-absent is a publish expecting subject sequence 0; on a conflict over a delete or
+//!   expiry marker it publishes against the marker's sequence, so a re-created lease keeps its
+//!   TTL (`kv.create_with_ttl` silently drops it there);
+//! - a CAS is a publish with `expected_last_subject_sequence` and the TTL, so a heartbeat
+//!   replaces the TTL (`kv.update` would make the key permanent);
+//! - conflicts are classified by the JetStream API error code (10071 and 10164), never by the
+//!   client's error kind alone (clustered servers answer 10164, which the client maps to
+//!   `Other`);
+//! - a request without an answer is `Indeterminate`, never a failure;
+//! - watches and listings use ordered consumers with `LastPerSubject` delivery and report the
+//!   end of the initial snapshot; a watch that fails is finished (never polled again).
+//!
+//! What it does not do: retry. The protocol core decides what to do with every outcome.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, kv, message::PublishMessage};
+use bytes::Bytes;
+use etl_coordination_core::{DeleteCause, Entry, JobName, Key, Prefix, Revision, StoreError, WatchEvent};
+use etl_coordination_store::{Store, WatchStream, validate_ttl, validate_value};
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+
+/// Conflict: wrong last sequence.
+const WRONG_LAST_SEQUENCE: u64 = 10071;
+/// Conflict as reported by clustered streams.
+const CLUSTERED_CONFLICT: u64 = 10164;
+/// Invalid per-message TTL.
+const INVALID_TTL: u64 = 10165;
+/// Per-message TTL on a stream that does not allow it.
+const TTL_NOT_ALLOWED: u64 = 10166;
+
+/// How to reach NATS and how to lay out a job's buckets.
+#[derive(Clone, Debug)]
+pub struct NatsConfig {
+    /// `nats://HOST:PORT` (several may be given, comma-separated).
+    pub url: String,
+    /// Bucket replicas: 1 for a single server, 3 for a production cluster.
+    pub replicas: usize,
+    /// Timeout of one request; an unanswered write is `Indeterminate`.
+    pub op_timeout: Duration,
+    /// How long delete and expiry markers live in the lease bucket. Keep it well above 15 s:
+    /// in a cluster a watch can be blind for ~10 s when the node holding its consumer dies.
+    pub limit_marker_ttl: Duration,
+    /// Authentication.
+    pub auth: NatsAuth,
+    /// Require TLS.
+    pub tls_required: bool,
+    /// Extra root certificate (PEM) for TLS.
+    pub tls_root_certificate: Option<PathBuf>,
+}
+
+/// Authentication options async-nats supports.
+#[derive(Clone, Debug, Default)]
+pub enum NatsAuth {
+    /// None.
+    #[default]
+    None,
+    /// A token.
+    Token(String),
+    /// User and password.
+    UserPassword(String, String),
+    /// A `.creds` file (JWT + NKey).
+    CredentialsFile(PathBuf),
+}
+
+impl NatsConfig {
+    /// Defaults for `url`: one replica, 5 s op timeout, 60 s limit markers, no auth.
+    pub fn new(url: impl Into<String>) -> Self {
+        NatsConfig {
+            url: url.into(),
+            replicas: 1,
+            op_timeout: Duration::from_secs(5),
+            limit_marker_ttl: Duration::from_secs(60),
+            auth: NatsAuth::None,
+            tls_required: false,
+            tls_root_certificate: None,
+        }
+    }
+}
+
+/// The two stores of a job.
+#[derive(Clone, Debug)]
+pub struct NatsJob {
+    /// `etl_coordination_{job}_state`.
+    pub state: NatsStore,
+    /// `etl_coordination_{job}_lease`.
+    pub lease: NatsStore,
+}
+
+/// One KV bucket.
+#[derive(Clone)]
+pub struct NatsStore {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    kv: kv::Store,
+    bucket: String,
+    stream: String,
+    op_timeout: Duration,
+    /// Lease bucket: deletes leave a marker with this TTL instead of a permanent tombstone.
+    marker_ttl: Option<Duration>,
+}
+
+impl std::fmt::Debug for NatsStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsStore").field("bucket", &self.bucket).finish_non_exhaustive()
+    }
+}
+
+/// The minimum server version: per-message TTLs and KV limit markers shipped in 2.11.
+pub const MIN_SERVER_VERSION: (u64, u64) = (2, 11);
+
+fn setup(msg: String) -> StoreError {
+    StoreError::Setup(msg)
+}
+
+/// Parses `v2.11.3` / `2.10.26-beta` into (major, minor).
+fn parse_version(v: &str) -> Option<(u64, u64)> {
+    let v = v.trim_start_matches('v');
+    let mut parts = v.split(['.', '-']);
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// Connects, checks the server (P1) and creates or validates the job's buckets.
+pub async fn connect(config: &NatsConfig, job: &JobName) -> Result<NatsJob, StoreError> {
+    let mut opts = async_nats::ConnectOptions::new()
+        .connection_timeout(config.op_timeout)
+        .request_timeout(Some(config.op_timeout))
+        .retry_on_initial_connect()
+        .max_reconnects(None);
+    opts = match &config.auth {
+        NatsAuth::None => opts,
+        NatsAuth::Token(t) => opts.token(t.clone()),
+        NatsAuth::UserPassword(u, p) => opts.user_and_password(u.clone(), p.clone()),
+        NatsAuth::CredentialsFile(path) => opts
+            .credentials_file(path)
+            .await
+            .map_err(|e| setup(format!("cannot read NATS credentials {}: {e}", path.display())))?,
+    };
+    if config.tls_required {
+        opts = opts.require_tls(true);
+    }
+    if let Some(ca) = &config.tls_root_certificate {
+        opts = opts.add_root_certificates(ca.clone());
+    }
+    let client = tokio::time::timeout(config.op_timeout * 2, opts.connect(config.url.as_str()))
+        .await
+        .map_err(|_| {
+            StoreError::Unavailable(format!(
+                "no NATS server answered at {} within {:?}",
+                config.url,
+                config.op_timeout * 2
+            ))
+        })?
+        .map_err(|e| StoreError::Unavailable(format!("cannot connect to NATS at {}: {e}", config.url)))?;
+    // Wait for the INFO of the server (sent on connect) before judging its version.
+    let _ = tokio::time::timeout(config.op_timeout, client.flush()).await;
+    let version = client.server_info().version;
+    match parse_version(&version) {
+        Some(v) if v >= MIN_SERVER_VERSION => {}
+        _ => {
+            return Err(setup(format!(
+                "NATS server {version} at {} is too old: etl-coordination needs per-message TTLs and KV limit markers, which shipped in NATS 2.11; upgrade the server to 2.11 or later (e.g. the nats:2.11-alpine image)",
+                config.url
+            )));
+        }
+    }
+    let js = jetstream::new(client.clone());
+    let account = tokio::time::timeout(config.op_timeout, js.query_account())
+        .await
+        .map_err(|_| StoreError::Unavailable("JetStream did not answer".into()))?
+        .map_err(|e| {
+            setup(format!("JetStream is not available at {} ({e}); start nats-server with -js (or a jetstream block in its config)", config.url))
+        })?;
+    if account.requests.level < 1 {
+        return Err(setup(format!(
+            "JetStream API level {} at {} is too old (need 1, NATS 2.11); upgrade the server",
+            account.requests.level, config.url
+        )));
+    }
+    let state = bucket(&client, &js, config, &format!("etl_coordination_{job}_state"), false).await?;
+    let lease = bucket(&client, &js, config, &format!("etl_coordination_{job}_lease"), true).await?;
+    Ok(NatsJob { state, lease })
+}
+
+async fn bucket(
+    client: &async_nats::Client,
+    js: &jetstream::Context,
+    config: &NatsConfig,
+    name: &str,
+    ttl: bool,
+) -> Result<NatsStore, StoreError> {
+    let kv = match js.get_key_value(name).await {
+        Ok(kv) => kv,
+        Err(_) => {
+            let cfg = kv::Config {
+                bucket: name.to_owned(),
+                history: 1,
+                num_replicas: config.replicas,
+                limit_markers: ttl.then_some(config.limit_marker_ttl),
+                ..Default::default()
+            };
+            match js.create_key_value(cfg).await {
+                Ok(kv) => kv,
+                // Another worker created it meanwhile.
+                Err(_) => js
+                    .get_key_value(name)
+                    .await
+                    .map_err(|e| setup(format!("cannot create or open bucket {name}: {e}")))?,
+            }
+        }
+    };
+    let stream = format!("KV_{name}");
+    let mut s = js
+        .get_stream(&stream)
+        .await
+        .map_err(|e| setup(format!("cannot read the configuration of bucket {name}: {e}")))?;
+    let info =
+        s.info().await.map_err(|e| setup(format!("cannot read the configuration of bucket {name}: {e}")))?;
+    if ttl && (!info.config.allow_message_ttl || info.config.subject_delete_marker_ttl.is_none()) {
+        return Err(setup(format!(
+            "bucket {name} exists without per-message TTLs and limit markers, so leases would never expire; delete it (`nats kv del {name}`) or use another job name"
+        )));
+    }
+    if info.config.max_messages_per_subject != 1 {
+        return Err(setup(format!(
+            "bucket {name} keeps history {} (must be 1: with history the server raises every TTL to the marker TTL); delete it or use another job name",
+            info.config.max_messages_per_subject
+        )));
+    }
+    Ok(NatsStore {
+        client: client.clone(),
+        js: js.clone(),
+        kv,
+        bucket: name.to_owned(),
+        stream,
+        op_timeout: config.op_timeout,
+        marker_ttl: ttl.then_some(config.limit_marker_ttl),
+    })
+}
+
+/// The JetStream API error code anywhere in an error's source chain.
+fn api_code(err: &(dyn std::error::Error + 'static)) -> Option<u64> {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if let Some(js) = e.downcast_ref::<jetstream::Error>() {
+            return Some(js.error_code().0);
+        }
+        cur = e.source();
+    }
+    None
+}
+
+impl NatsStore {
+    fn subject(&self, key: &Key) -> String {
+        format!("$KV.{}.{}", self.bucket, key)
+    }
+
+    fn classify_publish(&self, key: &Key, e: &jetstream::context::PublishError) -> StoreError {
+        use jetstream::context::PublishErrorKind as K;
+        match (e.kind(), api_code(e)) {
+            (K::WrongLastSequence, _) | (_, Some(WRONG_LAST_SEQUENCE | CLUSTERED_CONFLICT)) => {
+                StoreError::RevisionMismatch(key.clone())
+            }
+            (_, Some(INVALID_TTL)) => StoreError::InvalidValue(format!("TTL rejected by the server: {e}")),
+            (_, Some(TTL_NOT_ALLOWED)) => {
+                setup(format!("bucket {} does not allow per-message TTLs: {e}", self.bucket))
+            }
+            (K::MaxPayloadExceeded, _) => {
+                StoreError::InvalidValue(format!("value too large for the server: {e}"))
+            }
+            (K::StreamNotFound, _) => setup(format!("bucket {} is gone: {e}", self.bucket)),
+            // Sent or maybe sent: the write may have applied.
+            _ => StoreError::Indeterminate(format!("publish to {key}: {e}")),
+        }
+    }
+
+    async fn publish(
+        &self,
+        key: &Key,
+        value: Bytes,
+        expected: u64,
+        ttl: Option<Duration>,
+    ) -> Result<Revision, StoreError> {
+        let mut msg = PublishMessage::build().payload(value).expected_last_subject_sequence(expected);
+        if let Some(t) = ttl {
+            msg = msg.ttl(t);
+        }
+        let fut = async {
+            let ack = self.js.send_publish(self.subject(key), msg).await?;
+            ack.await
+        };
+        match tokio::time::timeout(self.op_timeout, fut).await {
+            Err(_) => Err(StoreError::Indeterminate(format!(
+                "no acknowledgement for {key} within {:?}",
+                self.op_timeout
+            ))),
+            Ok(Ok(ack)) => Ok(Revision(ack.sequence)),
+            Ok(Err(e)) => Err(self.classify_publish(key, &e)),
+        }
+    }
+
+    async fn entry(&self, key: &Key) -> Result<Option<kv::Entry>, StoreError> {
+        match tokio::time::timeout(self.op_timeout, self.kv.entry(key.as_str())).await {
+            Err(_) => {
+                Err(StoreError::Unavailable(format!("no answer reading {key} within {:?}", self.op_timeout)))
+            }
+            Ok(Ok(e)) => Ok(e),
+            Ok(Err(e)) => Err(StoreError::Unavailable(format!("reading {key}: {e}"))),
+        }
+    }
+
+    /// An ordered consumer over the latest message of every subject under `prefix`, and the
+    /// number of messages it will deliver before it is caught up.
+    async fn snapshot_consumer(&self, prefix: &Prefix) -> Result<(consumer::push::Ordered, u64), StoreError> {
+        let filter = format!("$KV.{}.{}>", self.bucket, prefix.as_str());
+        let unavailable = |e: String| StoreError::Unavailable(e);
+        let stream = tokio::time::timeout(self.op_timeout, self.js.get_stream(&self.stream))
+            .await
+            .map_err(|_| unavailable("timed out opening the bucket's stream".into()))?
+            .map_err(|e| unavailable(format!("opening {}: {e}", self.stream)))?;
+        let consumer = tokio::time::timeout(
+            self.op_timeout,
+            stream.create_consumer(consumer::push::OrderedConfig {
+                deliver_subject: self.client.new_inbox(),
+                description: Some("etl-coordination watch".into()),
+                filter_subject: filter,
+                deliver_policy: consumer::DeliverPolicy::LastPerSubject,
+                replay_policy: consumer::ReplayPolicy::Instant,
+                ..Default::default()
+            }),
+        )
+        .await
+        .map_err(|_| unavailable("timed out creating a watch consumer".into()))?
+        .map_err(|e| unavailable(format!("creating a watch consumer: {e}")))?;
+        let pending = consumer.cached_info().num_pending;
+        let messages =
+            consumer.messages().await.map_err(|e| unavailable(format!("starting a watch: {e}")))?;
+        Ok((messages, pending))
+    }
+
+    fn event(&self, msg: &jetstream::Message) -> Option<(WatchEvent, u64)> {
+        let info = msg.info().ok()?;
+        let key =
+            Key::new(msg.subject.as_str().strip_prefix(&format!("$KV.{}.", self.bucket))?.to_owned()).ok()?;
+        let revision = Revision(info.stream_sequence);
+        let headers = msg.headers.as_ref();
+        let op = headers.and_then(|h| h.get("KV-Operation")).map(|v| v.as_str().to_owned());
+        let marker = headers.and_then(|h| h.get("Nats-Marker-Reason")).is_some();
+        let ev = match op.as_deref() {
+            Some("DEL") | Some("PURGE") => WatchEvent::Delete { key, revision, cause: DeleteCause::Deleted },
+            _ if marker => WatchEvent::Delete { key, revision, cause: DeleteCause::Expired },
+            _ => WatchEvent::Put(Entry { key, value: msg.payload.clone(), revision }),
+        };
+        Some((ev, info.pending))
+    }
+}
+
+impl Store for NatsStore {
+    async fn create(&self, key: &Key, value: Bytes, ttl: Option<Duration>) -> Result<Revision, StoreError> {
+        validate_ttl(ttl)?;
+        validate_value(&value)?;
+        let mut expected = 0;
+        for _ in 0..5 {
+            match self.publish(key, value.clone(), expected, ttl).await {
+                Err(StoreError::RevisionMismatch(_)) => {}
+                other => return other,
+            }
+            // Conflict: a live value, or a delete/expiry marker to write over (NATS-NOTES: a
+            // plain re-create over a marker would drop the TTL).
+            match self.entry(key).await? {
+                Some(e) if e.operation == kv::Operation::Put => {
+                    return Err(StoreError::AlreadyExists(key.clone()));
+                }
+                Some(e) => expected = e.revision,
+                None => expected = 0,
+            }
+        }
+        Err(StoreError::AlreadyExists(key.clone()))
+    }
+
+    async fn compare_and_swap(
+        &self,
+        key: &Key,
+        expected: Revision,
+        value: Bytes,
+        ttl: Option<Duration>,
+    ) -> Result<Revision, StoreError> {
+        validate_ttl(ttl)?;
+        validate_value(&value)?;
+        if expected.0 == 0 {
+            return Err(StoreError::RevisionMismatch(key.clone()));
+        }
+        self.publish(key, value, expected.0, ttl).await
+    }
+
+    async fn delete(&self, key: &Key, expected: Revision) -> Result<(), StoreError> {
+        let fut = async {
+            match self.marker_ttl {
+                // A purge marker that disappears after its TTL (a DEL tombstone would stay forever).
+                Some(ttl) => self
+                    .kv
+                    .purge_expect_revision_with_ttl(key.as_str(), expected.0, ttl)
+                    .await
+                    .map_err(|e| (api_code(&e), e.to_string())),
+                None => self
+                    .kv
+                    .delete_expect_revision(key.as_str(), Some(expected.0))
+                    .await
+                    .map_err(|e| (api_code(&e), e.to_string())),
+            }
+        };
+        match tokio::time::timeout(self.op_timeout, fut).await {
+            Err(_) => Err(StoreError::Indeterminate(format!("no acknowledgement deleting {key}"))),
+            Ok(Ok(())) => Ok(()),
+            Ok(Err((Some(WRONG_LAST_SEQUENCE | CLUSTERED_CONFLICT), _))) => {
+                Err(StoreError::RevisionMismatch(key.clone()))
+            }
+            Ok(Err((_, msg))) if msg.contains("wrong last sequence") => {
+                Err(StoreError::RevisionMismatch(key.clone()))
+            }
+            Ok(Err((_, msg))) => Err(StoreError::Indeterminate(format!("deleting {key}: {msg}"))),
+        }
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
+        Ok(self.entry(key).await?.filter(|e| e.operation == kv::Operation::Put).map(|e| Entry {
+            key: key.clone(),
+            value: e.value,
+            revision: Revision(e.revision),
+        }))
+    }
+
+    async fn watch(&self, prefix: &Prefix) -> Result<WatchStream, StoreError> {
+        let (mut messages, pending) = self.snapshot_consumer(prefix).await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut in_snapshot = true;
+            if pending == 0 {
+                in_snapshot = false;
+                let _ = tx.send(Ok(WatchEvent::SnapshotComplete));
+            }
+            loop {
+                let next = tokio::select! {
+                    m = messages.next() => m,
+                    () = tx.closed() => return,
+                };
+                let msg = match next {
+                    Some(Ok(m)) => m,
+                    Some(Err(e)) => {
+                        // Never poll a failed watch again (NATS-NOTES): end it; the caller resyncs.
+                        let _ = tx.send(Err(StoreError::Unavailable(format!("watch failed: {e}"))));
+                        return;
+                    }
+                    None => {
+                        let _ = tx.send(Err(StoreError::Unavailable("watch ended".into())));
+                        return;
+                    }
+                };
+                let Some((ev, left)) = this.event(&msg) else { continue };
+                let skip = in_snapshot && matches!(ev, WatchEvent::Delete { .. });
+                if !skip && tx.send(Ok(ev)).is_err() {
+                    return;
+                }
+                if in_snapshot && left == 0 {
+                    in_snapshot = false;
+                    if tx.send(Ok(WatchEvent::SnapshotComplete)).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Box::pin(Receiver(rx)))
+    }
+
+    async fn list(&self, prefix: &Prefix) -> Result<Vec<Entry>, StoreError> {
+        let (mut messages, pending) = self.snapshot_consumer(prefix).await?;
+        let mut out = Vec::new();
+        if pending == 0 {
+            return Ok(out);
+        }
+        loop {
+            let msg = match tokio::time::timeout(self.op_timeout, messages.next()).await {
+                Ok(Some(Ok(m))) => m,
+                Ok(Some(Err(e))) => return Err(StoreError::Unavailable(format!("listing: {e}"))),
+                Ok(None) | Err(_) => return Err(StoreError::Unavailable("listing did not complete".into())),
+            };
+            let Some((ev, left)) = self.event(&msg) else { continue };
+            if let WatchEvent::Put(e) = ev {
+                out.push(e);
+            }
+            if left == 0 {
+                break;
+            }
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+}
+
+struct Receiver(mpsc::UnboundedReceiver<Result<WatchEvent, StoreError>>);
+
+impl futures_util::Stream for Receiver {
+    type Item = Result<WatchEvent, StoreError>;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_parse_and_compare() {
+        assert_eq!(parse_version("2.11.11"), Some((2, 11)));
+        assert_eq!(parse_version("v2.10.26-beta"), Some((2, 10)));
+        assert!(parse_version("2.10.26").unwrap() < MIN_SERVER_VERSION);
+        assert!(parse_version("2.15.1").unwrap() >= MIN_SERVER_VERSION);
+        assert_eq!(parse_version("garbage"), None);
+    }
+}
