@@ -174,6 +174,8 @@ fn cargo_env(args: &[&str], env: &[(&str, &str)]) -> Result<()> {
 
 /// The NATS server version the integration tests run against.
 const NATS_VERSION: &str = "2.11.11";
+/// A server too old for the protocol, for the "server too old" test.
+const NATS_OLD_VERSION: &str = "2.10.26";
 
 /// A `nats-server` started for the tests; stopped (and its data removed) when dropped.
 struct NatsServer {

@@ -33,7 +33,8 @@ fn worker(job: &str, id: &str, data: &std::path::Path, sink: &std::path::Path, e
             "--source",
             &format!("files:{}", data.display()),
         ])
-        .args(["--sink", sink.to_str().unwrap(), "--instance-id", id, "--lease-duration", "3s"])
+        .args(["--sink", sink.to_str().unwrap(), "--instance-id", id])
+        .args(if extra.contains(&"--lease-duration") { &[][..] } else { &["--lease-duration", "3s"][..] })
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -96,4 +97,137 @@ fn two_workers_with_different_planners_are_refused_naming_both_fingerprints() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("split_bytes=20000") && err.contains("split_bytes=999"), "{err}");
+}
+
+fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap().success();
+    assert!(ok, "kill {sig}");
+}
+
+fn wait_for_records(sink: &std::path::Path, n: usize) {
+    let t = Instant::now();
+    while JsonlSink::read(sink).map(|l| l.len()).unwrap_or(0) < n && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn status_json(job: &str) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_etl-coord"))
+        .args(["status", "--json", "--job", job, "--store", &nats_url()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn a_drained_worker_hands_over_at_once_without_consuming_attempts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    generate(&data, 6, 300).unwrap();
+    let expected = input_keys(&data).unwrap();
+    let job = job("drain");
+    let (sa, sb) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
+    // Long leases: a pickup that waited for one would take 20 s.
+    let args =
+        ["--record-delay-ms", "3", "--split-size", "15000", "--lease-duration", "20s", "--max-attempts", "1"];
+    let a = worker(&job, "wa", &data, &sa, &args);
+    let b = worker(&job, "wb", &data, &sb, &args);
+    wait_for_records(&sa, 100);
+    signal(&a, "-TERM");
+    let a_out = a.wait_with_output().unwrap();
+    assert_eq!(a_out.status.code(), Some(0), "a drained cleanly: {}", String::from_utf8_lossy(&a_out.stderr));
+    let drained = Instant::now();
+    let b_out = b.wait_with_output().unwrap();
+    assert_eq!(b_out.status.code(), Some(0), "{}", String::from_utf8_lossy(&b_out.stderr));
+    assert!(
+        drained.elapsed() < Duration::from_secs(15),
+        "b finished {:?} after the drain: no lease wait",
+        drained.elapsed()
+    );
+    let seen = records_in(&[&sa, &sb]);
+    assert!(expected.is_subset(&seen), "no loss");
+    let st = status_json(&job);
+    let splits = st["splits"].as_array().unwrap();
+    assert!(splits.iter().all(|s| s["state"] == "Done" && s["attempts"] == 0), "{st}");
+}
+
+#[test]
+fn a_stopped_zombie_is_fenced_after_a_takeover_and_nothing_is_lost() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    generate(&data, 4, 400).unwrap();
+    let expected = input_keys(&data).unwrap();
+    let job = job("zombie");
+    let (sa, sb) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
+    let args = ["--record-delay-ms", "4", "--split-size", "15000"];
+    let a = worker(&job, "wa", &data, &sa, &args);
+    let b = worker(&job, "wb", &data, &sb, &args);
+    wait_for_records(&sa, 100);
+    signal(&a, "-STOP"); // longer than the 3 s lease
+    std::thread::sleep(Duration::from_secs(6));
+    signal(&a, "-CONT");
+    let a_out = a.wait_with_output().unwrap();
+    let b_out = b.wait_with_output().unwrap();
+    assert_eq!(b_out.status.code(), Some(0), "{}", String::from_utf8_lossy(&b_out.stderr));
+    assert_eq!(a_out.status.code(), Some(0), "{}", String::from_utf8_lossy(&a_out.stderr));
+    let a_err = String::from_utf8_lossy(&a_out.stderr);
+    assert!(
+        a_err.contains("lane revoked") || a_err.contains("starved"),
+        "the zombie was told it lost its splits: {a_err}"
+    );
+    assert!(expected.is_subset(&records_in(&[&sa, &sb])), "no loss");
+    let st = status_json(&job);
+    assert!(st["splits"].as_array().unwrap().iter().all(|s| s["state"] == "Done"), "{st}");
+}
+
+#[test]
+fn a_poison_split_that_crashes_every_owner_is_quarantined_and_every_worker_exits_3() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    generate(&data, 3, 100).unwrap();
+    std::fs::write(data.join("poison.txt"), "ok\nPOISON\n").unwrap();
+    let job = job("poison");
+    let args = ["--split-size", "6000", "--max-attempts", "2", "--poison-marker", "POISON"];
+    // A supervisor, as Kubernetes would be: restart crashed workers under the same id.
+    let ids = ["pa", "pb"];
+    let mut exits = std::collections::BTreeMap::new();
+    let mut running: Vec<(usize, Child)> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (i, worker(&job, id, &data, &tmp.path().join(format!("{id}.jsonl")), &args)))
+        .collect();
+    let t0 = Instant::now();
+    let mut crashes = 0;
+    while !running.is_empty() && t0.elapsed() < Duration::from_secs(90) {
+        let mut next = Vec::new();
+        for (i, mut c) in running {
+            match c.try_wait().unwrap() {
+                None => next.push((i, c)),
+                Some(st) if st.code().is_none() => {
+                    crashes += 1;
+                    let sink = tmp.path().join(format!("{}.jsonl", ids[i]));
+                    next.push((i, worker(&job, ids[i], &data, &sink, &args)));
+                }
+                Some(st) => {
+                    exits.insert(ids[i], st.code());
+                }
+            }
+        }
+        running = next;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for (_, mut c) in running {
+        let _ = c.kill();
+    }
+    assert!(crashes >= 2, "the poison split crashed its owners ({crashes} crashes)");
+    assert_eq!(exits.get("pa"), Some(&Some(3)), "{exits:?}");
+    assert_eq!(exits.get("pb"), Some(&Some(3)), "{exits:?}");
+    let st = status_json(&job);
+    let q: Vec<_> = st["splits"].as_array().unwrap().iter().filter(|s| s["state"] == "Quarantined").collect();
+    assert_eq!(q.len(), 1, "{st}");
+    assert_eq!(q[0]["attempts"], 2);
 }

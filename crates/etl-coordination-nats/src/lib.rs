@@ -162,8 +162,16 @@ pub async fn connect(config: &NatsConfig, job: &JobName) -> Result<NatsJob, Stor
             ))
         })?
         .map_err(|e| StoreError::Unavailable(format!("cannot connect to NATS at {}: {e}", config.url)))?;
-    // Wait for the INFO of the server (sent on connect) before judging its version.
-    let _ = tokio::time::timeout(config.op_timeout, client.flush()).await;
+    // Wait for the connection (and the server's INFO) before judging its version.
+    match tokio::time::timeout(config.op_timeout, client.flush()).await {
+        Ok(Ok(())) => {}
+        _ => {
+            return Err(StoreError::Unavailable(format!(
+                "no NATS server answered at {} within {:?}; check the URL and that the server runs",
+                config.url, config.op_timeout
+            )));
+        }
+    }
     let version = client.server_info().version;
     match parse_version(&version) {
         Some(v) if v >= MIN_SERVER_VERSION => {}

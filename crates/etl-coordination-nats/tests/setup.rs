@@ -1,0 +1,53 @@
+//! Startup checks against real servers (P1).
+//!
+//! Needs `NATS_URL` (a server >= 2.11) and `NATS_OLD_URL` (a 2.10.x server); `cargo xtask ci`
+//! starts both.
+
+use etl_coordination_core::{JobName, StoreError};
+use etl_coordination_nats::{NatsConfig, connect};
+
+fn env(name: &str) -> String {
+    std::env::var(name)
+        .unwrap_or_else(|_| panic!("{name} is not set: run `cargo xtask ci`, which starts the NATS servers"))
+}
+
+#[tokio::test]
+async fn a_server_older_than_2_11_is_refused_naming_its_version_and_the_fix() {
+    let err =
+        connect(&NatsConfig::new(env("NATS_OLD_URL")), &JobName::new("tooold").unwrap()).await.unwrap_err();
+    let StoreError::Setup(msg) = &err else { panic!("expected a setup error, got {err:?}") };
+    assert!(msg.contains("2.10."), "names the version found: {msg}");
+    assert!(msg.contains("2.11") && msg.contains("upgrade"), "says what to do: {msg}");
+    assert!(err.is_fatal());
+}
+
+#[tokio::test]
+async fn buckets_are_created_with_ttls_on_the_lease_bucket_only() {
+    let job = JobName::new(format!("setup{}", std::process::id())).unwrap();
+    let j = connect(&NatsConfig::new(env("NATS_URL")), &job).await.unwrap();
+    use etl_coordination_store::Store;
+    let k = etl_coordination_core::Key::new("x").unwrap();
+    // The lease bucket takes TTLs; the state bucket refuses them (no markers there).
+    j.lease
+        .create(&k, bytes::Bytes::from_static(b"v"), Some(std::time::Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let err = j
+        .state
+        .create(&k, bytes::Bytes::from_static(b"v"), Some(std::time::Duration::from_secs(5)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Setup(_) | StoreError::InvalidValue(_)), "{err:?}");
+    // A second worker of the same job opens the same buckets.
+    let again = connect(&NatsConfig::new(env("NATS_URL")), &job).await.unwrap();
+    assert!(again.lease.get(&k).await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_reported_as_unavailable() {
+    let mut cfg = NatsConfig::new("nats://127.0.0.1:1");
+    cfg.op_timeout = std::time::Duration::from_millis(300);
+    let err = connect(&cfg, &JobName::new("nowhere").unwrap()).await.unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    assert!(err.to_string().contains("127.0.0.1:1"), "{err}");
+}
