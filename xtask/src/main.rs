@@ -249,22 +249,27 @@ fn start_nats(version: &str) -> Result<NatsServer> {
     bail!("nats-server {version} did not start listening on port {port}")
 }
 
+/// The URL in `var`, or a server of `version` started for this run (kept alive by the guard).
+fn server_url(var: &str, version: &str) -> Result<(Option<NatsServer>, String)> {
+    if let Ok(url) = std::env::var(var) {
+        return Ok((None, url));
+    }
+    let server = start_nats(version)?;
+    let url = server.url.clone();
+    Ok((Some(server), url))
+}
+
 fn ci() -> Result<()> {
     let t0 = Instant::now();
     cargo(&["fmt", "--all", "--", "--check"])?;
     cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
-    // The NATS backend's tests run against a real server: NATS_URL if given, else one started here.
-    let server = match std::env::var("NATS_URL") {
-        Ok(_) => None,
-        Err(_) => Some(start_nats(NATS_VERSION)?),
-    };
-    let url = server
-        .as_ref()
-        .map(|s| s.url.clone())
-        .or_else(|| std::env::var("NATS_URL").ok())
-        .expect("a NATS url");
-    cargo_env(&["test", "--workspace"], &[("NATS_URL", &url)])?;
-    drop(server);
+    // The NATS backend's tests run against real servers: NATS_URL (>= 2.11) and NATS_OLD_URL
+    // (2.10.x, for the "server too old" test) if given, else servers started here.
+    let (current, url) = server_url("NATS_URL", NATS_VERSION)?;
+    let (old, old_url) = server_url("NATS_OLD_URL", NATS_OLD_VERSION)?;
+    cargo_env(&["test", "--workspace"], &[("NATS_URL", &url), ("NATS_OLD_URL", &old_url)])?;
+    drop(current);
+    drop(old);
     let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5000);
     sweep(0, seeds)?;
     println!("ci passed in {:.0}s", t0.elapsed().as_secs_f64());
