@@ -267,7 +267,13 @@ fn ci() -> Result<()> {
     // (2.10.x, for the "server too old" test) if given, else servers started here.
     let (current, url) = server_url("NATS_URL", NATS_VERSION)?;
     let (old, old_url) = server_url("NATS_OLD_URL", NATS_OLD_VERSION)?;
-    cargo_env(&["test", "--workspace"], &[("NATS_URL", &url), ("NATS_OLD_URL", &old_url)])?;
+    // Tests that must stop and restart a server of their own get the binary too.
+    let bin = nats_server_bin(NATS_VERSION)?;
+    let bin = bin.to_string_lossy().into_owned();
+    cargo_env(
+        &["test", "--workspace"],
+        &[("NATS_URL", &url), ("NATS_OLD_URL", &old_url), ("NATS_SERVER_BIN", &bin)],
+    )?;
     drop(current);
     drop(old);
     let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5000);

@@ -231,3 +231,83 @@ fn a_poison_split_that_crashes_every_owner_is_quarantined_and_every_worker_exits
     assert_eq!(q.len(), 1, "{st}");
     assert_eq!(q[0]["attempts"], 2);
 }
+
+/// A server this test owns, so it can kill and restart it.
+struct OwnServer {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl OwnServer {
+    fn start(port: u16, dir: tempfile::TempDir) -> OwnServer {
+        let bin = std::env::var("NATS_SERVER_BIN").expect("NATS_SERVER_BIN is not set: run `cargo xtask ci`");
+        let child = Command::new(bin)
+            .args(["-js", "-sd", dir.path().to_str().unwrap(), "-a", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+            && t.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        OwnServer { child, port, dir }
+    }
+
+    fn kill(mut self) -> (u16, tempfile::TempDir) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        (self.port, self.dir)
+    }
+}
+
+#[test]
+fn workers_self_fence_through_a_nats_outage_and_finish_when_it_returns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    generate(&data, 4, 500).unwrap();
+    let expected = input_keys(&data).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let server = OwnServer::start(port, tempfile::tempdir().unwrap());
+    let url = format!("nats://127.0.0.1:{port}");
+    let job = job("outage");
+    let spawn = |id: &str, sink: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_etl-coord"))
+            .args([
+                "worker",
+                "--job",
+                &job,
+                "--store",
+                &url,
+                "--source",
+                &format!("files:{}", data.display()),
+            ])
+            .args(["--sink", sink.to_str().unwrap(), "--instance-id", id, "--lease-duration", "3s"])
+            .args(["--split-size", "15000", "--record-delay-ms", "4", "--nats-op-timeout", "1s"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (sa, sb) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
+    let a = spawn("oa", &sa);
+    let b = spawn("ob", &sb);
+    wait_for_records(&sa, 100);
+    // The store disappears for longer than a lease, then comes back with its data.
+    let (port, dir) = server.kill();
+    std::thread::sleep(Duration::from_secs(5));
+    let server = OwnServer::start(port, dir);
+    let a_out = a.wait_with_output().unwrap();
+    let b_out = b.wait_with_output().unwrap();
+    drop(server);
+    assert_eq!(a_out.status.code(), Some(0), "{}", String::from_utf8_lossy(&a_out.stderr));
+    assert_eq!(b_out.status.code(), Some(0), "{}", String::from_utf8_lossy(&b_out.stderr));
+    let logs =
+        format!("{}{}", String::from_utf8_lossy(&a_out.stderr), String::from_utf8_lossy(&b_out.stderr));
+    assert!(logs.contains("Starved"), "lanes self-fenced during the outage: {logs}");
+    assert!(expected.is_subset(&records_in(&[&sa, &sb])), "no loss");
+}
