@@ -152,7 +152,13 @@ pub async fn connect(config: &NatsConfig, job: &JobName) -> Result<NatsJob, Stor
     if let Some(ca) = &config.tls_root_certificate {
         opts = opts.add_root_certificates(ca.clone());
     }
-    let client = tokio::time::timeout(config.op_timeout * 2, opts.connect(config.url.as_str()))
+    let servers = config
+        .url
+        .split(',')
+        .map(|u| u.trim().parse::<async_nats::ServerAddr>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| setup(format!("invalid NATS URL {:?}: {e}", config.url)))?;
+    let client = tokio::time::timeout(config.op_timeout * 2, opts.connect(servers))
         .await
         .map_err(|_| {
             StoreError::Unavailable(format!(
