@@ -223,16 +223,43 @@ fn nats_server_bin(version: &str) -> Result<std::path::PathBuf> {
     Ok(bin)
 }
 
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
 /// Starts a single JetStream server on a free loopback port with its own data directory.
 fn start_nats(version: &str) -> Result<NatsServer> {
+    start_node(version, free_port()?, &[])
+}
+
+/// Starts a 3-node JetStream cluster on free loopback ports; returns the nodes.
+fn start_cluster(version: &str) -> Result<Vec<NatsServer>> {
+    let ports: Vec<(u16, u16)> = (0..3).map(|_| Ok((free_port()?, free_port()?))).collect::<Result<_>>()?;
+    let routes = ports.iter().map(|(_, c)| format!("nats://127.0.0.1:{c}")).collect::<Vec<_>>().join(",");
+    ports
+        .iter()
+        .enumerate()
+        .map(|(i, (port, cport))| {
+            let name = format!("etl-n{i}");
+            let cluster = format!("nats://127.0.0.1:{cport}");
+            start_node(
+                version,
+                *port,
+                &["-n", &name, "--cluster_name", "etl-itest", "-cluster", &cluster, "-routes", &routes],
+            )
+        })
+        .collect()
+}
+
+fn start_node(version: &str, port: u16, extra: &[&str]) -> Result<NatsServer> {
     let bin = nats_server_bin(version)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let dir = target_dir().join("nats").join(format!("run-{}-{port}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let child = Command::new(&bin)
         .args(["-js", "-sd"])
         .arg(&dir)
         .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        .args(extra)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -267,13 +294,27 @@ fn ci() -> Result<()> {
     // (2.10.x, for the "server too old" test) if given, else servers started here.
     let (current, url) = server_url("NATS_URL", NATS_VERSION)?;
     let (old, old_url) = server_url("NATS_OLD_URL", NATS_OLD_VERSION)?;
+    let (cluster, cluster_url) = match std::env::var("NATS_CLUSTER_URL") {
+        Ok(url) => (Vec::new(), url),
+        Err(_) => {
+            let nodes = start_cluster(NATS_VERSION)?;
+            let url = nodes.iter().map(|n| n.url.clone()).collect::<Vec<_>>().join(",");
+            (nodes, url)
+        }
+    };
     // Tests that must stop and restart a server of their own get the binary too.
     let bin = nats_server_bin(NATS_VERSION)?;
     let bin = bin.to_string_lossy().into_owned();
     cargo_env(
         &["test", "--workspace"],
-        &[("NATS_URL", &url), ("NATS_OLD_URL", &old_url), ("NATS_SERVER_BIN", &bin)],
+        &[
+            ("NATS_URL", &url),
+            ("NATS_OLD_URL", &old_url),
+            ("NATS_CLUSTER_URL", &cluster_url),
+            ("NATS_SERVER_BIN", &bin),
+        ],
     )?;
+    drop(cluster);
     drop(current);
     drop(old);
     let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5000);

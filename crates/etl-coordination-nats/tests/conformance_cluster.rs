@@ -18,7 +18,17 @@ async fn fresh_store() -> NatsStore {
     let mut cfg = NatsConfig::new(url);
     cfg.replicas = 3;
     cfg.limit_marker_ttl = Duration::from_secs(20);
-    connect(&cfg, &job).await.expect("connect to the NATS cluster").lease
+    // A freshly started cluster elects its JetStream meta leader within seconds: wait for it
+    // (bounded) before failing.
+    let mut last = None;
+    for _ in 0..40 {
+        match connect(&cfg, &job).await {
+            Ok(j) => return j.lease,
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("the NATS cluster did not become ready: {last:?}")
 }
 
 etl_coordination_store::conformance_tests!(
