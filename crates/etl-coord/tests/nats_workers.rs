@@ -232,11 +232,11 @@ fn a_poison_split_that_crashes_every_owner_is_quarantined_and_every_worker_exits
     assert_eq!(q[0]["attempts"], 2);
 }
 
-/// A server this test owns, so it can kill and restart it.
+/// A server this test owns, so it can kill and restart it. Killed when dropped.
 struct OwnServer {
     child: Child,
     port: u16,
-    dir: tempfile::TempDir,
+    dir: Option<tempfile::TempDir>,
 }
 
 impl OwnServer {
@@ -249,18 +249,24 @@ impl OwnServer {
             .spawn()
             .unwrap();
         let t = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
-            && t.elapsed() < Duration::from_secs(10)
-        {
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() && t.elapsed() < Duration::from_secs(10) {
             std::thread::sleep(Duration::from_millis(20));
         }
-        OwnServer { child, port, dir }
+        OwnServer { child, port, dir: Some(dir) }
     }
 
+    /// Kills the server (like a crash) and hands back its port and data for a restart.
     fn kill(mut self) -> (u16, tempfile::TempDir) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-        (self.port, self.dir)
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        (self.port, self.dir.take().expect("data dir"))
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
