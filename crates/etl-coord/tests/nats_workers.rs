@@ -317,3 +317,91 @@ fn workers_self_fence_through_a_nats_outage_and_finish_when_it_returns() {
     assert!(logs.contains("Starved"), "lanes self-fenced during the outage: {logs}");
     assert!(expected.is_subset(&records_in(&[&sa, &sb])), "no loss");
 }
+
+#[test]
+fn when_the_leader_is_killed_another_worker_takes_over_with_a_new_term() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    generate(&data, 6, 400).unwrap();
+    let expected = input_keys(&data).unwrap();
+    let job = job("leader");
+    let args = ["--record-delay-ms", "5", "--split-size", "15000"];
+    let sinks: Vec<_> = ["la", "lb", "lc"].iter().map(|id| tmp.path().join(format!("{id}.jsonl"))).collect();
+    let mut workers: Vec<(String, Child)> =
+        ["la", "lb", "lc"].iter().zip(&sinks).map(|(id, s)| (id.to_string(), worker(&job, id, &data, s, &args))).collect();
+    wait_for_records(&sinks[0], 50);
+    let leader = status_json(&job)["leader"].as_str().expect("a leader").to_owned();
+    let term_before = status_json(&job)["plan"]["term"].as_u64().unwrap();
+    let i = workers.iter().position(|(id, _)| *id == leader).expect("the leader is one of ours");
+    let (_, mut dead) = workers.remove(i);
+    dead.kill().unwrap();
+    let _ = dead.wait();
+    for (id, c) in workers {
+        let out = c.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{id}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let refs: Vec<&std::path::Path> = sinks.iter().map(|p| p.as_path()).collect();
+    assert!(expected.is_subset(&records_in(&refs)), "no loss");
+    let st = status_json(&job);
+    assert!(st["plan"]["term"].as_u64().unwrap() > term_before, "a new leader bumped the term: {st}");
+    assert_eq!(st["plan"]["version"], 1, "a published Final plan is not re-planned: {st}");
+}
+
+#[test]
+fn scale_up_from_one_to_three_workers_converges_to_plus_minus_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    generate(&data, 13, 300).unwrap();
+    let job = job("scale");
+    // 13 splits of one file each, slow enough not to finish during the test.
+    let args = ["--record-delay-ms", "40", "--split-size", "1000", "--max-in-flight", "8"];
+    let a = worker(&job, "sa", &data, &tmp.path().join("sa.jsonl"), &args);
+    wait_for_records(&tmp.path().join("sa.jsonl"), 8);
+    let b = worker(&job, "sb", &data, &tmp.path().join("sb.jsonl"), &args);
+    let c = worker(&job, "sc", &data, &tmp.path().join("sc.jsonl"), &args);
+    // Bounded wait for convergence: fair share ceil(13/3) = 5, so 5/4/4.
+    let t = Instant::now();
+    let mut counts = Vec::new();
+    while t.elapsed() < Duration::from_secs(30) {
+        let st = status_json(&job);
+        let mut by: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+        for s in st["splits"].as_array().unwrap() {
+            if let Some(o) = s["owner"].as_str() {
+                *by.entry(o.to_owned()).or_default() += 1;
+            }
+        }
+        counts = by.values().copied().collect::<Vec<_>>();
+        if by.len() == 3 && counts.iter().sum::<usize>() == 13 && counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    for mut w in [a, b, c] {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+    assert_eq!(counts.len(), 3, "{counts:?}");
+    assert!(counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1, "converged to +-1: {counts:?}");
+}
+
+#[test]
+fn a_second_process_with_a_live_instance_id_exits_with_an_actionable_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    generate(&data, 3, 300).unwrap();
+    let job = job("twin");
+    // Slow enough that the job is still running when the twin has watched the id for 1.5 s.
+    let args = ["--record-delay-ms", "20", "--split-size", "15000"];
+    let a = worker(&job, "same", &data, &tmp.path().join("a.jsonl"), &args);
+    wait_for_records(&tmp.path().join("a.jsonl"), 20);
+    let twin = worker(&job, "same", &data, &tmp.path().join("b.jsonl"), &args);
+    let out = twin.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("duplicate instance id same") && err.contains("unique instance id"), "{err}");
+    let a_out = a.wait_with_output().unwrap();
+    assert_eq!(a_out.status.code(), Some(0), "the original keeps going: {}", String::from_utf8_lossy(&a_out.stderr));
+}
