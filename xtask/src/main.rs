@@ -1,7 +1,8 @@
 //! `cargo xtask`: the project's automation.
 //!
-//! - `cargo xtask ci`: the README's test command: fmt check, clippy (warnings denied), every test,
-//!   and a simulation sweep.
+//! - `cargo xtask ci`: the README's test command: fmt check, clippy (warnings denied), every test
+//!   (the NATS ones against servers it provisions), and a simulation sweep.
+//! - `cargo xtask itest`: provisions NATS and runs the integration suites, with a summary table.
 //! - `cargo xtask sim --seeds N [--start S]`: a sweep of N seeds with a summary.
 //! - `cargo xtask sim --seed S [--mutation NAME]`: one seed, reproduced exactly.
 
@@ -19,8 +20,9 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("sim") => sim(&args[1..]),
+        Some("itest") => itest(),
         _ => {
-            eprintln!("usage: cargo xtask <ci | sim --seeds N [--start S] | sim --seed S>");
+            eprintln!("usage: cargo xtask <ci | itest | sim --seeds N [--start S] | sim --seed S>");
             std::process::exit(2);
         }
     }
@@ -286,37 +288,102 @@ fn server_url(var: &str, version: &str) -> Result<(Option<NatsServer>, String)> 
     Ok((Some(server), url))
 }
 
+/// Every NATS server the integration tests need, stopped when dropped.
+struct Servers {
+    _guards: Vec<NatsServer>,
+    url: String,
+    old_url: String,
+    cluster_url: String,
+    bin: String,
+}
+
+impl Servers {
+    /// NATS_URL / NATS_OLD_URL / NATS_CLUSTER_URL if set, else servers started here: a single
+    /// 2.11 server, a 2.10 server (for the "server too old" test) and a 3-node 2.11 cluster.
+    fn provision() -> Result<Servers> {
+        let (current, url) = server_url("NATS_URL", NATS_VERSION)?;
+        let (old, old_url) = server_url("NATS_OLD_URL", NATS_OLD_VERSION)?;
+        let mut guards: Vec<NatsServer> = current.into_iter().chain(old).collect();
+        let cluster_url = match std::env::var("NATS_CLUSTER_URL") {
+            Ok(url) => url,
+            Err(_) => {
+                let nodes = start_cluster(NATS_VERSION)?;
+                let url = nodes.iter().map(|n| n.url.clone()).collect::<Vec<_>>().join(",");
+                guards.extend(nodes);
+                url
+            }
+        };
+        let bin = nats_server_bin(NATS_VERSION)?.to_string_lossy().into_owned();
+        Ok(Servers { _guards: guards, url, old_url, cluster_url, bin })
+    }
+
+    fn env(&self) -> [(&str, &str); 4] {
+        [
+            ("NATS_URL", &self.url),
+            ("NATS_OLD_URL", &self.old_url),
+            ("NATS_CLUSTER_URL", &self.cluster_url),
+            ("NATS_SERVER_BIN", &self.bin),
+        ]
+    }
+}
+
+/// `cargo xtask itest`: provisions NATS and runs every integration suite, then prints a table.
+fn itest() -> Result<()> {
+    let servers = Servers::provision()?;
+    let suites: [(&str, &[&str]); 4] = [
+        ("nats conformance (single server)", &["-p", "etl-coordination-nats", "--test", "conformance"]),
+        ("nats conformance (3 nodes, R3)", &["-p", "etl-coordination-nats", "--test", "conformance_cluster"]),
+        ("nats startup checks", &["-p", "etl-coordination-nats", "--test", "setup"]),
+        ("failure modes (real processes)", &["-p", "etl-coord", "--test", "nats_workers"]),
+    ];
+    let mut rows = Vec::new();
+    let mut failed = false;
+    for (name, args) in suites {
+        let t0 = Instant::now();
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.arg("test").args(args);
+        for (k, v) in servers.env() {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().context("running cargo test")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let (passed, fails) = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("test result: "))
+            .map(|l| {
+                let n = |w: &str| {
+                    l.split(';')
+                        .find(|p| p.contains(w))
+                        .and_then(|p| p.split_whitespace().rev().nth(1)?.parse::<u32>().ok())
+                        .unwrap_or(0)
+                };
+                (n("passed"), n("failed"))
+            })
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        if !out.status.success() {
+            failed = true;
+            print!("{text}");
+            eprint!("{}", String::from_utf8_lossy(&out.stderr));
+        }
+        rows.push((name, passed, fails, out.status.success(), t0.elapsed().as_secs_f64()));
+    }
+    println!("{:<36} {:>7} {:>7} {:>8}", "suite", "passed", "failed", "seconds");
+    for (name, p, f, ok, secs) in &rows {
+        println!("{name:<36} {p:>7} {f:>7} {secs:>8.1}{}", if *ok { "" } else { "  FAILED" });
+    }
+    if failed {
+        bail!("integration suites failed");
+    }
+    Ok(())
+}
+
 fn ci() -> Result<()> {
     let t0 = Instant::now();
     cargo(&["fmt", "--all", "--", "--check"])?;
     cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
-    // The NATS backend's tests run against real servers: NATS_URL (>= 2.11) and NATS_OLD_URL
-    // (2.10.x, for the "server too old" test) if given, else servers started here.
-    let (current, url) = server_url("NATS_URL", NATS_VERSION)?;
-    let (old, old_url) = server_url("NATS_OLD_URL", NATS_OLD_VERSION)?;
-    let (cluster, cluster_url) = match std::env::var("NATS_CLUSTER_URL") {
-        Ok(url) => (Vec::new(), url),
-        Err(_) => {
-            let nodes = start_cluster(NATS_VERSION)?;
-            let url = nodes.iter().map(|n| n.url.clone()).collect::<Vec<_>>().join(",");
-            (nodes, url)
-        }
-    };
-    // Tests that must stop and restart a server of their own get the binary too.
-    let bin = nats_server_bin(NATS_VERSION)?;
-    let bin = bin.to_string_lossy().into_owned();
-    cargo_env(
-        &["test", "--workspace"],
-        &[
-            ("NATS_URL", &url),
-            ("NATS_OLD_URL", &old_url),
-            ("NATS_CLUSTER_URL", &cluster_url),
-            ("NATS_SERVER_BIN", &bin),
-        ],
-    )?;
-    drop(cluster);
-    drop(current);
-    drop(old);
+    let servers = Servers::provision()?;
+    cargo_env(&["test", "--workspace"], &servers.env())?;
+    drop(servers);
     let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5000);
     sweep(0, seeds)?;
     println!("ci passed in {:.0}s", t0.elapsed().as_secs_f64());

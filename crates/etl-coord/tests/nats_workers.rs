@@ -249,7 +249,9 @@ impl OwnServer {
             .spawn()
             .unwrap();
         let t = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() && t.elapsed() < Duration::from_secs(10) {
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+            && t.elapsed() < Duration::from_secs(10)
+        {
             std::thread::sleep(Duration::from_millis(20));
         }
         OwnServer { child, port, dir: Some(dir) }
@@ -328,8 +330,11 @@ fn when_the_leader_is_killed_another_worker_takes_over_with_a_new_term() {
     let job = job("leader");
     let args = ["--record-delay-ms", "5", "--split-size", "15000"];
     let sinks: Vec<_> = ["la", "lb", "lc"].iter().map(|id| tmp.path().join(format!("{id}.jsonl"))).collect();
-    let mut workers: Vec<(String, Child)> =
-        ["la", "lb", "lc"].iter().zip(&sinks).map(|(id, s)| (id.to_string(), worker(&job, id, &data, s, &args))).collect();
+    let mut workers: Vec<(String, Child)> = ["la", "lb", "lc"]
+        .iter()
+        .zip(&sinks)
+        .map(|(id, s)| (id.to_string(), worker(&job, id, &data, s, &args)))
+        .collect();
     wait_for_records(&sinks[0], 50);
     let leader = status_json(&job)["leader"].as_str().expect("a leader").to_owned();
     let term_before = status_json(&job)["plan"]["term"].as_u64().unwrap();
@@ -373,7 +378,10 @@ fn scale_up_from_one_to_three_workers_converges_to_plus_minus_one() {
             }
         }
         counts = by.values().copied().collect::<Vec<_>>();
-        if by.len() == 3 && counts.iter().sum::<usize>() == 13 && counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1 {
+        if by.len() == 3
+            && counts.iter().sum::<usize>() == 13
+            && counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1
+        {
             break;
         }
         std::thread::sleep(Duration::from_millis(250));
@@ -403,5 +411,10 @@ fn a_second_process_with_a_live_instance_id_exits_with_an_actionable_error() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("duplicate instance id same") && err.contains("unique instance id"), "{err}");
     let a_out = a.wait_with_output().unwrap();
-    assert_eq!(a_out.status.code(), Some(0), "the original keeps going: {}", String::from_utf8_lossy(&a_out.stderr));
+    assert_eq!(
+        a_out.status.code(),
+        Some(0),
+        "the original keeps going: {}",
+        String::from_utf8_lossy(&a_out.stderr)
+    );
 }
