@@ -435,9 +435,16 @@ async fn admin_server(
         let metrics = metrics.clone();
         let ready = ready.clone();
         tokio::spawn(async move {
-            let mut buf = [0u8; 2048];
-            let n = sock.read(&mut buf).await.unwrap_or(0);
-            let req = String::from_utf8_lossy(&buf[..n]);
+            // Read the whole request head (closing with unread bytes would reset the connection).
+            let mut buf = Vec::with_capacity(1024);
+            let mut chunk = [0u8; 1024];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
+                match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut chunk)).await {
+                    Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                    _ => break,
+                }
+            }
+            let req = String::from_utf8_lossy(&buf);
             let path = req.split_whitespace().nth(1).unwrap_or("/");
             let (status, ctype, body) = match path {
                 "/metrics" => ("200 OK", "text/plain; version=0.0.4", metrics.render()),
@@ -451,6 +458,7 @@ async fn admin_server(
                 body.len()
             );
             let _ = sock.write_all(resp.as_bytes()).await;
+            let _ = sock.shutdown().await;
         });
     }
 }

@@ -418,3 +418,112 @@ fn a_second_process_with_a_live_instance_id_exits_with_an_actionable_error() {
         String::from_utf8_lossy(&a_out.stderr)
     );
 }
+
+/// A 3-node cluster this test owns.
+fn own_cluster() -> (Vec<OwnServer>, String) {
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let ports: Vec<(u16, u16)> = (0..3).map(|_| (free(), free())).collect();
+    let routes = ports.iter().map(|(_, c)| format!("nats://127.0.0.1:{c}")).collect::<Vec<_>>().join(",");
+    let bin = std::env::var("NATS_SERVER_BIN").expect("NATS_SERVER_BIN is not set: run `cargo xtask ci`");
+    let nodes: Vec<OwnServer> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, (port, cport))| {
+            let dir = tempfile::tempdir().unwrap();
+            let child = Command::new(&bin)
+                .args([
+                    "-js",
+                    "-sd",
+                    dir.path().to_str().unwrap(),
+                    "-a",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                ])
+                .args([
+                    "-n",
+                    &format!("own{i}"),
+                    "--cluster_name",
+                    "own",
+                    "-cluster",
+                    &format!("nats://127.0.0.1:{cport}"),
+                    "-routes",
+                    &routes,
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            OwnServer { child, port: *port, dir: Some(dir) }
+        })
+        .collect();
+    let url = ports.iter().map(|(p, _)| format!("nats://127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
+    (nodes, url)
+}
+
+#[test]
+fn coordination_continues_when_a_cluster_node_is_lost() {
+    let (mut nodes, url) = own_cluster();
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    generate(&data, 6, 300).unwrap();
+    let expected = input_keys(&data).unwrap();
+    let job = job("clusterloss");
+    let spawn = |id: &str| {
+        Command::new(env!("CARGO_BIN_EXE_etl-coord"))
+            .args([
+                "worker",
+                "--job",
+                &job,
+                "--store",
+                &url,
+                "--nats-replicas",
+                "3",
+                "--source",
+                &format!("files:{}", data.display()),
+            ])
+            .args(["--sink", tmp.path().join(format!("{id}.jsonl")).to_str().unwrap(), "--instance-id", id])
+            // NATS-NOTES: replicated buckets want leases of 15 s or more.
+            .args([
+                "--lease-duration",
+                "15s",
+                "--split-size",
+                "15000",
+                "--record-delay-ms",
+                "10",
+                "--nats-op-timeout",
+                "2s",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // The cluster elects its JetStream meta leader within seconds; workers retry until ready
+    // (a worker that cannot create its buckets exits 1, so start them once the cluster answers).
+    let t = Instant::now();
+    let mut a = spawn("ca");
+    while t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(500));
+        match a.try_wait().unwrap() {
+            Some(_) => a = spawn("ca"),
+            None if JsonlSink::read(&tmp.path().join("ca.jsonl")).map(|l| !l.is_empty()).unwrap_or(false) => {
+                break;
+            }
+            None => {}
+        }
+    }
+    let b = spawn("cb");
+    wait_for_records(&tmp.path().join("cb.jsonl"), 20);
+    // Lose one node for good.
+    let lost = nodes.remove(2);
+    drop(lost);
+    let a_out = a.wait_with_output().unwrap();
+    let b_out = b.wait_with_output().unwrap();
+    assert_eq!(a_out.status.code(), Some(0), "{}", String::from_utf8_lossy(&a_out.stderr));
+    assert_eq!(b_out.status.code(), Some(0), "{}", String::from_utf8_lossy(&b_out.stderr));
+    let seen = records_in(&[&tmp.path().join("ca.jsonl"), &tmp.path().join("cb.jsonl")]);
+    assert!(expected.is_subset(&seen), "no loss");
+    drop(nodes);
+}
