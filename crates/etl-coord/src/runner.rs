@@ -146,8 +146,13 @@ pub async fn run_lane<R: SplitReader>(
                 _ = lane.revoked() => continue,
             }
         }
-        let line =
-            SinkLine { split: split.clone(), record: record.key, epoch, instance: opts.instance.clone() };
+        let line = SinkLine {
+            split: split.clone(),
+            record: record.key,
+            epoch,
+            instance: opts.instance.clone(),
+            at_ms: crate::sink::unix_ms(),
+        };
         if let Err(e) = sink.write(&line) {
             lane.fail(format!("sink: {e}"));
             return (emitted, LaneEnd::Failed);

@@ -19,6 +19,14 @@ pub struct SinkLine {
     pub epoch: u64,
     /// The instance that emitted it.
     pub instance: String,
+    /// When it was emitted (Unix milliseconds), for latency measurements.
+    #[serde(default)]
+    pub at_ms: u64,
+}
+
+/// Now, in Unix milliseconds.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Appends records to a file; shared by every lane of a process.

@@ -42,6 +42,20 @@ fn worker(job: &str, id: &str, data: &std::path::Path, sink: &std::path::Path, e
         .expect("etl-coord starts")
 }
 
+/// For every split `from` was emitting at `t_ms`, how long until `to` emitted it (ms).
+fn handover_ms(from: &std::path::Path, to: &std::path::Path, t_ms: u64) -> Vec<u64> {
+    let a = JsonlSink::read(from).unwrap_or_default();
+    let b = JsonlSink::read(to).unwrap_or_default();
+    let splits: BTreeSet<String> =
+        a.iter().filter(|l| l.at_ms + 500 >= t_ms).map(|l| l.split.clone()).collect();
+    let mut out: Vec<u64> = splits
+        .iter()
+        .filter_map(|s| b.iter().filter(|l| &l.split == s && l.at_ms >= t_ms).map(|l| l.at_ms - t_ms).min())
+        .collect();
+    out.sort_unstable();
+    out
+}
+
 fn records_in(sinks: &[&std::path::Path]) -> BTreeSet<String> {
     sinks.iter().flat_map(|p| JsonlSink::read(p).unwrap_or_default()).map(|l| l.record).collect()
 }
@@ -62,6 +76,7 @@ fn a_killed_worker_is_taken_over_through_nats_with_no_loss() {
     while JsonlSink::read(&sa).map(|l| l.len()).unwrap_or(0) < 200 && t.elapsed() < Duration::from_secs(20) {
         std::thread::sleep(Duration::from_millis(50));
     }
+    let killed_ms = etl_coord::sink::unix_ms();
     a.kill().unwrap(); // SIGKILL: no drain, no release
     let _ = a.wait();
     let killed_at = Instant::now();
@@ -72,6 +87,12 @@ fn a_killed_worker_is_taken_over_through_nats_with_no_loss() {
     let missing: Vec<_> = expected.difference(&seen).take(5).collect();
     assert!(missing.is_empty(), "records never emitted: {missing:?}");
     eprintln!("survivor finished {took:?} after the kill (lease 3s)");
+    // T2: takeover after kill -9 within lease_duration + 0.5 s, plus one renewal interval of
+    // slack (the victim's last renewal may be up to a third of a lease old when it dies).
+    let takeover = handover_ms(&sa, &sb, killed_ms);
+    println!("takeover after kill -9 (lease 3 s), ms per split: {takeover:?}");
+    assert!(!takeover.is_empty(), "a held splits when it was killed");
+    assert!(takeover.iter().all(|ms| *ms <= 3500 + 1000), "{takeover:?}");
     // The job's state is visible to an operator.
     let status = Command::new(env!("CARGO_BIN_EXE_etl-coord"))
         .args(["status", "--job", &job, "--store", &nats_url()])
@@ -135,6 +156,7 @@ fn a_drained_worker_hands_over_at_once_without_consuming_attempts() {
     let a = worker(&job, "wa", &data, &sa, &args);
     let b = worker(&job, "wb", &data, &sb, &args);
     wait_for_records(&sa, 100);
+    let term_ms = etl_coord::sink::unix_ms();
     signal(&a, "-TERM");
     let a_out = a.wait_with_output().unwrap();
     assert_eq!(a_out.status.code(), Some(0), "a drained cleanly: {}", String::from_utf8_lossy(&a_out.stderr));
@@ -148,6 +170,10 @@ fn a_drained_worker_hands_over_at_once_without_consuming_attempts() {
     );
     let seen = records_in(&[&sa, &sb]);
     assert!(expected.is_subset(&seen), "no loss");
+    // Release pickup, end to end (lane restart included; T1 measures only the store hop).
+    let pickup = handover_ms(&sa, &sb, term_ms);
+    println!("pickup after SIGTERM drain (lease 20 s), ms per split: {pickup:?}");
+    assert!(pickup.iter().all(|ms| *ms < 2000), "{pickup:?}");
     let st = status_json(&job);
     let splits = st["splits"].as_array().unwrap();
     assert!(splits.iter().all(|s| s["state"] == "Done" && s["attempts"] == 0), "{st}");
