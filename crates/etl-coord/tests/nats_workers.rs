@@ -553,3 +553,25 @@ fn coordination_continues_when_a_cluster_node_is_lost() {
     assert!(expected.is_subset(&seen), "no loss");
     drop(nodes);
 }
+
+#[test]
+fn a_worker_against_a_nats_server_older_than_2_11_exits_1_saying_to_upgrade() {
+    let old = std::env::var("NATS_OLD_URL")
+        .expect("NATS_OLD_URL is not set: run `cargo xtask ci`, which starts a 2.10 server");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_etl-coord"))
+        .args([
+            "worker",
+            "--job",
+            "old",
+            "--store",
+            &old,
+            "--source",
+            &format!("files:{}", tmp.path().display()),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("2.10.") && err.contains("upgrade"), "{err}");
+}
