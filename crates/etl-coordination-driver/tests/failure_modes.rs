@@ -241,7 +241,6 @@ fn start(
 ) -> DriverHandle {
     let (handle, lanes) = CoordinationDriver::start(stores.clone(), p, cfg).expect("valid config");
     src.spawn(lanes, id.to_owned());
-    let _ = id;
     handle
 }
 
@@ -297,7 +296,6 @@ async fn a_killed_worker_is_taken_over_after_the_lease_and_resumes_from_committe
     }
     assert!(moved >= 1, "a held something when it was killed");
     monitor.assert_monotonic();
-    let _ = t0;
 }
 
 #[tokio::test(start_paused = true)]

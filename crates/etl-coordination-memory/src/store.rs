@@ -1,8 +1,6 @@
 //! [`MemoryStore`]: [`MemoryKv`] behind a mutex, with watchers and a TTL expiry task.
 
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -137,15 +135,6 @@ impl Drop for Shared {
     }
 }
 
-struct Receiver(mpsc::UnboundedReceiver<Result<WatchEvent, StoreError>>);
-
-impl futures_core::Stream for Receiver {
-    type Item = Result<WatchEvent, StoreError>;
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.0.poll_recv(cx)
-    }
-}
-
 impl Store for MemoryStore {
     async fn create(&self, key: &Key, value: Bytes, ttl: Option<Duration>) -> Result<Revision, StoreError> {
         self.with(|kv, now| kv.create(now, key, value, ttl))
@@ -181,7 +170,7 @@ impl Store for MemoryStore {
         inner.publish();
         let _ = tx.send(Ok(WatchEvent::SnapshotComplete));
         inner.watchers.push(Watcher { prefix: prefix.clone(), tx });
-        Ok(Box::pin(Receiver(rx)))
+        Ok(etl_coordination_store::channel_watch(rx))
     }
 
     async fn list(&self, prefix: &Prefix) -> Result<Vec<Entry>, StoreError> {

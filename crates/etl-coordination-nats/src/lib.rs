@@ -494,7 +494,7 @@ impl Store for NatsStore {
                 }
             }
         });
-        Ok(Box::pin(Receiver(rx)))
+        Ok(etl_coordination_store::channel_watch(rx))
     }
 
     async fn list(&self, prefix: &Prefix) -> Result<Vec<Entry>, StoreError> {
@@ -519,18 +519,6 @@ impl Store for NatsStore {
         }
         out.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(out)
-    }
-}
-
-struct Receiver(mpsc::UnboundedReceiver<Result<WatchEvent, StoreError>>);
-
-impl futures_util::Stream for Receiver {
-    type Item = Result<WatchEvent, StoreError>;
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        self.0.poll_recv(cx)
     }
 }
 

@@ -72,6 +72,24 @@ pub trait Store: Send + Sync + 'static {
     fn list(&self, prefix: &Prefix) -> impl Future<Output = Result<Vec<Entry>, StoreError>> + Send;
 }
 
+/// A [`WatchStream`] fed by a channel: backends push events from their own task (or under
+/// their lock) and the caller polls the receiving end.
+pub fn channel_watch(
+    rx: tokio::sync::mpsc::UnboundedReceiver<Result<WatchEvent, StoreError>>,
+) -> WatchStream {
+    struct ChannelWatch(tokio::sync::mpsc::UnboundedReceiver<Result<WatchEvent, StoreError>>);
+    impl Stream for ChannelWatch {
+        type Item = Result<WatchEvent, StoreError>;
+        fn poll_next(
+            mut self: Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Self::Item>> {
+            self.0.poll_recv(cx)
+        }
+    }
+    Box::pin(ChannelWatch(rx))
+}
+
 /// Executes one request of the protocol core against a store.
 pub async fn execute<S: Store + ?Sized>(store: &S, request: StoreRequest) -> StoreResult {
     match request {
