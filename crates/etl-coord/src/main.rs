@@ -135,6 +135,10 @@ struct WorkerArgs {
     /// What a stalled job (quarantined splits) means: fatal (exit 3) or warn (exit 0).
     #[arg(long, default_value = "fatal", value_parser = ["fatal", "warn"])]
     on_stall: String,
+    /// After the job ends (complete, or stalled with on-stall warn): exit 0, or keep serving the
+    /// admin endpoints until SIGTERM (for a Kubernetes Deployment, which restarts exited pods).
+    #[arg(long, default_value = "exit", value_parser = ["exit", "wait"])]
+    on_complete: String,
     /// Files source: target bytes per split.
     #[arg(long, default_value_t = DEFAULT_SPLIT_BYTES)]
     split_size: u64,
@@ -369,11 +373,13 @@ async fn worker_on<S: etl_coordination_store::Store>(
     }
     let drain = handle.clone();
     let ready_flag = ready.clone();
+    let (terminated_tx, mut terminated) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown_signal().await;
         ready_flag.store(false, Ordering::Relaxed);
         eprintln!("termination signal: draining");
         drain.drain();
+        let _ = terminated_tx.send(true);
     });
     let opts = RunOptions {
         instance: instance.clone(),
@@ -392,22 +398,27 @@ async fn worker_on<S: etl_coordination_store::Store>(
             }
         }
     });
-    match handle.outcome().await {
+    let ended = match handle.outcome().await {
         Ok(JobOutcome::Complete) => {
             eprintln!("job complete");
-            Ok(ExitCode::SUCCESS)
+            true
         }
-        Ok(JobOutcome::Drained) => Ok(ExitCode::SUCCESS),
+        Ok(JobOutcome::Drained) => false,
         Ok(JobOutcome::Stalled { quarantined }) => {
             eprintln!("job stalled (on-stall warn): {} quarantined split(s)", quarantined.len());
-            Ok(ExitCode::SUCCESS)
+            true
         }
         Err(e @ DriverError::Stalled { .. }) => {
             eprintln!("error: {e}");
-            Ok(ExitCode::from(3))
+            return Ok(ExitCode::from(3));
         }
-        Err(e) => Err(e.into()),
+        Err(e) => return Err(e.into()),
+    };
+    if ended && a.on_complete == "wait" {
+        eprintln!("job ended; serving the admin endpoints until a termination signal (--on-complete wait)");
+        let _ = terminated.wait_for(|t| *t).await;
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn shutdown_signal() {

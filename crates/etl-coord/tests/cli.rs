@@ -284,3 +284,44 @@ fn a_poison_marker_aborts_the_process_like_a_crash() {
     let lines = JsonlSink::read(&sink).unwrap_or_default();
     assert!(lines.iter().all(|l| l.record != "a.txt:3"), "nothing after the poison record");
 }
+
+#[test]
+fn with_on_complete_wait_a_finished_worker_stays_up_until_sigterm() {
+    use std::io::BufRead;
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    input(&data, 2, 50);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = etl_coord()
+        .args(["worker", "--job", "t-wait", "--on-complete", "wait", "--admin-addr", &addr])
+        .arg("--source")
+        .arg(format!("files:{}", data.display()))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Follow stderr on a thread so the wait for the completion line is bounded.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut seen = Vec::new();
+    while !seen.iter().any(|l: &String| l.contains("--on-complete wait")) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => seen.push(line),
+            Err(e) => panic!("no completion line ({e}); stderr so far: {seen:#?}"),
+        }
+    }
+    assert!(seen.iter().any(|l| l.contains("job complete")), "{seen:#?}");
+    // Still alive and healthy after completion, so a Deployment does not restart it.
+    assert!(child.try_wait().unwrap().is_none(), "the worker exited after completion");
+    assert!(http_get(&addr, "/healthz").unwrap().starts_with("HTTP/1.1 200"));
+    std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
