@@ -322,6 +322,14 @@ fn with_on_complete_wait_a_finished_worker_stays_up_until_sigterm() {
     // Still alive and healthy after completion, so a Deployment does not restart it.
     assert!(child.try_wait().unwrap().is_none(), "the worker exited after completion");
     assert!(http_get(&addr, "/healthz").unwrap().starts_with("HTTP/1.1 200"));
+    let metrics = http_get(&addr, "/metrics").unwrap();
+    for (state, v) in [("complete", 1), ("running", 0), ("stalled", 0)] {
+        let series = format!(r#"etl_coordination_job_state{{coordination_job="t-wait",instance="#);
+        assert!(
+            metrics.lines().any(|l| l.starts_with(&series) && l.ends_with(&format!(r#"state="{state}"}} {v}"#))),
+            "job_state {state} = {v} expected in:\n{metrics}"
+        );
+    }
     std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }

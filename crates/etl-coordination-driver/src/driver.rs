@@ -553,6 +553,12 @@ impl<S: Store, P: Planner> Task<S, P> {
     fn finish(&mut self, result: Result<JobOutcome, DriverError>) {
         self.metrics.splits_owned(0);
         self.metrics.leader(false);
+        self.metrics.job_state(match &result {
+            Ok(JobOutcome::Complete) => "complete",
+            Ok(JobOutcome::Stalled { .. }) | Err(DriverError::Stalled { .. }) => "stalled",
+            Ok(JobOutcome::Drained) => "drained",
+            Err(_) => "failed",
+        });
         self.done = true;
         for (_, (_, tx)) in std::mem::take(&mut self.stops) {
             let _ = tx.send(Some(Stop { reason: StopReason::Fenced, deadline: None }));

@@ -32,9 +32,12 @@ pub mod names {
     pub const STORE_OP_DURATION_SECONDS: &str = "etl_coordination_store_op_duration_seconds";
     /// Counter: store writes by outcome.
     pub const WRITES_TOTAL: &str = "etl_coordination_writes_total";
+    /// Gauge: 1 for the state this worker's view of the job is in (`state` label), 0 for the
+    /// others.
+    pub const JOB_STATE: &str = "etl_coordination_job_state";
 
     /// Every family.
-    pub const ALL: [&str; 8] = [
+    pub const ALL: [&str; 9] = [
         SPLITS_OWNED,
         LIVE_WORKERS,
         LEADER,
@@ -43,6 +46,7 @@ pub mod names {
         SPLITS_QUARANTINED,
         STORE_OP_DURATION_SECONDS,
         WRITES_TOTAL,
+        JOB_STATE,
     ];
 }
 
@@ -54,6 +58,10 @@ pub const REVOCATION_REASONS: [&str; 2] = ["fenced", "starved"];
 pub const WRITE_OUTCOMES: [&str; 3] = ["ok", "conflict", "error"];
 /// Store operations (label values of `store_op_duration_seconds`).
 pub const STORE_OPS: [&str; 6] = ["create", "cas", "delete", "get", "list", "watch"];
+/// Job states (label values of `job_state`): `running` until the worker's run ends, then how it
+/// ended: `complete` (every split Done), `stalled` (quarantined splits block completion),
+/// `drained` (this worker left on request), `failed` (a fatal condition stopped it).
+pub const JOB_STATES: [&str; 5] = ["running", "complete", "stalled", "drained", "failed"];
 
 /// Outcome of one store write, for `writes_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,6 +118,10 @@ pub fn describe() {
         Unit::Count,
         "Coordination store writes by outcome; conflict is fencing working as designed."
     );
+    describe_gauge!(
+        names::JOB_STATE,
+        "1 for this worker's job state (running, complete, stalled, drained, failed), else 0."
+    );
 }
 
 /// Typed metric handles of one worker.
@@ -127,6 +139,7 @@ impl Metrics {
         m.splits_owned(0);
         m.leader(false);
         m.splits_quarantined(0);
+        m.job_state("running");
         for reason in ACQUISITION_REASONS {
             counter!(names::ACQUISITIONS_TOTAL, "coordination_job" => m.job.clone(), "instance" => m.instance.clone(), "reason" => reason).increment(0);
         }
@@ -176,6 +189,15 @@ impl Metrics {
             .record(took.as_secs_f64());
     }
 
+    /// `job_state{state}`: `state` (one of [`JOB_STATES`]) to 1, the others to 0.
+    pub fn job_state(&self, state: &'static str) {
+        debug_assert!(JOB_STATES.contains(&state), "unknown job state {state}");
+        for s in JOB_STATES {
+            gauge!(names::JOB_STATE, "coordination_job" => self.job.clone(), "instance" => self.instance.clone(), "state" => s)
+                .set(if s == state { 1.0 } else { 0.0 });
+        }
+    }
+
     /// `writes_total{outcome}`.
     pub fn write(&self, outcome: WriteOutcome) {
         counter!(names::WRITES_TOTAL, "coordination_job" => self.job.clone(), "instance" => self.instance.clone(), "outcome" => outcome.label()).increment(1);
@@ -221,6 +243,7 @@ mod tests {
         m.splits_quarantined(1);
         m.store_op("cas", Duration::from_micros(300));
         m.write(WriteOutcome::Conflict);
+        m.job_state("stalled");
         let text = handle.render();
         for family in names::ALL {
             assert!(text.contains(&format!("# HELP {family}")), "{family} has help text:\n{text}");
@@ -238,6 +261,8 @@ mod tests {
             r#"etl_coordination_splits_quarantined{coordination_job="backfill",instance="pod-1"} 1"#,
             r#"etl_coordination_writes_total{coordination_job="backfill",instance="pod-1",outcome="conflict"} 1"#,
             r#"etl_coordination_store_op_duration_seconds_bucket{coordination_job="backfill",instance="pod-1",op="cas",le="0.0005"} 1"#,
+            r#"etl_coordination_job_state{coordination_job="backfill",instance="pod-1",state="stalled"} 1"#,
+            r#"etl_coordination_job_state{coordination_job="backfill",instance="pod-1",state="running"} 0"#,
         ];
         for line in expect {
             assert!(text.contains(line), "missing {line:?} in:\n{text}");

@@ -66,7 +66,12 @@ impl FilesSource {
         }
         let (store, prefix): (Arc<dyn ObjectStore>, ObjectPath) = if location.contains("://") {
             let url = url::Url::parse(location).with_context(|| format!("invalid URL {location:?}"))?;
-            let (store, path) = object_store::parse_url(&url).with_context(|| {
+            // Credentials and settings come from the environment, as the cloud SDKs read them
+            // (AWS_*, GOOGLE_*, AZURE_*): on Kubernetes, from a Secret or workload identity.
+            let options = std::env::vars()
+                .filter(|(k, _)| ["AWS_", "GOOGLE_", "AZURE_"].iter().any(|p| k.starts_with(p)))
+                .map(|(k, v)| (k.to_ascii_lowercase(), v));
+            let (store, path) = object_store::parse_url_opts(&url, options).with_context(|| {
                 format!(
                     "cannot open {location:?} (object-store URLs need etl-coord built with --features cloud)"
                 )
