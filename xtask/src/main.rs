@@ -16,6 +16,7 @@ use anyhow::{Context, Result, bail};
 use etl_coordination_sim::{Options, Report, run};
 
 mod nats;
+mod promtool;
 
 use nats::Servers;
 
@@ -201,11 +202,12 @@ fn cargo_env(args: &[&str], env: &[(&str, &str)]) -> Result<()> {
 /// `cargo xtask itest`: provisions NATS and runs every integration suite, then prints a table.
 fn itest() -> Result<()> {
     let servers = Servers::provision()?;
-    let suites: [(&str, &[&str]); 4] = [
+    let suites: [(&str, &[&str]); 5] = [
         ("nats conformance (single server)", &["-p", "etl-coordination-nats", "--test", "conformance"]),
         ("nats conformance (3 nodes, R3)", &["-p", "etl-coordination-nats", "--test", "conformance_cluster"]),
         ("nats startup checks", &["-p", "etl-coordination-nats", "--test", "setup"]),
         ("failure modes (real processes)", &["-p", "etl-coord", "--test", "nats_workers"]),
+        ("deployment files", &["-p", "etl-coord", "--test", "deploy"]),
     ];
     let mut rows = Vec::new();
     let mut failed = false;

@@ -47,7 +47,8 @@ impl Drop for NatsProcess {
 /// end; dropping it stops it.
 type Guard = Box<dyn std::any::Any>;
 
-fn target_dir() -> PathBuf {
+/// The cargo target directory, where provisioned tools are cached.
+pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
@@ -220,13 +221,14 @@ fn single(var: &str, image_var: &str, image: &str, version: &str, guards: &mut V
     Ok(url)
 }
 
-/// Every NATS server the integration tests need, stopped when dropped.
+/// Every NATS server (and tool) the integration tests need; servers stop when dropped.
 pub struct Servers {
     _guards: Vec<Guard>,
     url: String,
     old_url: String,
     cluster_url: String,
     bin: String,
+    promtool: String,
 }
 
 impl Servers {
@@ -235,7 +237,8 @@ impl Servers {
     pub fn provision() -> Result<Servers> {
         let mut guards = Vec::new();
         let url = single("NATS_URL", "NATS_IMAGE", NATS_IMAGE, NATS_VERSION, &mut guards)?;
-        let old_url = single("NATS_OLD_URL", "NATS_OLD_IMAGE", NATS_OLD_IMAGE, NATS_OLD_VERSION, &mut guards)?;
+        let old_url =
+            single("NATS_OLD_URL", "NATS_OLD_IMAGE", NATS_OLD_IMAGE, NATS_OLD_VERSION, &mut guards)?;
         let cluster_url = match std::env::var("NATS_CLUSTER_URL") {
             Ok(url) => url,
             Err(_) => {
@@ -246,16 +249,18 @@ impl Servers {
             }
         };
         let bin = nats_server_bin(NATS_VERSION)?.to_string_lossy().into_owned();
-        Ok(Servers { _guards: guards, url, old_url, cluster_url, bin })
+        let promtool = crate::promtool::promtool()?.to_string_lossy().into_owned();
+        Ok(Servers { _guards: guards, url, old_url, cluster_url, bin, promtool })
     }
 
     /// The environment the test suites read.
-    pub fn env(&self) -> [(&str, &str); 4] {
+    pub fn env(&self) -> [(&str, &str); 5] {
         [
             ("NATS_URL", &self.url),
             ("NATS_OLD_URL", &self.old_url),
             ("NATS_CLUSTER_URL", &self.cluster_url),
             ("NATS_SERVER_BIN", &self.bin),
+            ("PROMTOOL", &self.promtool),
         ]
     }
 }

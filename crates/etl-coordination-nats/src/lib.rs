@@ -292,7 +292,9 @@ impl NatsStore {
             (K::MaxPayloadExceeded, _) => {
                 StoreError::InvalidValue(format!("value too large for the server: {e}"))
             }
-            (K::StreamNotFound, _) => setup(format!("bucket {} is gone: {e}", self.bucket)),
+            // No responders: nobody stored it. Whether the bucket is gone is decided by the
+            // caller (`no_responders`), which asks the server.
+            (K::StreamNotFound, _) => StoreError::Unavailable(format!("publish to {key}: {e}")),
             // Sent or maybe sent: the write may have applied.
             _ => StoreError::Indeterminate(format!("publish to {key}: {e}")),
         }
@@ -319,7 +321,30 @@ impl NatsStore {
                 self.op_timeout
             ))),
             Ok(Ok(ack)) => Ok(Revision(ack.sequence)),
+            Ok(Err(e)) if e.kind() == jetstream::context::PublishErrorKind::StreamNotFound => {
+                Err(self.no_responders(key).await)
+            }
             Ok(Err(e)) => Err(self.classify_publish(key, &e)),
+        }
+    }
+
+    /// A publish found no responder for the bucket's subject. Nothing was stored. That is
+    /// transient on a cluster right after another worker created the bucket (the stream's
+    /// subject interest has not reached this server yet) and during stream leader changes;
+    /// it is fatal only if the bucket's stream really no longer exists.
+    async fn no_responders(&self, key: &Key) -> StoreError {
+        use jetstream::context::GetStreamErrorKind as G;
+        match tokio::time::timeout(self.op_timeout, self.js.get_stream(&self.stream)).await {
+            Ok(Err(e)) if matches!(e.kind(), G::JetStream(j) if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) => {
+                setup(format!(
+                    "bucket {} is gone (its stream {} was deleted, and with it the job's plan and progress); restarting the workers recreates it and runs the job again from the start",
+                    self.bucket, self.stream
+                ))
+            }
+            _ => StoreError::Unavailable(format!(
+                "no JetStream responder for {key} in bucket {} (stream not ready on this server yet, or electing a leader)",
+                self.bucket
+            )),
         }
     }
 

@@ -35,3 +35,41 @@ etl_coordination_store::conformance_tests!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     fresh_store
 );
+
+/// Workers of a new job starting at once on different nodes: one creates the buckets, the
+/// others open them and write at once, possibly before the stream's subject interest reached
+/// their node (the server answers "no responders"). That must be a retryable error, never a
+/// fatal "bucket is gone" (a Deployment's pods all start together).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_starting_together_on_different_nodes_never_fail_fatally() {
+    use etl_coordination_store::Store;
+    let urls = std::env::var("NATS_CLUSTER_URL")
+        .expect("NATS_CLUSTER_URL is not set: run `cargo xtask ci`, which starts a 3-node cluster");
+    let nodes: Vec<String> = urls.split(',').map(str::to_owned).collect();
+    assert_eq!(nodes.len(), 3, "{urls}");
+    fresh_store().await; // the cluster is up and has a meta leader
+    for round in 0..5 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let job = JobName::new(format!("race{}x{n}", std::process::id())).unwrap();
+        let tasks: Vec<_> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, url)| {
+                let (url, job) = (url.clone(), job.clone());
+                tokio::spawn(async move {
+                    let mut cfg = NatsConfig::new(url);
+                    cfg.replicas = 3;
+                    cfg.limit_marker_ttl = Duration::from_secs(20);
+                    let j = connect(&cfg, &job).await?;
+                    let k = etl_coordination_core::Key::new(format!("w{i}")).unwrap();
+                    j.lease.create(&k, bytes::Bytes::from_static(b"v"), Some(Duration::from_secs(20))).await
+                })
+            })
+            .collect();
+        for t in tasks {
+            if let Err(e) = t.await.unwrap() {
+                assert!(!e.is_fatal() && e.is_retryable(), "round {round}: {e:?}");
+            }
+        }
+    }
+}

@@ -51,3 +51,20 @@ async fn an_unreachable_server_is_reported_as_unavailable() {
     assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
     assert!(err.to_string().contains("127.0.0.1:1"), "{err}");
 }
+
+#[tokio::test]
+async fn a_deleted_bucket_is_fatal_and_says_what_was_lost() {
+    use etl_coordination_store::Store;
+    let job = JobName::new(format!("gone{}", std::process::id())).unwrap();
+    let j = connect(&NatsConfig::new(env("NATS_URL")), &job).await.unwrap();
+    let client = async_nats::connect(env("NATS_URL")).await.unwrap();
+    async_nats::jetstream::new(client)
+        .delete_stream(format!("KV_etl_coordination_{job}_lease"))
+        .await
+        .unwrap();
+    let k = etl_coordination_core::Key::new("x").unwrap();
+    let err = j.lease.create(&k, bytes::Bytes::from_static(b"v"), None).await.unwrap_err();
+    let StoreError::Setup(msg) = &err else { panic!("expected a setup error, got {err:?}") };
+    assert!(msg.contains("is gone") && msg.contains("plan and progress"), "{msg}");
+    assert!(err.is_fatal());
+}

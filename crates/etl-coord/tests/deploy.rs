@@ -1,0 +1,632 @@
+//! The files under `deploy/` checked against the code they configure, and run as far as a
+//! machine without Docker or Kubernetes allows:
+//!
+//! - the compose file's worker command runs, as two replicas, against a NATS server started
+//!   from the compose NATS configuration;
+//! - the Kubernetes NATS configuration forms a 3-node JetStream cluster on loopback, and two
+//!   "pods" built from the Deployment's container spec complete a job on it with replicas 3;
+//! - every worker flag any file uses exists in `etl-coord worker --help`; cross-file names
+//!   (services, ports, probes, annotations, grace period vs drain timeout) agree;
+//! - the alert rules pass `promtool check rules` and their `promtool test rules` unit tests; the
+//!   dashboard's queries are valid PromQL; every metric and label value they use exists.
+//!
+//! Needs `NATS_SERVER_BIN` and `PROMTOOL` (`cargo xtask ci` provisions both).
+
+use std::collections::BTreeSet;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use etl_coordination_metrics::{
+    ACQUISITION_REASONS, JOB_STATES, REVOCATION_REASONS, STORE_OPS, WRITE_OUTCOMES, names,
+};
+use serde_norway::Value;
+
+fn deploy() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy").canonicalize().unwrap()
+}
+
+fn read(rel: &str) -> String {
+    let p = deploy().join(rel);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()))
+}
+
+fn yaml_docs(rel: &str) -> Vec<Value> {
+    let text = read(rel);
+    serde_norway::Deserializer::from_str(&text)
+        .map(|d| {
+            serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{rel} is not valid YAML: {e}"))
+        })
+        .collect()
+}
+
+fn s<'a>(v: &'a Value, path: &[&str]) -> &'a Value {
+    path.iter().fold(v, |v, k| &v[*k])
+}
+
+fn str_of<'a>(v: &'a Value, path: &[&str]) -> &'a str {
+    s(v, path).as_str().unwrap_or_else(|| panic!("{} is not a string in {v:?}", path.join(".")))
+}
+
+fn etl_coord() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_etl-coord"))
+}
+
+/// The long flags `etl-coord worker --help` lists.
+fn worker_flags() -> BTreeSet<String> {
+    let out = etl_coord().args(["worker", "--help"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            let l = l.strip_prefix("-h, ").unwrap_or(l);
+            l.strip_prefix("--").map(|f| format!("--{}", f.split([' ', '=']).next().unwrap()))
+        })
+        .collect()
+}
+
+fn assert_known_flags(what: &str, args: &[String]) {
+    let known = worker_flags();
+    assert!(known.len() > 10, "could not read the flags from `etl-coord worker --help`: {known:?}");
+    for a in args.iter().filter(|a| a.starts_with("--")) {
+        assert!(known.contains(a.as_str()), "{what} uses {a}, which `etl-coord worker --help` does not list");
+    }
+}
+
+fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    args.iter().position(|a| a == name).map(|i| args[i + 1].as_str())
+}
+
+fn secs(v: &str) -> u64 {
+    v.strip_suffix('s').and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{v:?} is not N s"))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn unique(name: &str) -> String {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    format!("{name}-{}-{}", std::process::id(), t % 1_000_000)
+}
+
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+/// Processes killed when the test ends, pass or fail.
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Starts a `nats-server` (`NATS_SERVER_BIN`) with `config` (file path) and `args`, and waits
+/// (bounded) until its client port accepts connections.
+fn nats_server(config: &Path, port: u16, env: &[(&str, &str)], args: &[String]) -> Child {
+    let bin = std::env::var("NATS_SERVER_BIN")
+        .expect("NATS_SERVER_BIN is not set: run `cargo xtask ci`, which provisions nats-server");
+    let log = config.with_extension("log");
+    let mut child = Command::new(bin)
+        .arg("-c")
+        .arg(config)
+        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if child.try_wait().unwrap().is_some() || t.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!("nats-server with {} did not start:\n{log}", config.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
+}
+
+/// `conf` with the one occurrence of the container path `from` moved to `to` on this machine.
+fn replace_once(conf: &str, from: &str, to: &Path) -> String {
+    assert_eq!(conf.matches(from).count(), 1, "{from} once in\n{conf}");
+    conf.replace(from, &to.display().to_string())
+}
+
+/// Spawns `cmd` with stderr followed line by line on a thread.
+fn spawn_following(cmd: &mut Command) -> (Child, Receiver<String>) {
+    let mut child = cmd.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (child, rx)
+}
+
+/// Waits (bounded) for a stderr line containing `text`; returns the lines seen.
+fn wait_for_line(rx: &Receiver<String>, text: &str, within: Duration) -> Vec<String> {
+    let deadline = Instant::now() + within;
+    let mut seen = Vec::new();
+    loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) if line.contains(text) => return seen,
+            Ok(line) => seen.push(line),
+            Err(e) => panic!("no line containing {text:?} ({e}); stderr so far:\n{}", seen.join("\n")),
+        }
+    }
+}
+
+fn status_json(job: &str, store: &str) -> serde_json::Value {
+    let out = etl_coord().args(["status", "--json", "--job", job, "--store", store]).output().unwrap();
+    assert!(out.status.success(), "status failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn assert_all_done(job: &str, store: &str) {
+    let st = status_json(job, store);
+    let splits = st["splits"].as_array().unwrap();
+    assert!(!splits.is_empty(), "{st}");
+    assert!(splits.iter().all(|s| s["state"] == "Done"), "every split Done: {st}");
+}
+
+fn assert_job_state_complete(admin: &str) {
+    let metrics = http_get(admin, "/metrics").expect("the admin server answers");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("etl_coordination_job_state{") && l.ends_with(r#"state="complete"} 1"#)),
+        "job_state complete on {admin}:\n{metrics}"
+    );
+}
+
+fn sigterm(child: &Child) {
+    let ok = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success();
+    assert!(ok);
+}
+
+/// Waits (bounded) for `child` to exit; its exit code.
+fn exit_within(child: &mut Child, within: Duration) -> Option<i32> {
+    let t = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code();
+        }
+        assert!(t.elapsed() < within, "did not exit within {within:?} of SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn the_dockerfile_builds_the_worker_with_the_pinned_toolchain_and_its_features() {
+    let docker = read("Dockerfile");
+    let toolchain = std::fs::read_to_string(deploy().join("../rust-toolchain.toml")).unwrap();
+    let channel = toolchain.lines().find_map(|l| l.strip_prefix("channel = ")).unwrap().trim_matches('"');
+    let minor = channel.rsplit_once('.').unwrap().0; // 1.95.0 -> 1.95
+    assert!(
+        docker.lines().any(|l| l.starts_with(&format!("FROM rust:{minor}-"))),
+        "the build stage uses the toolchain of rust-toolchain.toml ({channel})"
+    );
+    let build = docker.lines().find(|l| l.contains("cargo build")).expect("a cargo build step");
+    assert!(build.contains("--locked") && build.contains("-p etl-coord"), "{build}");
+    let cargo = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml")).unwrap();
+    let features = build.split("--features ").nth(1).unwrap().split_whitespace().next().unwrap();
+    for f in features.split(',') {
+        assert!(cargo.contains(&format!("\n{f} = [")), "feature {f} exists in etl-coord's Cargo.toml");
+    }
+    assert!(docker.contains(r#"ENTRYPOINT ["etl-coord"]"#));
+    assert!(docker.contains("COPY --from=build /src/target/release/etl-coord /usr/local/bin/etl-coord"));
+    let ignore = std::fs::read_to_string(deploy().join("../.dockerignore")).unwrap();
+    assert!(ignore.lines().any(|l| l.trim() == "target/"), "the build context leaves target/ out");
+}
+
+#[test]
+fn the_compose_replicas_run_their_command_against_the_compose_nats_config() {
+    let compose = yaml_docs("docker-compose.yml").remove(0);
+    let nats = &compose["services"]["nats"];
+    assert!(str_of(nats, &["image"]).starts_with("nats:2.11"), "NATS >= 2.11: {nats:?}");
+    let mount = nats["volumes"][0].as_str().unwrap();
+    let (src, rest) = mount.split_once(':').unwrap();
+    let dst = rest.split(':').next().unwrap();
+    let cmd: Vec<&str> = nats["command"].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert_eq!(cmd, ["--config", dst], "the server runs the mounted configuration");
+    let dev_conf = deploy().join(src);
+    assert!(std::fs::read_to_string(&dev_conf).unwrap().contains("sync_interval: always"));
+
+    let pipeline = &compose["services"]["pipeline"];
+    let replicas = pipeline["deploy"]["replicas"].as_u64().unwrap();
+    assert_eq!(replicas, 2);
+    let nats_url = str_of(pipeline, &["environment", "NATS_URL"]);
+    assert_eq!(nats_url, "nats://nats:4222", "the pipeline reaches the nats service on its client port");
+    let entry: Vec<&str> =
+        pipeline["entrypoint"].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert_eq!(&entry[..2], ["/bin/sh", "-c"]);
+    // Compose turns `$$` into `$`; the container's shell expands the rest.
+    let mut script = entry[2].replace("$$", "$");
+    let words: Vec<String> = script.split_whitespace().map(|w| w.trim_matches('"').to_owned()).collect();
+    assert_eq!(&words[..3], ["exec", "etl-coord", "worker"]);
+    assert_known_flags("docker-compose.yml", &words);
+    let grace = secs(str_of(pipeline, &["stop_grace_period"]));
+    assert!(grace > secs(flag(&words, "--drain-timeout").unwrap()), "stop_grace_period > --drain-timeout");
+    assert_eq!(flag(&words, "--instance-id"), Some("$HOSTNAME"), "instance ids from the container hostname");
+    assert_eq!(
+        flag(&words, "--on-complete"),
+        Some("wait"),
+        "a restart: on-failure replica stays up when done"
+    );
+
+    // What Docker would do for us: the NATS server from the compose config (on a free port and
+    // a temporary store instead of /data), the input volume mapped to its directory on this
+    // machine, each replica in its own network namespace (here: its own admin port), and a job
+    // name of this run's own.
+    let tmp = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let local_conf = tmp.path().join("dev.conf");
+    std::fs::write(
+        &local_conf,
+        replace_once(&std::fs::read_to_string(&dev_conf).unwrap(), "/data", tmp.path()),
+    )
+    .unwrap();
+    let mut procs = Procs(vec![nats_server(&local_conf, port, &[], &["-m".into(), free_port().to_string()])]);
+    let input = pipeline["volumes"][0].as_str().unwrap();
+    let (src, rest) = input.split_once(':').unwrap();
+    let dst = rest.split(':').next().unwrap();
+    let local_input = deploy().join(src);
+    script = script.replace(&format!("files:{dst}"), &format!("files:{}", local_input.display()));
+    let job = unique("compose");
+    script = script.replace(&format!("--job {}", flag(&words, "--job").unwrap()), &format!("--job {job}"));
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_etl-coord")).parent().unwrap().to_owned();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let store = format!("nats://127.0.0.1:{port}");
+    let mut replicas_out = Vec::new();
+    for i in 0..replicas {
+        let admin = format!("127.0.0.1:{}", free_port());
+        let script = script.replace(flag(&words, "--admin-addr").unwrap(), &admin);
+        let (child, rx) = spawn_following(
+            Command::new("/bin/sh")
+                .args(["-c", &script])
+                .env("PATH", &path)
+                .env("HOSTNAME", format!("pipeline-{i}"))
+                .env("NATS_URL", &store),
+        );
+        procs.0.push(child);
+        replicas_out.push((rx, admin));
+    }
+    for (i, (rx, admin)) in replicas_out.iter().enumerate() {
+        let seen = wait_for_line(rx, "--on-complete wait", Duration::from_secs(60));
+        assert!(seen.iter().all(|l| !l.contains("ERROR")), "{}", seen.join("\n"));
+        assert_job_state_complete(admin);
+        let metrics = http_get(admin, "/metrics").unwrap();
+        assert!(metrics.contains(&format!(r#"instance="pipeline-{i}""#)), "id from $HOSTNAME:\n{metrics}");
+    }
+    assert_all_done(&job, &store);
+    for child in procs.0.iter_mut().skip(1) {
+        sigterm(child);
+        assert_eq!(exit_within(child, Duration::from_secs(grace)), Some(0));
+    }
+}
+
+/// The pipeline Deployment, its container, and its args.
+fn deployment() -> (Value, Value, Vec<String>) {
+    let docs = yaml_docs("kubernetes/pipeline.yaml");
+    let dep = docs.iter().find(|d| d["kind"] == "Deployment").expect("a Deployment").clone();
+    let container = dep["spec"]["template"]["spec"]["containers"][0].clone();
+    let args =
+        container["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect();
+    (dep, container, args)
+}
+
+#[test]
+fn the_kubernetes_deployment_agrees_with_the_worker_and_the_services() {
+    let docs = yaml_docs("kubernetes/pipeline.yaml");
+    let kinds: BTreeSet<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, BTreeSet::from(["Deployment", "Service"]), "a plain Deployment, no StatefulSet");
+    let (dep, container, args) = deployment();
+    let pod = &dep["spec"]["template"];
+    assert!(pod["spec"]["volumes"].is_null() && container["volumeMounts"].is_null(), "no volumes");
+    assert_eq!(args[0], "worker");
+    assert_known_flags("pipeline.yaml", &args);
+
+    // Drain on SIGTERM must finish before the kubelet's SIGKILL.
+    let grace = pod["spec"]["terminationGracePeriodSeconds"].as_u64().unwrap();
+    let drain = secs(flag(&args, "--drain-timeout").expect("--drain-timeout set explicitly"));
+    assert!(grace > drain, "terminationGracePeriodSeconds {grace} > drain timeout {drain}");
+
+    // Replicated buckets, with leases long enough for a NATS leader election.
+    assert_eq!(flag(&args, "--nats-replicas"), Some("3"));
+    assert!(secs(flag(&args, "--lease-duration").unwrap()) >= 15);
+    assert_eq!(flag(&args, "--on-complete"), Some("wait"), "a finished pod must not crash-loop");
+
+    // The instance id comes from the pod name through the downward API.
+    let env = container["env"].as_sequence().unwrap();
+    let pod_name = env.iter().find(|e| e["name"] == "POD_NAME").expect("POD_NAME in env");
+    assert_eq!(str_of(pod_name, &["valueFrom", "fieldRef", "fieldPath"]), "metadata.name");
+    assert!(args.iter().all(|a| a != "--instance-id"), "no fixed id: every replica would share it");
+
+    // Admin server, probes, scrape annotations and the Service all name the same port.
+    let admin_port: u64 = flag(&args, "--admin-addr").unwrap().rsplit_once(':').unwrap().1.parse().unwrap();
+    let port = &container["ports"][0];
+    assert_eq!(port["containerPort"].as_u64(), Some(admin_port));
+    let port_name = str_of(port, &["name"]);
+    assert_eq!(str_of(&container, &["readinessProbe", "httpGet", "path"]), "/readyz");
+    assert_eq!(str_of(&container, &["livenessProbe", "httpGet", "path"]), "/healthz");
+    for probe in ["readinessProbe", "livenessProbe"] {
+        assert_eq!(str_of(&container, &[probe, "httpGet", "port"]), port_name);
+    }
+    let ann = &pod["metadata"]["annotations"];
+    assert_eq!(ann["prometheus.io/scrape"].as_str(), Some("true"));
+    assert_eq!(ann["prometheus.io/port"].as_str(), Some(admin_port.to_string().as_str()));
+    assert_eq!(ann["prometheus.io/path"].as_str(), Some("/metrics"));
+    let svc = docs.iter().find(|d| d["kind"] == "Service").unwrap();
+    assert_eq!(svc["spec"]["selector"], pod["metadata"]["labels"], "the Service selects the pods");
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"].as_str(), Some(port_name));
+    let selector = &dep["spec"]["selector"]["matchLabels"];
+    assert_eq!(selector, &pod["metadata"]["labels"], "the Deployment selects its own pods");
+
+    // The store URL names the NATS client Service of nats.yaml on its port.
+    let nats = yaml_docs("kubernetes/nats.yaml");
+    let store = flag(&args, "--store").unwrap();
+    let host = store.strip_prefix("nats://").unwrap().split(':').next().unwrap();
+    let client = nats.iter().find(|d| d["kind"] == "Service" && d["metadata"]["name"] == host);
+    let client = client.unwrap_or_else(|| panic!("nats.yaml has no Service {host:?} for {store}"));
+    assert_eq!(client["spec"]["ports"][0]["port"].as_u64(), Some(4222));
+}
+
+#[test]
+fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_on() {
+    let docs = yaml_docs("kubernetes/nats.yaml");
+    let sts = docs.iter().find(|d| d["kind"] == "StatefulSet").expect("a StatefulSet");
+    let name = str_of(sts, &["metadata", "name"]);
+    let headless = str_of(sts, &["spec", "serviceName"]);
+    let replicas = sts["spec"]["replicas"].as_u64().unwrap();
+    assert_eq!(replicas, 3);
+    let svc = docs.iter().find(|d| d["kind"] == "Service" && d["metadata"]["name"] == headless).unwrap();
+    assert!(svc["spec"]["clusterIP"] == "None", "{headless} is headless (stable pod DNS names)");
+    let conf = str_of(docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap(), &["data", "nats.conf"]);
+    assert!(conf.contains("sync_interval: always"));
+
+    // Three nodes from the ConfigMap's configuration on loopback: the routes' pod DNS names
+    // (nats-N.nats-cluster) become this machine's ports; everything else is the file as is.
+    let tmp = tempfile::tempdir().unwrap();
+    let ports: Vec<(u16, u16, u16)> =
+        (0..replicas).map(|_| (free_port(), free_port(), free_port())).collect();
+    let mut local = conf.to_owned();
+    for (i, (_, cport, _)) in ports.iter().enumerate() {
+        let route = format!("{name}-{i}.{headless}:6222");
+        assert!(local.contains(&route), "the routes name the StatefulSet's pods: {route} in\n{conf}");
+        local = local.replace(&route, &format!("127.0.0.1:{cport}"));
+    }
+    let mut procs = Procs(Vec::new());
+    for (i, (port, cport, mport)) in ports.iter().enumerate() {
+        // Each node its own store directory and pid file (a pod each has its own).
+        let dir = tmp.path().join(format!("n{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let node = replace_once(&replace_once(&local, "/data", &dir), "/var/run/nats", &dir);
+        let conf_path = tmp.path().join(format!("n{i}.conf"));
+        std::fs::write(&conf_path, node).unwrap();
+        let pod = format!("{name}-{i}");
+        procs.0.push(nats_server(
+            &conf_path,
+            *port,
+            &[("POD_NAME", pod.as_str())],
+            &["-m".into(), mport.to_string(), "--cluster".into(), format!("nats://127.0.0.1:{cport}")],
+        ));
+    }
+    // The cluster is ready when every node's health endpoint reports JetStream healthy
+    // (meta leader elected).
+    let t = Instant::now();
+    for (_, _, mport) in &ports {
+        while !http_get(&format!("127.0.0.1:{mport}"), "/healthz")
+            .is_some_and(|r| r.starts_with("HTTP/1.1 200"))
+        {
+            assert!(t.elapsed() < Duration::from_secs(60), "the 3-node cluster did not become healthy");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    // Two pods from the Deployment's container spec: args as written, except the store (the
+    // three loopback nodes instead of the Service), the source (the sample input instead of the
+    // bucket) and the admin address (one port per pod); env as written, with the downward-API
+    // pod name (dots included, as pod names may have them) and placeholder secrets.
+    let (dep, container, args) = deployment();
+    let grace = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"].as_u64().unwrap();
+    let store = ports.iter().map(|(p, _, _)| format!("nats://127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
+    let job = unique("k8s");
+    let mut pods = Vec::new();
+    for i in 0..2 {
+        let admin = format!("127.0.0.1:{}", free_port());
+        let mut a = args.clone();
+        let mut set = |f: &str, v: &str| {
+            let at = a.iter().position(|x| x == f).unwrap() + 1;
+            a[at] = v.to_owned();
+        };
+        set("--store", &store);
+        set("--source", &format!("files:{}", deploy().join("input").display()));
+        set("--admin-addr", &admin);
+        set("--job", &job);
+        let pod_name = format!("etl-pipeline.7f9c-{i}");
+        let mut cmd = etl_coord();
+        cmd.args(&a);
+        for e in container["env"].as_sequence().unwrap() {
+            let value = match (&e["value"], &e["valueFrom"]) {
+                (Value::String(v), _) => v.clone(),
+                (_, from) if from["fieldRef"]["fieldPath"] == "metadata.name" => pod_name.clone(),
+                (_, from) if !from["secretKeyRef"].is_null() => "placeholder".into(),
+                other => panic!("unexpected env entry {other:?}"),
+            };
+            cmd.env(e["name"].as_str().unwrap(), value);
+        }
+        let (child, rx) = spawn_following(&mut cmd);
+        procs.0.push(child);
+        pods.push((rx, admin, pod_name));
+    }
+    for (rx, admin, pod_name) in &pods {
+        let seen = wait_for_line(rx, "--on-complete wait", Duration::from_secs(90));
+        assert!(seen.iter().all(|l| !l.contains("ERROR")), "{}", seen.join("\n"));
+        assert_job_state_complete(admin);
+        let metrics = http_get(admin, "/metrics").unwrap();
+        let id = pod_name.replace('.', "-");
+        assert!(
+            metrics.contains(&format!(r#"instance="{id}""#)),
+            "instance id {id} from POD_NAME:\n{metrics}"
+        );
+    }
+    assert_all_done(&job, &store);
+    let n = procs.0.len();
+    for child in &mut procs.0[n - 2..] {
+        sigterm(child);
+        assert_eq!(exit_within(child, Duration::from_secs(grace)), Some(0));
+    }
+}
+
+fn promtool() -> Command {
+    let bin = std::env::var("PROMTOOL")
+        .expect("PROMTOOL is not set: run `cargo xtask ci`, which provisions promtool (or set PROMTOOL)");
+    let mut cmd = Command::new(bin);
+    cmd.current_dir(deploy().join("prometheus"));
+    cmd
+}
+
+fn assert_success(cmd: &mut Command) {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_alert_rules_pass_promtool_and_their_unit_tests() {
+    assert_success(promtool().args(["check", "rules", "alerts.yml"]));
+    assert_success(promtool().args(["test", "rules", "alerts.test.yml"]));
+    // The issue's alerts are all there.
+    let rules = read("prometheus/alerts.yml");
+    for alert in [
+        "EtlCoordinationSplitsQuarantined",
+        "EtlCoordinationJobStalled",
+        "EtlCoordinationNoLeader",
+        "EtlCoordinationConflictWritesInBulk",
+        "EtlCoordinationWorkerSelfFencing",
+    ] {
+        assert!(rules.contains(&format!("alert: {alert}")), "{alert} missing");
+        let tests = read("prometheus/alerts.test.yml");
+        assert!(tests.contains(&format!("alertname: {alert}")), "{alert} has no unit test");
+    }
+}
+
+/// The dashboard's queries, with Grafana's variables replaced by concrete values.
+fn dashboard_queries() -> Vec<String> {
+    let d: serde_json::Value = serde_json::from_str(&read("prometheus/grafana-dashboard.json")).unwrap();
+    let vars: Vec<&str> =
+        d["templating"]["list"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
+    assert!(vars.contains(&"job") && vars.contains(&"datasource"), "{vars:?}");
+    d["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter())
+        .map(|t| {
+            let e = t["expr"].as_str().unwrap();
+            assert!(e.contains(r#"coordination_job="$job""#), "every query filters on the job: {e}");
+            e.replace("$job", "backfill").replace("$__rate_interval", "5m")
+        })
+        .collect()
+}
+
+#[test]
+fn the_dashboard_queries_are_valid_promql() {
+    let queries = dashboard_queries();
+    assert!(queries.len() >= 9);
+    let tmp = tempfile::tempdir().unwrap();
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (i, q) in queries.iter().enumerate() {
+        rules += &format!(
+            "      - record: dashboard_query_{i}\n        expr: {}\n",
+            serde_json::to_string(q).unwrap()
+        );
+    }
+    let path = tmp.path().join("dashboard-rules.yml");
+    std::fs::write(&path, rules).unwrap();
+    assert_success(promtool().arg("check").arg("rules").arg(&path));
+}
+
+/// Metric names (`etl_coordination_*`) and `label="value"` pairs in `text`.
+fn metric_refs(text: &str) -> (BTreeSet<String>, BTreeSet<(String, String)>) {
+    let mut metrics = BTreeSet::new();
+    let mut labels = BTreeSet::new();
+    for (i, _) in text.match_indices("etl_coordination_") {
+        let name: String = text[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        // `etl_coordination_*` in prose names the families, not a metric.
+        if !name.ends_with('_') {
+            metrics.insert(name);
+        }
+    }
+    for label in ["state", "outcome", "reason", "op"] {
+        for (i, _) in
+            text.match_indices(&format!("{label}=\\\"")).chain(text.match_indices(&format!("{label}=\"")))
+        {
+            let rest = &text[i + label.len() + 1..];
+            let rest = rest.trim_start_matches('\\').trim_start_matches('"');
+            let value: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            labels.insert((label.to_owned(), value));
+        }
+    }
+    (metrics, labels)
+}
+
+#[test]
+fn every_metric_and_label_value_the_alerts_and_dashboard_use_exists() {
+    let histogram = names::STORE_OP_DURATION_SECONDS;
+    let known = |m: &str| {
+        names::ALL.contains(&m)
+            || ["_bucket", "_sum", "_count"].iter().any(|s| m.strip_suffix(s) == Some(histogram))
+    };
+    let dashboard = read("prometheus/grafana-dashboard.json");
+    for (file, text) in [
+        ("alerts.yml", read("prometheus/alerts.yml")),
+        ("alerts.test.yml", read("prometheus/alerts.test.yml")),
+        ("grafana-dashboard.json", dashboard.clone()),
+    ] {
+        let (metrics, labels) = metric_refs(&text);
+        assert!(!metrics.is_empty(), "{file} uses no metric");
+        for m in &metrics {
+            assert!(known(m), "{file} uses {m}, which the metrics crate does not define");
+        }
+        for (label, value) in &labels {
+            let values: Vec<&str> = match label.as_str() {
+                "state" => JOB_STATES.to_vec(),
+                "outcome" => WRITE_OUTCOMES.to_vec(),
+                "reason" => [&REVOCATION_REASONS[..], &ACQUISITION_REASONS[..]].concat(),
+                _ => STORE_OPS.to_vec(),
+            };
+            assert!(
+                values.contains(&value.as_str()),
+                "{file} uses {label}=\"{value}\", not a value the workers emit"
+            );
+        }
+    }
+    // The dashboard shows every family.
+    let (used, _) = metric_refs(&dashboard);
+    for family in names::ALL {
+        assert!(used.iter().any(|m| m.starts_with(family)), "the dashboard does not show {family}");
+    }
+}
