@@ -4,7 +4,7 @@
 //!   (the NATS ones against servers it provisions), and a simulation sweep.
 //! - `cargo xtask itest`: provisions NATS and runs the integration suites, with a summary table.
 //! - `cargo xtask sim --seeds N [--start S]`: a sweep of N seeds with a summary.
-//! - `cargo xtask sim --seed S [--mutation NAME]`: one seed, reproduced exactly.
+//! - `cargo xtask sim --seed S`: one seed, reproduced exactly.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -64,6 +64,11 @@ fn flag(args: &[String], name: &str) -> Result<Option<u64>> {
 }
 
 fn sim(args: &[String]) -> Result<()> {
+    for pair in args.chunks(2) {
+        if !["--seed", "--seeds", "--start"].contains(&pair[0].as_str()) || pair.len() < 2 {
+            bail!("usage: cargo xtask sim --seeds N [--start S] | --seed S (got {args:?})");
+        }
+    }
     if let Some(seed) = flag(args, "--seed")? {
         let report = run(seed, &Options::for_seed(seed));
         print_one(&report);
@@ -202,12 +207,13 @@ fn cargo_env(args: &[&str], env: &[(&str, &str)]) -> Result<()> {
 /// `cargo xtask itest`: provisions NATS and runs every integration suite, then prints a table.
 fn itest() -> Result<()> {
     let servers = Servers::provision()?;
-    let suites: [(&str, &[&str]); 5] = [
+    let suites: [(&str, &[&str]); 6] = [
         ("nats conformance (single server)", &["-p", "etl-coordination-nats", "--test", "conformance"]),
         ("nats conformance (3 nodes, R3)", &["-p", "etl-coordination-nats", "--test", "conformance_cluster"]),
         ("nats startup checks", &["-p", "etl-coordination-nats", "--test", "setup"]),
         ("failure modes (real processes)", &["-p", "etl-coord", "--test", "nats_workers"]),
         ("deployment files", &["-p", "etl-coord", "--test", "deploy"]),
+        ("documented commands", &["-p", "etl-coord", "--test", "docs"]),
     ];
     let mut rows = Vec::new();
     let mut failed = false;
@@ -259,6 +265,36 @@ fn ci() -> Result<()> {
     drop(servers);
     let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5000);
     sweep(0, seeds)?;
+    documented_sim_commands()?;
     println!("ci passed in {:.0}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Runs every `cargo xtask sim ...` line of the documentation's `sh` blocks, so they cannot rot
+/// (the other documented commands are run by `crates/etl-coord/tests/docs.rs`).
+fn documented_sim_commands() -> Result<()> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = vec![root.join("README.md"), root.join("deploy/README.md")];
+    for e in std::fs::read_dir(root.join("docs"))? {
+        files.push(e?.path());
+    }
+    let mut ran = 0;
+    for file in files.iter().filter(|f| f.extension().is_some_and(|x| x == "md")) {
+        let text = std::fs::read_to_string(file)?;
+        let mut in_sh = false;
+        for line in text.lines().map(str::trim) {
+            if let Some(info) = line.strip_prefix("```") {
+                in_sh = !in_sh && info == "sh";
+            } else if in_sh && let Some(args) = line.strip_prefix("cargo xtask sim ") {
+                println!("$ {line}    (documented in {})", file.display());
+                let args: Vec<String> = args.split_whitespace().map(str::to_owned).collect();
+                sim(&args).with_context(|| format!("documented command `{line}` in {}", file.display()))?;
+                ran += 1;
+            }
+        }
+    }
+    if ran == 0 {
+        bail!("no documented `cargo xtask sim` command found (README.md shows some)");
+    }
     Ok(())
 }

@@ -324,11 +324,11 @@ fn with_on_complete_wait_a_finished_worker_stays_up_until_sigterm() {
     assert!(http_get(&addr, "/healthz").unwrap().starts_with("HTTP/1.1 200"));
     let metrics = http_get(&addr, "/metrics").unwrap();
     for (state, v) in [("complete", 1), ("running", 0), ("stalled", 0)] {
-        let series = format!(r#"etl_coordination_job_state{{coordination_job="t-wait",instance="#);
+        let series = r#"etl_coordination_job_state{coordination_job="t-wait",instance="#;
         assert!(
             metrics
                 .lines()
-                .any(|l| l.starts_with(&series) && l.ends_with(&format!(r#"state="{state}"}} {v}"#))),
+                .any(|l| l.starts_with(series) && l.ends_with(&format!(r#"state="{state}"}} {v}"#))),
             "job_state {state} = {v} expected in:\n{metrics}"
         );
     }

@@ -221,7 +221,8 @@ impl Session {
                     args[i + 1]
                 );
             }
-            if let Some((kind, name)) = a.split_once('/') {
+            let is_path = i > 0 && args[i - 1] == "-f";
+            if let Some((kind, name)) = a.split_once('/').filter(|_| !is_path) {
                 let kind = match kind {
                     "deployment" | "deploy" => "Deployment",
                     "svc" | "service" => "Service",
