@@ -213,26 +213,14 @@ async fn bucket(
     name: &str,
     ttl: bool,
 ) -> Result<NatsStore, StoreError> {
-    let kv = match js.get_key_value(name).await {
-        Ok(kv) => kv,
-        Err(_) => {
-            let cfg = kv::Config {
-                bucket: name.to_owned(),
-                history: 1,
-                num_replicas: config.replicas,
-                limit_markers: ttl.then_some(config.limit_marker_ttl),
-                ..Default::default()
-            };
-            match js.create_key_value(cfg).await {
-                Ok(kv) => kv,
-                // Another worker created it meanwhile.
-                Err(_) => js
-                    .get_key_value(name)
-                    .await
-                    .map_err(|e| setup(format!("cannot create or open bucket {name}: {e}")))?,
-            }
-        }
+    let cfg = kv::Config {
+        bucket: name.to_owned(),
+        history: 1,
+        num_replicas: config.replicas,
+        limit_markers: ttl.then_some(config.limit_marker_ttl),
+        ..Default::default()
     };
+    let kv = open_or_create(js, cfg).await?;
     let stream = format!("KV_{name}");
     let mut s = js
         .get_stream(&stream)
@@ -260,6 +248,29 @@ async fn bucket(
         op_timeout: config.op_timeout,
         marker_ttl: ttl.then_some(config.limit_marker_ttl),
     })
+}
+
+/// Opens the bucket, or creates it if it does not exist. Workers of a new job start together,
+/// so creation races are normal: a create fails because another worker's create is in flight,
+/// and on a cluster the new stream becomes visible to every server a moment later (opening it
+/// meanwhile says "stream not found"). Both are retried for a few seconds; a bucket that can
+/// still be neither opened nor created is reported as unavailable with the last error.
+async fn open_or_create(js: &jetstream::Context, cfg: kv::Config) -> Result<kv::Store, StoreError> {
+    let mut last = String::new();
+    for attempt in 0u64..20 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis((50 * attempt).min(500))).await;
+        }
+        let opening = match js.get_key_value(&cfg.bucket).await {
+            Ok(kv) => return Ok(kv),
+            Err(e) => e,
+        };
+        match js.create_key_value(cfg.clone()).await {
+            Ok(kv) => return Ok(kv),
+            Err(e) => last = format!("opening it: {opening}; creating it: {e}"),
+        }
+    }
+    Err(StoreError::Unavailable(format!("cannot create or open bucket {} ({last})", cfg.bucket)))
 }
 
 /// The JetStream API error code anywhere in an error's source chain.

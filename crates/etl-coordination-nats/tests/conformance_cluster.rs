@@ -36,9 +36,10 @@ etl_coordination_store::conformance_tests!(
     fresh_store
 );
 
-/// Workers of a new job starting at once on different nodes: one creates the buckets, the
-/// others open them and write at once, possibly before the stream's subject interest reached
-/// their node (the server answers "no responders"). That must be a retryable error, never a
+/// Workers of a new job starting at once on different nodes: one creates the buckets while the
+/// others' creates fail and their opens may not see the new stream yet, and their first writes
+/// may reach a node before the stream's subject interest did (the server answers "no
+/// responders"). Connecting must succeed, and a write may fail only retryably, never with a
 /// fatal "bucket is gone" (a Deployment's pods all start together).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_starting_together_on_different_nodes_never_fail_fatally() {
@@ -51,8 +52,11 @@ async fn workers_starting_together_on_different_nodes_never_fail_fatally() {
     for round in 0..5 {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let job = JobName::new(format!("race{}x{n}", std::process::id())).unwrap();
+        // Four workers per node, all at once.
         let tasks: Vec<_> = nodes
             .iter()
+            .cycle()
+            .take(12)
             .enumerate()
             .map(|(i, url)| {
                 let (url, job) = (url.clone(), job.clone());
@@ -60,16 +64,26 @@ async fn workers_starting_together_on_different_nodes_never_fail_fatally() {
                     let mut cfg = NatsConfig::new(url);
                     cfg.replicas = 3;
                     cfg.limit_marker_ttl = Duration::from_secs(20);
-                    let j = connect(&cfg, &job).await?;
+                    let j = connect(&cfg, &job).await.map_err(Stage::Connect)?;
                     let k = etl_coordination_core::Key::new(format!("w{i}")).unwrap();
-                    j.lease.create(&k, bytes::Bytes::from_static(b"v"), Some(Duration::from_secs(20))).await
+                    let v = bytes::Bytes::from_static(b"v");
+                    j.lease.create(&k, v, Some(Duration::from_secs(20))).await.map_err(Stage::Write)
                 })
             })
             .collect();
         for t in tasks {
-            if let Err(e) = t.await.unwrap() {
-                assert!(!e.is_fatal() && e.is_retryable(), "round {round}: {e:?}");
+            match t.await.unwrap() {
+                Ok(_) => {}
+                Err(Stage::Connect(e)) => panic!("round {round}: connecting failed: {e:?}"),
+                Err(Stage::Write(e)) => assert!(!e.is_fatal() && e.is_retryable(), "round {round}: {e:?}"),
             }
         }
     }
+}
+
+/// Where a racing worker failed.
+#[derive(Debug)]
+enum Stage {
+    Connect(etl_coordination_core::StoreError),
+    Write(etl_coordination_core::StoreError),
 }
