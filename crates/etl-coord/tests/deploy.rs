@@ -248,7 +248,18 @@ fn the_compose_replicas_run_their_command_against_the_compose_nats_config() {
     let cmd: Vec<&str> = nats["command"].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
     assert_eq!(cmd, ["--config", dst], "the server runs the mounted configuration");
     let dev_conf = deploy().join(src);
-    assert!(std::fs::read_to_string(&dev_conf).unwrap().contains("sync_interval: always"));
+    let dev = std::fs::read_to_string(&dev_conf).unwrap();
+    assert!(dev.contains("sync_interval: always"));
+    // The health check asks the monitoring port the configuration opens.
+    let check = nats["healthcheck"]["test"].as_sequence().unwrap();
+    let url = check.iter().filter_map(|v| v.as_str()).find(|a| a.starts_with("http://")).unwrap();
+    let mport = url.split(':').nth(2).unwrap().split('/').next().unwrap();
+    assert!(dev.contains(&format!("http_port: {mport}")), "{url} vs\n{dev}");
+    assert_eq!(
+        compose["services"]["pipeline"]["depends_on"]["nats"]["condition"].as_str(),
+        Some("service_healthy"),
+        "replicas wait for NATS"
+    );
 
     let pipeline = &compose["services"]["pipeline"];
     let replicas = pipeline["deploy"]["replicas"].as_u64().unwrap();
