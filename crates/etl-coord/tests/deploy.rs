@@ -87,11 +87,6 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-fn unique(name: &str) -> String {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
-    format!("{name}-{}-{}", std::process::id(), t % 1_000_000)
-}
-
 fn http_get(addr: &str, path: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).ok()?;
@@ -255,13 +250,10 @@ fn the_compose_replicas_run_their_command_against_the_compose_nats_config() {
     let url = check.iter().filter_map(|v| v.as_str()).find(|a| a.starts_with("http://")).unwrap();
     let mport = url.split(':').nth(2).unwrap().split('/').next().unwrap();
     assert!(dev.contains(&format!("http_port: {mport}")), "{url} vs\n{dev}");
-    assert_eq!(
-        compose["services"]["pipeline"]["depends_on"]["nats"]["condition"].as_str(),
-        Some("service_healthy"),
-        "replicas wait for NATS"
-    );
 
     let pipeline = &compose["services"]["pipeline"];
+    let condition = pipeline["depends_on"]["nats"]["condition"].as_str();
+    assert_eq!(condition, Some("service_healthy"), "replicas wait for NATS");
     let replicas = pipeline["deploy"]["replicas"].as_u64().unwrap();
     assert_eq!(replicas, 2);
     let nats_url = str_of(pipeline, &["environment", "NATS_URL"]);
@@ -285,8 +277,7 @@ fn the_compose_replicas_run_their_command_against_the_compose_nats_config() {
 
     // What Docker would do for us: the NATS server from the compose config (on a free port and
     // a temporary store instead of /data), the input volume mapped to its directory on this
-    // machine, each replica in its own network namespace (here: its own admin port), and a job
-    // name of this run's own.
+    // machine, and each replica in its own network namespace (here: its own admin port).
     let tmp = tempfile::tempdir().unwrap();
     let port = free_port();
     let local_conf = tmp.path().join("dev.conf");
@@ -301,8 +292,7 @@ fn the_compose_replicas_run_their_command_against_the_compose_nats_config() {
     let dst = rest.split(':').next().unwrap();
     let local_input = deploy().join(src);
     script = script.replace(&format!("files:{dst}"), &format!("files:{}", local_input.display()));
-    let job = unique("compose");
-    script = script.replace(&format!("--job {}", flag(&words, "--job").unwrap()), &format!("--job {job}"));
+    let job = flag(&words, "--job").unwrap();
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_etl-coord")).parent().unwrap().to_owned();
     let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
     let store = format!("nats://127.0.0.1:{port}");
@@ -327,7 +317,7 @@ fn the_compose_replicas_run_their_command_against_the_compose_nats_config() {
         let metrics = http_get(admin, "/metrics").unwrap();
         assert!(metrics.contains(&format!(r#"instance="pipeline-{i}""#)), "id from $HOSTNAME:\n{metrics}");
     }
-    assert_all_done(&job, &store);
+    assert_all_done(job, &store);
     for child in procs.0.iter_mut().skip(1) {
         sigterm(child);
         assert_eq!(exit_within(child, Duration::from_secs(grace)), Some(0));
@@ -459,7 +449,7 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
     let (dep, container, args) = deployment();
     let grace = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"].as_u64().unwrap();
     let store = ports.iter().map(|(p, _, _)| format!("nats://127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
-    let job = unique("k8s");
+    let job = flag(&args, "--job").unwrap().to_owned();
     let mut pods = Vec::new();
     for i in 0..2 {
         let admin = format!("127.0.0.1:{}", free_port());
@@ -471,7 +461,6 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
         set("--store", &store);
         set("--source", &format!("files:{}", deploy().join("input").display()));
         set("--admin-addr", &admin);
-        set("--job", &job);
         let pod_name = format!("etl-pipeline.7f9c-{i}");
         let mut cmd = etl_coord();
         cmd.args(&a);
