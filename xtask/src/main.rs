@@ -15,6 +15,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use etl_coordination_sim::{Options, Report, run};
 
+mod moto;
 mod nats;
 mod promtool;
 
@@ -204,16 +205,20 @@ fn cargo_env(args: &[&str], env: &[(&str, &str)]) -> Result<()> {
     Ok(())
 }
 
+/// The S3 test needs the `cloud` feature, which `cargo test --workspace` does not enable.
+const S3_TEST: &[&str] = &["-p", "etl-coord", "--features", "cloud", "--test", "s3"];
+
 /// `cargo xtask itest`: provisions NATS and runs every integration suite, then prints a table.
 fn itest() -> Result<()> {
     let servers = Servers::provision()?;
-    let suites: [(&str, &[&str]); 6] = [
+    let suites: [(&str, &[&str]); 7] = [
         ("nats conformance (single server)", &["-p", "etl-coordination-nats", "--test", "conformance"]),
         ("nats conformance (3 nodes, R3)", &["-p", "etl-coordination-nats", "--test", "conformance_cluster"]),
         ("nats startup checks", &["-p", "etl-coordination-nats", "--test", "setup"]),
         ("failure modes (real processes)", &["-p", "etl-coord", "--test", "nats_workers"]),
         ("deployment files", &["-p", "etl-coord", "--test", "deploy"]),
         ("documented commands", &["-p", "etl-coord", "--test", "docs"]),
+        ("object-store input (S3 on moto)", S3_TEST),
     ];
     let mut rows = Vec::new();
     let mut failed = false;
@@ -262,6 +267,9 @@ fn ci() -> Result<()> {
     cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
     let servers = Servers::provision()?;
     cargo_env(&["test", "--workspace"], &servers.env())?;
+    let mut s3 = vec!["test"];
+    s3.extend(S3_TEST);
+    cargo_env(&s3, &servers.env())?;
     drop(servers);
     let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5000);
     sweep(0, seeds)?;

@@ -229,6 +229,7 @@ pub struct Servers {
     cluster_url: String,
     bin: String,
     promtool: String,
+    s3: crate::moto::S3,
 }
 
 impl Servers {
@@ -250,17 +251,19 @@ impl Servers {
         };
         let bin = nats_server_bin(NATS_VERSION)?.to_string_lossy().into_owned();
         let promtool = crate::promtool::promtool()?.to_string_lossy().into_owned();
-        Ok(Servers { _guards: guards, url, old_url, cluster_url, bin, promtool })
+        let s3 = crate::moto::start()?;
+        Ok(Servers { _guards: guards, url, old_url, cluster_url, bin, promtool, s3 })
     }
 
     /// The environment the test suites read.
-    pub fn env(&self) -> [(&str, &str); 5] {
+    pub fn env(&self) -> [(&str, &str); 6] {
         [
             ("NATS_URL", &self.url),
             ("NATS_OLD_URL", &self.old_url),
             ("NATS_CLUSTER_URL", &self.cluster_url),
             ("NATS_SERVER_BIN", &self.bin),
             ("PROMTOOL", &self.promtool),
+            ("S3_ENDPOINT", &self.s3.endpoint),
         ]
     }
 }

@@ -1,0 +1,66 @@
+//! An S3 endpoint for the object-store test (`crates/etl-coord/tests/s3.rs`): `S3_ENDPOINT` if
+//! set, else a moto server (PyPI `moto[server]`, installed into `target/moto/`) on a free
+//! loopback port, stopped when dropped.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+/// The moto release the tests run against.
+const MOTO_VERSION: &str = "5.2.5";
+
+/// A running S3 endpoint.
+pub struct S3 {
+    child: Option<Child>,
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+}
+
+impl Drop for S3 {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// `S3_ENDPOINT`, or a moto server started here.
+pub fn start() -> Result<S3> {
+    if let Ok(endpoint) = std::env::var("S3_ENDPOINT") {
+        return Ok(S3 { child: None, endpoint });
+    }
+    let dir = crate::nats::target_dir().join("moto").join(MOTO_VERSION);
+    if !dir.join("moto").is_dir() {
+        println!("$ python3 -m pip install --target {} moto[server]=={MOTO_VERSION}", dir.display());
+        let status = Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"])
+            .arg(&dir)
+            .arg(format!("moto[server]=={MOTO_VERSION}"))
+            .status()
+            .context("running pip (python3 is needed to provision the moto S3 server)")?;
+        if !status.success() {
+            bail!(
+                "could not install moto[server] {MOTO_VERSION} from PyPI; set S3_ENDPOINT to an S3 endpoint"
+            );
+        }
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let child = Command::new("python3")
+        .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
+        .env("PYTHONPATH", &dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting the moto server")?;
+    let s3 = S3 { child: Some(child), endpoint: format!("http://127.0.0.1:{port}") };
+    for _ in 0..400 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            println!("moto {MOTO_VERSION} (S3) listening on {}", s3.endpoint);
+            return Ok(s3);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("the moto server did not start listening on port {port}")
+}
