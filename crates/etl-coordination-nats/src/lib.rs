@@ -220,23 +220,17 @@ async fn bucket(
         limit_markers: ttl.then_some(config.limit_marker_ttl),
         ..Default::default()
     };
-    let kv = open_or_create(js, cfg).await?;
     let stream = format!("KV_{name}");
-    let mut s = js
-        .get_stream(&stream)
-        .await
-        .map_err(|e| setup(format!("cannot read the configuration of bucket {name}: {e}")))?;
-    let info =
-        s.info().await.map_err(|e| setup(format!("cannot read the configuration of bucket {name}: {e}")))?;
-    if ttl && (!info.config.allow_message_ttl || info.config.subject_delete_marker_ttl.is_none()) {
+    let (kv, stream_config) = open_or_create(js, cfg, &stream).await?;
+    if ttl && (!stream_config.allow_message_ttl || stream_config.subject_delete_marker_ttl.is_none()) {
         return Err(setup(format!(
             "bucket {name} exists without per-message TTLs and limit markers, so leases would never expire; delete it (`nats kv del {name}`) or use another job name"
         )));
     }
-    if info.config.max_messages_per_subject != 1 {
+    if stream_config.max_messages_per_subject != 1 {
         return Err(setup(format!(
             "bucket {name} keeps history {} (must be 1: with history the server raises every TTL to the marker TTL); delete it or use another job name",
-            info.config.max_messages_per_subject
+            stream_config.max_messages_per_subject
         )));
     }
     Ok(NatsStore {
@@ -250,27 +244,50 @@ async fn bucket(
     })
 }
 
-/// Opens the bucket, or creates it if it does not exist. Workers of a new job start together,
-/// so creation races are normal: a create fails because another worker's create is in flight,
-/// and on a cluster the new stream becomes visible to every server a moment later (opening it
-/// meanwhile says "stream not found"). Both are retried for a few seconds; a bucket that can
-/// still be neither opened nor created is reported as unavailable with the last error.
-async fn open_or_create(js: &jetstream::Context, cfg: kv::Config) -> Result<kv::Store, StoreError> {
-    let mut last = String::new();
-    for attempt in 0u64..20 {
-        if attempt > 0 {
-            tokio::time::sleep(Duration::from_millis((50 * attempt).min(500))).await;
-        }
-        let opening = match js.get_key_value(&cfg.bucket).await {
-            Ok(kv) => return Ok(kv),
+/// Opens the bucket, or creates it if it does not exist, and reads back its stream's
+/// configuration. Workers of a new job start together, so creation races are normal: a create
+/// fails because another worker's create is in flight, and on a cluster a new stream becomes
+/// visible to every server (and gets a leader that answers for it) a moment later, so opening
+/// it or reading its configuration meanwhile says "stream not found". All of it is retried for
+/// up to 15 s; a bucket that still cannot be opened or created is reported as unavailable with
+/// the last errors.
+async fn open_or_create(
+    js: &jetstream::Context,
+    cfg: kv::Config,
+    stream: &str,
+) -> Result<(kv::Store, jetstream::stream::Config), StoreError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let mut attempt = 0u64;
+    loop {
+        let kv = match js.get_key_value(&cfg.bucket).await {
+            Ok(kv) => Ok(kv),
+            Err(opening) => js
+                .create_key_value(cfg.clone())
+                .await
+                .map_err(|e| format!("opening it: {opening}; creating it: {e}")),
+        };
+        let last = match kv {
+            Ok(kv) => match read_config(js, stream).await {
+                Ok(config) => return Ok((kv, config)),
+                Err(e) => format!("reading its configuration: {e}"),
+            },
             Err(e) => e,
         };
-        match js.create_key_value(cfg.clone()).await {
-            Ok(kv) => return Ok(kv),
-            Err(e) => last = format!("opening it: {opening}; creating it: {e}"),
+        attempt += 1;
+        let pause = Duration::from_millis((50 * attempt).min(500));
+        if tokio::time::Instant::now() + pause > deadline {
+            return Err(StoreError::Unavailable(format!(
+                "cannot create or open bucket {} ({last})",
+                cfg.bucket
+            )));
         }
+        tokio::time::sleep(pause).await;
     }
-    Err(StoreError::Unavailable(format!("cannot create or open bucket {} ({last})", cfg.bucket)))
+}
+
+async fn read_config(js: &jetstream::Context, stream: &str) -> Result<jetstream::stream::Config, String> {
+    let mut s = js.get_stream(stream).await.map_err(|e| e.to_string())?;
+    Ok(s.info().await.map_err(|e| e.to_string())?.config.clone())
 }
 
 /// The JetStream API error code anywhere in an error's source chain.
