@@ -2,10 +2,8 @@
 //! set, else a moto server (PyPI `moto[server]`, installed into `target/moto/`) on a free
 //! loopback port, stopped when dropped.
 
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
-
 use anyhow::{Context, Result, bail};
+use std::process::{Child, Command, Stdio};
 
 /// The moto release the tests run against.
 const MOTO_VERSION: &str = "5.2.5";
@@ -55,12 +53,7 @@ pub fn start() -> Result<S3> {
         .spawn()
         .context("starting the moto server")?;
     let s3 = S3 { child: Some(child), endpoint: format!("http://127.0.0.1:{port}") };
-    for _ in 0..400 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            println!("moto {MOTO_VERSION} (S3) listening on {}", s3.endpoint);
-            return Ok(s3);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    bail!("the moto server did not start listening on port {port}")
+    crate::nats::wait_for_port(port, "the moto server")?;
+    println!("moto {MOTO_VERSION} (S3) listening on {}", s3.endpoint);
+    Ok(s3)
 }

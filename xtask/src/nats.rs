@@ -120,15 +120,20 @@ fn start_node(version: &str, port: u16, extra: &[&str]) -> Result<NatsProcess> {
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
     let server = NatsProcess { child, dir, url: format!("nats://127.0.0.1:{port}") };
-    // Bounded wait for the port to accept connections.
-    for _ in 0..200 {
+    wait_for_port(port, &format!("nats-server {version}"))?;
+    println!("nats-server {version} listening on {}", server.url);
+    Ok(server)
+}
+
+/// Waits (at most 20 s) until something accepts connections on the loopback `port`.
+pub fn wait_for_port(port: u16, what: &str) -> Result<()> {
+    for _ in 0..400 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            println!("nats-server {version} listening on {}", server.url);
-            return Ok(server);
+            return Ok(());
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    bail!("nats-server {version} did not start listening on port {port}")
+    bail!("{what} did not start listening on port {port}")
 }
 
 /// Starts a 3-node JetStream cluster on free loopback ports; returns the nodes.

@@ -60,6 +60,14 @@ fn the_demo_survives_chaos_without_loss() {
     assert!(out.contains("kills"), "chaos happened: {out}");
 }
 
+/// A temporary directory with an empty `data/` in it.
+fn data_dir() -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    (tmp, data)
+}
+
 fn input(dir: &Path, files: usize, lines: usize) -> BTreeSet<String> {
     generate(dir, files, lines).unwrap();
     input_keys(dir).unwrap()
@@ -67,9 +75,7 @@ fn input(dir: &Path, files: usize, lines: usize) -> BTreeSet<String> {
 
 #[test]
 fn a_standalone_worker_processes_everything_into_its_sink() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    std::fs::create_dir(&data).unwrap();
+    let (tmp, data) = data_dir();
     let expected = input(&data, 5, 200);
     let sink = tmp.path().join("out.jsonl");
     let (code, out, err) = run(etl_coord().args([
@@ -98,9 +104,7 @@ fn a_standalone_worker_processes_everything_into_its_sink() {
 
 #[test]
 fn an_unprocessable_split_is_quarantined_and_the_worker_exits_3() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    std::fs::create_dir(&data).unwrap();
+    let (_tmp, data) = data_dir();
     input(&data, 3, 50);
     std::fs::write(data.join("bad.txt"), "fine\nBROKEN record\n").unwrap();
     let (code, out, err) = run(etl_coord().args([
@@ -206,9 +210,7 @@ fn http_get(addr: &str, path: &str) -> Option<String> {
 
 #[test]
 fn the_admin_server_serves_metrics_and_health_and_sigterm_drains() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    std::fs::create_dir(&data).unwrap();
+    let (_tmp, data) = data_dir();
     input(&data, 2, 400);
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let addr = format!("127.0.0.1:{port}");
@@ -261,9 +263,7 @@ fn the_admin_server_serves_metrics_and_health_and_sigterm_drains() {
 
 #[test]
 fn a_poison_marker_aborts_the_process_like_a_crash() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    std::fs::create_dir(&data).unwrap();
+    let (tmp, data) = data_dir();
     std::fs::write(data.join("a.txt"), "fine\nPOISON here\nnever reached\n").unwrap();
     let sink = tmp.path().join("out.jsonl");
     let (code, _, err) = run(etl_coord().args([
@@ -288,9 +288,7 @@ fn a_poison_marker_aborts_the_process_like_a_crash() {
 #[test]
 fn with_on_complete_wait_a_finished_worker_stays_up_until_sigterm() {
     use std::io::BufRead;
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    std::fs::create_dir(&data).unwrap();
+    let (_tmp, data) = data_dir();
     input(&data, 2, 50);
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let addr = format!("127.0.0.1:{port}");

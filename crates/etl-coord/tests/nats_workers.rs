@@ -22,6 +22,15 @@ fn job(name: &str) -> String {
     )
 }
 
+/// A temporary directory holding `files` generated input files of `lines` lines in `data/`.
+fn dataset(files: usize, lines: usize) -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    generate(&data, files, lines).unwrap();
+    (tmp, data)
+}
+
 fn worker(job: &str, id: &str, data: &std::path::Path, sink: &std::path::Path, extra: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_etl-coord"))
         .args([
@@ -62,10 +71,7 @@ fn records_in(sinks: &[&std::path::Path]) -> BTreeSet<String> {
 
 #[test]
 fn a_killed_worker_is_taken_over_through_nats_with_no_loss() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    std::fs::create_dir(&data).unwrap();
-    generate(&data, 8, 400).unwrap();
+    let (tmp, data) = dataset(8, 400);
     let expected = input_keys(&data).unwrap();
     let job = job("kill");
     let (sa, sb) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
@@ -105,10 +111,7 @@ fn a_killed_worker_is_taken_over_through_nats_with_no_loss() {
 
 #[test]
 fn two_workers_with_different_planners_are_refused_naming_both_fingerprints() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    std::fs::create_dir(&data).unwrap();
-    generate(&data, 2, 50).unwrap();
+    let (tmp, data) = dataset(2, 50);
     let job = job("diverge");
     let sink = tmp.path().join("s.jsonl");
     let a = worker(&job, "wa", &data, &sink, &["--split-size", "20000"]);
@@ -143,10 +146,7 @@ fn status_json(job: &str) -> serde_json::Value {
 
 #[test]
 fn a_drained_worker_hands_over_at_once_without_consuming_attempts() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    std::fs::create_dir(&data).unwrap();
-    generate(&data, 6, 300).unwrap();
+    let (tmp, data) = dataset(6, 300);
     let expected = input_keys(&data).unwrap();
     let job = job("drain");
     let (sa, sb) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
@@ -181,10 +181,7 @@ fn a_drained_worker_hands_over_at_once_without_consuming_attempts() {
 
 #[test]
 fn a_stopped_zombie_is_fenced_after_a_takeover_and_nothing_is_lost() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    std::fs::create_dir(&data).unwrap();
-    generate(&data, 4, 400).unwrap();
+    let (tmp, data) = dataset(4, 400);
     let expected = input_keys(&data).unwrap();
     let job = job("zombie");
     let (sa, sb) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
@@ -211,10 +208,7 @@ fn a_stopped_zombie_is_fenced_after_a_takeover_and_nothing_is_lost() {
 
 #[test]
 fn a_poison_split_that_crashes_every_owner_is_quarantined_and_every_worker_exits_3() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    std::fs::create_dir(&data).unwrap();
-    generate(&data, 3, 100).unwrap();
+    let (tmp, data) = dataset(3, 100);
     std::fs::write(data.join("poison.txt"), "ok\nPOISON\n").unwrap();
     let job = job("poison");
     let args = ["--split-size", "6000", "--max-attempts", "2", "--poison-marker", "POISON"];
@@ -300,10 +294,7 @@ impl Drop for OwnServer {
 
 #[test]
 fn workers_self_fence_through_a_nats_outage_and_finish_when_it_returns() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    std::fs::create_dir(&data).unwrap();
-    generate(&data, 4, 500).unwrap();
+    let (tmp, data) = dataset(4, 500);
     let expected = input_keys(&data).unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let server = OwnServer::start(port, tempfile::tempdir().unwrap());
@@ -348,10 +339,7 @@ fn workers_self_fence_through_a_nats_outage_and_finish_when_it_returns() {
 
 #[test]
 fn when_the_leader_is_killed_another_worker_takes_over_with_a_new_term() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    std::fs::create_dir(&data).unwrap();
-    generate(&data, 6, 400).unwrap();
+    let (tmp, data) = dataset(6, 400);
     let expected = input_keys(&data).unwrap();
     let job = job("leader");
     let args = ["--record-delay-ms", "5", "--split-size", "15000"];
@@ -381,10 +369,7 @@ fn when_the_leader_is_killed_another_worker_takes_over_with_a_new_term() {
 
 #[test]
 fn scale_up_from_one_to_three_workers_converges_to_plus_minus_one() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    std::fs::create_dir(&data).unwrap();
-    generate(&data, 13, 300).unwrap();
+    let (tmp, data) = dataset(13, 300);
     let job = job("scale");
     // 13 splits of one file each, slow enough not to finish during the test.
     let args = ["--record-delay-ms", "40", "--split-size", "1000", "--max-in-flight", "8"];
@@ -422,10 +407,7 @@ fn scale_up_from_one_to_three_workers_converges_to_plus_minus_one() {
 
 #[test]
 fn a_second_process_with_a_live_instance_id_exits_with_an_actionable_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    std::fs::create_dir(&data).unwrap();
-    generate(&data, 3, 300).unwrap();
+    let (tmp, data) = dataset(3, 300);
     let job = job("twin");
     // Slow enough that the job is still running when the twin has watched the id for 1.5 s.
     let args = ["--record-delay-ms", "20", "--split-size", "15000"];
@@ -490,10 +472,7 @@ fn own_cluster() -> (Vec<OwnServer>, String) {
 #[test]
 fn coordination_continues_when_a_cluster_node_is_lost() {
     let (mut nodes, url) = own_cluster();
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    std::fs::create_dir(&data).unwrap();
-    generate(&data, 6, 300).unwrap();
+    let (tmp, data) = dataset(6, 300);
     let expected = input_keys(&data).unwrap();
     let job = job("clusterloss");
     let spawn = |id: &str| {
