@@ -36,26 +36,6 @@ pub struct Config {
     pub replan_interval: Duration,
     /// How long lanes get to commit when draining before splits are released anyway.
     pub drain_timeout: Duration,
-    /// Deliberately broken protocol variants for the simulator's checker tests.
-    #[cfg(feature = "mutations")]
-    pub mutations: Mutations,
-}
-
-/// Deliberately broken protocol variants. Each flag removes one safety rule so the simulator's
-/// invariant checkers can be shown to catch it. Compiled only with the `mutations` feature.
-#[cfg(feature = "mutations")]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Mutations {
-    /// Commits CAS against the revision last seen in the watch instead of the worker's own last
-    /// write, after checking only the epoch in its possibly stale view (the "read, check, write"
-    /// variant of P8).
-    pub unfenced_commit: bool,
-    /// Graceful releases consume an attempt (breaks P12/I5).
-    pub attempts_on_release: bool,
-    /// Steal whenever the victim holds more than the thief (no +2 margin, breaks P9/I7).
-    pub steal_without_margin: bool,
-    /// Declare completion when every split is Done or Quarantined (breaks P13/I6).
-    pub complete_with_quarantined: bool,
 }
 
 /// Defaults from the product document.
@@ -85,8 +65,6 @@ impl Config {
             max_attempts: defaults::MAX_ATTEMPTS,
             replan_interval: defaults::REPLAN_INTERVAL,
             drain_timeout: defaults::DRAIN_TIMEOUT,
-            #[cfg(feature = "mutations")]
-            mutations: Mutations::default(),
         }
     }
 

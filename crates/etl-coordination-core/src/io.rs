@@ -4,9 +4,9 @@
 use bytes::Bytes;
 
 use crate::ids::{Epoch, OpId, SplitId};
-use crate::kv::{Bucket, Prefix, StoreRequest, StoreResult, WatchEvent};
-use crate::records::PlanKind;
+use crate::store::{Bucket, Prefix, StoreRequest, StoreResult, WatchEvent};
 use crate::time::Timestamp;
+use serde::{Deserialize, Serialize};
 
 /// The watches a worker keeps open.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
@@ -39,6 +39,15 @@ impl WatchId {
             WatchId::Splits => crate::records::keys::split_prefix(),
         }
     }
+}
+
+/// Whether a plan is a bounded enumeration or is re-planned on an interval.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum PlanKind {
+    /// A bounded backfill: completes when every split is Done (P13).
+    Final,
+    /// A discovery job: the leader re-plans every `replan_interval` (P4).
+    Open,
 }
 
 /// One split as the planner returns it.

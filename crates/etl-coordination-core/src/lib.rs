@@ -10,26 +10,30 @@
 //! What it does not do: talk to a store, run a planner, move records, or keep time. The
 //! `etl-coordination-driver` crate does those with tokio; the simulator does them on virtual
 //! time. Users who bring their own runtime can depend on this crate alone.
+//!
+//! Every item is exported once, at the root, except the storage format ([`records`]), which is
+//! a module of its own because it is for tools, not for casual use.
 
-pub mod config;
-pub mod ids;
-pub mod io;
-pub mod kv;
+mod config;
+mod ids;
+mod io;
 pub mod records;
-pub mod time;
+mod store;
+mod time;
 mod view;
 mod worker;
 
-pub use config::{Config, ConfigError};
-pub use ids::{Epoch, Incarnation, InstanceId, JobName, NameError, OpId, Owner, Revision, SplitId};
+pub use config::{Config, ConfigError, defaults};
+pub use ids::{
+    Epoch, Incarnation, InstanceId, JobName, MAX_NAME_LEN, NameError, OpId, Owner, Revision, SplitId,
+};
 pub use io::{
-    AcquisitionReason, Action, CommitOutcome, Event, FatalError, Input, Outcome, Plan, PlannedSplit,
-    StopReason, WatchId,
+    AcquisitionReason, Action, CommitOutcome, Event, FatalError, Input, Outcome, Plan, PlanKind,
+    PlannedSplit, StopReason, WatchId,
 };
-pub use kv::{
-    Bucket, DeleteCause, Entry, Key, KeyError, Prefix, StoreError, StoreReply, StoreRequest, StoreResult,
-    WatchEvent,
+pub use store::{
+    Bucket, DeleteCause, Entry, Key, KeyError, MAX_KEY_LEN, Prefix, StoreError, StoreReply, StoreRequest,
+    StoreResult, WatchEvent,
 };
-pub use records::PlanKind;
 pub use time::Timestamp;
 pub use worker::Worker;

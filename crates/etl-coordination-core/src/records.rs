@@ -1,7 +1,12 @@
-//! The records the protocol keeps in the store (SPEC section 4) and their keys.
+//! The storage format: the records the protocol keeps in the store (SPEC section 4) and their
+//! keys.
 //!
-//! Every stored value starts with a format-version byte, followed by the bincode (2.x, serde)
-//! encoding of the record, so records can evolve: a reader refuses a format it does not know
+//! This is the on-store layout, versioned by [`FORMAT_VERSION`] (every stored value starts with
+//! that byte, followed by the bincode 2 (serde) encoding of the record) and by
+//! [`PROTOCOL_VERSION`] in `meta`. It is public for tools that inspect or repair a job's store
+//! (`etl-coord status` and `requeue`, the simulator's checkers); it is not an API for casual
+//! use: a record written by hand that breaks an invariant (an epoch that does not grow, an owner
+//! without a lease) breaks the protocol's guarantees. Readers refuse a format they do not know
 //! instead of misreading it.
 
 use bytes::Bytes;
@@ -9,7 +14,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{Epoch, Incarnation, InstanceId, Owner, SplitId};
-use crate::kv::{Key, Prefix};
+use crate::io::PlanKind;
+use crate::store::{Key, Prefix};
 
 /// The format-version byte in front of every stored record.
 pub const FORMAT_VERSION: u8 = 1;
@@ -82,15 +88,6 @@ impl Meta {
             self.protocol_version, self.fingerprint, self.max_attempts
         )
     }
-}
-
-/// Whether a plan is a bounded enumeration or is re-planned on an interval.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
-pub enum PlanKind {
-    /// A bounded backfill: completes when every split is Done (P13).
-    Final,
-    /// A discovery job: the leader re-plans every `replan_interval` (P4).
-    Open,
 }
 
 /// Whether the head's term has published its manifest yet.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use etl_coordination_core::config::defaults;
+use etl_coordination_core::defaults;
 use etl_coordination_core::{
     Action, Bucket, CommitOutcome, Config, ConfigError, Epoch, Event, FatalError, Incarnation, Input,
     InstanceId, OpId, Outcome, Plan, SplitId, StopReason, StoreError, StoreResult, Timestamp, WatchEvent,

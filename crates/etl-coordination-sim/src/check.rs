@@ -5,9 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 use etl_coordination_core::records::{
-    self, LeaseRecord, ManifestChunk, PlanHead, PlanKind, PlanStatus, SplitRecord, SplitState, keys,
+    self, LeaseRecord, ManifestChunk, PlanHead, PlanStatus, SplitRecord, SplitState, keys,
 };
-use etl_coordination_core::{Epoch, Key, Owner, SplitId, Timestamp, WatchEvent};
+use etl_coordination_core::{Epoch, Key, Owner, PlanKind, SplitId, Timestamp, WatchEvent};
 use etl_coordination_memory::MemoryKv;
 
 /// A broken invariant.

@@ -19,5 +19,4 @@ pub mod rng;
 mod world;
 
 pub use check::{Violation, progress_of};
-pub use etl_coordination_core::config::Mutations;
 pub use world::{Options, Report, Scenario, run};

@@ -5,12 +5,11 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::time::Duration;
 
 use bytes::Bytes;
-use etl_coordination_core::config::Mutations;
-use etl_coordination_core::records::{self, PlanHead, PlanKind, SplitRecord, keys};
+use etl_coordination_core::records::{self, PlanHead, SplitRecord, keys};
 use etl_coordination_core::{
     AcquisitionReason, Action, Bucket, CommitOutcome, Config, Epoch, Event, FatalError, Incarnation, Input,
-    InstanceId, OpId, Outcome, Owner, Plan, PlannedSplit, SplitId, StopReason, StoreError, StoreReply,
-    StoreRequest, StoreResult, Timestamp, WatchEvent, WatchId, Worker,
+    InstanceId, OpId, Outcome, Owner, Plan, PlanKind, PlannedSplit, SplitId, StopReason, StoreError,
+    StoreReply, StoreRequest, StoreResult, Timestamp, WatchEvent, WatchId, Worker,
 };
 use etl_coordination_memory::MemoryKv;
 
@@ -67,8 +66,6 @@ pub struct Options {
     pub poison_crash: usize,
     /// Splits the source reports unprocessable every time.
     pub poison_unprocessable: usize,
-    /// Deliberately broken protocol variants.
-    pub mutations: Mutations,
 }
 
 impl Options {
@@ -94,7 +91,6 @@ impl Options {
             open_plan: r.chance(0.3),
             poison_crash: if r.chance(0.2) { 1 } else { 0 },
             poison_unprocessable: if r.chance(0.2) { 1 } else { 0 },
-            mutations: Mutations::default(),
         }
     }
 
@@ -118,7 +114,6 @@ impl Options {
             open_plan: false,
             poison_crash: 0,
             poison_unprocessable: 0,
-            mutations: Mutations::default(),
         };
         match scenario {
             Scenario::Random => base,
@@ -442,7 +437,6 @@ impl World {
         cfg.max_attempts = self.opts.max_attempts;
         cfg.replan_interval = Duration::from_secs(2);
         cfg.drain_timeout = Duration::from_secs(2);
-        cfg.mutations = self.opts.mutations;
         cfg.validate().expect("sim config is valid");
         s.core = Some(Worker::new(cfg));
         s.status = Status::Running;

@@ -16,7 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_core::Stream;
 
-pub use etl_coordination_core::kv::{
+pub use etl_coordination_core::{
     Bucket, DeleteCause, Entry, Key, KeyError, Prefix, StoreError, StoreReply, StoreRequest, StoreResult,
     WatchEvent,
 };

@@ -1,0 +1,369 @@
+//! Fair share and claiming (P5), acquisition reasons (P6), and the reclaim of a previous
+//! incarnation's splits (P3). An acquisition takes the lease first, then the fenced record CAS.
+
+use crate::ids::{Epoch, OpId, Revision, SplitId};
+use crate::io::{AcquisitionReason, Event};
+use crate::records::{self, EndReason, LeaseRecord, SplitRecord, SplitState, keys};
+use crate::store::{Bucket, StoreReply, StoreRequest, StoreResult};
+use crate::time::Timestamp;
+
+use super::outbox::{Pending, Read, Written};
+use super::tenancy::{Held, Stage};
+use super::{Phase, Worker};
+
+impl Worker {
+    /// P3 reclaim, then P5 claims up to the fair share, then (nothing left to claim) P9.
+    pub(super) fn acquire(&mut self, now: Timestamp) {
+        if self.view.manifest.is_none() {
+            return;
+        }
+        let max = self.cfg.max_in_flight as usize;
+        // P3: reclaim what our previous incarnation held, at once, up to capacity.
+        let reclaim: Vec<SplitId> = self
+            .view
+            .old_incarnation
+            .iter()
+            .filter(|id| !self.held.contains_key(*id) && !self.blocked.contains(*id))
+            .take(max.saturating_sub(self.held.len()))
+            .cloned()
+            .collect();
+        for id in reclaim {
+            self.start_acquire(now, &id, AcquisitionReason::Reclaimed);
+        }
+        let target = self.fair_target();
+        if self.held.len() >= target {
+            return;
+        }
+        let mut want = target - self.held.len();
+        let mut picks = Vec::new();
+        for (_, id) in &self.view.claimable {
+            if want == 0 {
+                break;
+            }
+            if self.held.contains_key(id) || self.blocked.contains(id) {
+                continue;
+            }
+            picks.push(id.clone());
+            want -= 1;
+        }
+        let claimed_any = !picks.is_empty();
+        for id in picks {
+            let reason = self.claim_reason(&id);
+            self.start_acquire(now, &id, reason);
+        }
+        let nothing_unclaimed = self.view.claimable.iter().all(|(_, id)| self.held.contains_key(id));
+        if !claimed_any && want > 0 && nothing_unclaimed {
+            self.maybe_steal(now);
+        }
+    }
+
+    /// The number of splits this worker aims to hold (P5).
+    pub(super) fn fair_target(&self) -> usize {
+        let live = self.view.live_workers().max(1);
+        let fair = self.view.active().div_ceil(live);
+        fair.min(self.cfg.max_in_flight as usize)
+    }
+
+    /// P6: why a claimable split is being acquired, from its record.
+    fn claim_reason(&self, id: &SplitId) -> AcquisitionReason {
+        let rec = self.view.splits.get(id).and_then(|sv| sv.record.as_ref()).expect("claimable has a record");
+        match (&rec.state, &rec.owner) {
+            (SplitState::Owned, Some(o))
+                if o.instance == self.me.instance && o.incarnation != self.me.incarnation =>
+            {
+                AcquisitionReason::Reclaimed
+            }
+            (SplitState::Owned, _) => AcquisitionReason::Expired,
+            (_, _) if rec.epoch == Epoch(0) => AcquisitionReason::Create,
+            _ => AcquisitionReason::Released,
+        }
+    }
+
+    /// Starts an acquisition (P5, P6, P9): the lease first (create; or CAS over the dead
+    /// incarnation's lease for a reclaim, over the victim's for a steal), then the fenced record
+    /// CAS. A steal is only planned on a consistent view (lease and record name the same owner
+    /// and epoch); its lease CAS at the viewed revision then proves the record is still at that
+    /// epoch, because every epoch bump needs the lease first.
+    pub(super) fn start_acquire(&mut self, now: Timestamp, id: &SplitId, reason: AcquisitionReason) {
+        let Some(sv) = self.view.splits.get(id) else { return };
+        let Some(base) = sv.record.clone() else { return };
+        let Some(weight) = sv.weight else { return };
+        if base.is_terminal() {
+            return;
+        }
+        let base_rev = sv.record_rev;
+        let epoch = base.epoch.next();
+        let value = records::encode(&LeaseRecord { owner: self.me.clone(), epoch });
+        let key = keys::split(id);
+        let request = match (&sv.lease, reason) {
+            (Some(l), AcquisitionReason::Stolen) => {
+                if base.state != SplitState::Owned
+                    || base.owner.as_ref() != Some(&l.owner)
+                    || l.epoch != base.epoch
+                {
+                    return;
+                }
+                StoreRequest::CompareAndSwap { key, expected: sv.lease_rev, value, ttl: self.ttl() }
+            }
+            (Some(l), AcquisitionReason::Reclaimed) => {
+                if l.owner.instance != self.me.instance || l.owner.incarnation == self.me.incarnation {
+                    return;
+                }
+                StoreRequest::CompareAndSwap { key, expected: sv.lease_rev, value, ttl: self.ttl() }
+            }
+            (Some(_), _) | (None, AcquisitionReason::Stolen) => return,
+            (None, _) => StoreRequest::Create { key, value, ttl: self.ttl() },
+        };
+        // The previous tenancy ended without a release: poison evidence (P12), unless it was this
+        // very process (a starved lease of our own).
+        let consumes_attempt = match reason {
+            AcquisitionReason::Expired => base.owner.as_ref() != Some(&self.me),
+            AcquisitionReason::Reclaimed => true,
+            _ => false,
+        };
+        self.held.insert(
+            id.clone(),
+            Held {
+                epoch,
+                weight,
+                reason,
+                consumes_attempt,
+                base: base.clone(),
+                record: base,
+                record_rev: base_rev,
+                lease_rev: None,
+                trusted_until: now + self.cfg.lease_trust(),
+                renewing: None,
+                stage: Stage::AcquiringLease,
+                op: None,
+                commit: None,
+                end: None,
+                end_write: None,
+                resumed: false,
+            },
+        );
+        let op = self.send(Bucket::Lease, request, Pending::LeaseAcquire { split: id.clone(), sent: now });
+        self.held.get_mut(id).expect("held").op = Some(op);
+    }
+
+    /// P5: the lease is ours (go on to the record), in doubt (read it), or lost (not an error).
+    pub(super) fn on_lease_acquire(&mut self, op: OpId, id: SplitId, sent: Timestamp, result: StoreResult) {
+        if !self.is_current(&id, op) {
+            // A late success for something we gave up: release it.
+            if let Ok(StoreReply::Written(rev)) = result {
+                self.send(
+                    Bucket::Lease,
+                    StoreRequest::Delete { key: keys::split(&id), expected: rev },
+                    Pending::Cleanup,
+                );
+            }
+            return;
+        }
+        match Written::of(result) {
+            Written::Applied(rev) => self.lease_acquired(&id, rev, sent),
+            Written::Fatal(e) => self.fatal_store(e),
+            // In doubt: the read decides.
+            Written::InDoubt => {
+                let request = StoreRequest::Get { key: keys::split(&id) };
+                let op = self.send(
+                    Bucket::Lease,
+                    request,
+                    Pending::LeaseAcquireResolve { split: id.clone(), sent },
+                );
+                self.held.get_mut(&id).expect("held").op = Some(op);
+            }
+            // Lost the race or the store is down: not an error.
+            Written::Conflict | Written::Unavailable => self.give_up_acquire(&id),
+        }
+    }
+
+    pub(super) fn on_lease_acquire_resolve(
+        &mut self,
+        op: OpId,
+        id: SplitId,
+        sent: Timestamp,
+        result: StoreResult,
+    ) {
+        if !self.is_current(&id, op) {
+            return;
+        }
+        let epoch = self.held[&id].epoch;
+        let mine = match Read::of(result) {
+            Read::Found(e) => records::decode::<LeaseRecord>(&e.value)
+                .ok()
+                .filter(|l| l.owner == self.me && l.epoch == epoch)
+                .map(|_| e.revision),
+            Read::Absent | Read::Failed(_) => None,
+        };
+        match mine {
+            Some(rev) => self.lease_acquired(&id, rev, sent),
+            None => self.give_up_acquire(&id),
+        }
+    }
+
+    fn lease_acquired(&mut self, id: &SplitId, rev: Revision, sent: Timestamp) {
+        let me = self.me.clone();
+        let h = self.held.get_mut(id).expect("held");
+        h.lease_rev = Some(rev);
+        h.trusted_until = sent + self.cfg.lease_trust();
+        let (epoch, reason) = (h.epoch, h.reason);
+        self.view.put_lease(id, rev, LeaseRecord { owner: me, epoch });
+        let displaced = matches!(reason, AcquisitionReason::Stolen | AcquisitionReason::Reclaimed);
+        if self.phase == Phase::Leaving && !displaced {
+            // Draining meanwhile: nobody held this lease, so give it back untouched.
+            return self.abandon(id);
+        }
+        // A steal or reclaim displaced a live lease: finish the takeover so the record never
+        // names an owner without a lease (a peer would charge an attempt for it); a drain then
+        // releases it gracefully.
+        self.write_claim(id);
+    }
+
+    /// The record a claim writes: owned by us at the next epoch, or (P12) quarantined when the
+    /// attempt it charges reaches `max_attempts`.
+    fn claim_record(&self, h: &Held) -> SplitRecord {
+        let base = &h.base;
+        let attempts = base.attempts + u32::from(h.consumes_attempt);
+        let last_end = match h.reason {
+            AcquisitionReason::Expired if h.consumes_attempt => Some(EndReason::Expired),
+            AcquisitionReason::Reclaimed => Some(EndReason::Reclaimed),
+            AcquisitionReason::Stolen => Some(EndReason::Stolen),
+            _ => base.last_end,
+        };
+        let last_error = if h.consumes_attempt {
+            let who = base.owner.as_ref().map_or_else(|| "unknown owner".to_owned(), |o| o.to_string());
+            Some(format!("tenancy of {who} ended without a release ({})", h.reason.label()))
+        } else {
+            base.last_error.clone()
+        };
+        if attempts >= self.cfg.max_attempts && h.consumes_attempt {
+            // P12: quarantine instead of claiming.
+            return SplitRecord {
+                epoch: h.epoch,
+                owner: None,
+                state: SplitState::Quarantined,
+                progress: base.progress.clone(),
+                attempts,
+                last_end,
+                last_error,
+            };
+        }
+        SplitRecord {
+            epoch: h.epoch,
+            owner: Some(self.me.clone()),
+            state: SplitState::Owned,
+            progress: base.progress.clone(),
+            attempts,
+            last_end,
+            last_error,
+        }
+    }
+
+    /// P5: the fenced record CAS against the revision the acquisition was based on.
+    fn write_claim(&mut self, id: &SplitId) {
+        let h = &self.held[id];
+        let record = self.claim_record(h);
+        let request = StoreRequest::CompareAndSwap {
+            key: keys::split(id),
+            expected: h.record_rev,
+            value: records::encode(&record),
+            ttl: None,
+        };
+        let op = self.send(Bucket::State, request, Pending::RecordClaim { split: id.clone() });
+        let h = self.held.get_mut(id).expect("held");
+        h.record = record;
+        h.stage = Stage::WritingRecord;
+        h.op = Some(op);
+    }
+
+    pub(super) fn on_record_claim(&mut self, now: Timestamp, op: OpId, id: SplitId, result: StoreResult) {
+        if !self.is_current(&id, op) {
+            return;
+        }
+        match Written::of(result) {
+            Written::Applied(rev) => self.claim_written(&id, rev),
+            Written::Conflict | Written::InDoubt => {
+                let op = self.send(
+                    Bucket::State,
+                    StoreRequest::Get { key: keys::split(&id) },
+                    Pending::RecordClaimRead { split: id.clone() },
+                );
+                self.held.get_mut(&id).expect("held").op = Some(op);
+            }
+            Written::Fatal(e) => self.fatal_store(e),
+            Written::Unavailable => {
+                let request = StoreRequest::Get { key: keys::split(&id) };
+                self.held.get_mut(&id).expect("held").op = None;
+                self.retry_later(now, Bucket::State, request, Pending::RecordClaimRead { split: id });
+            }
+        }
+    }
+
+    /// P5: after a lost or in-doubt claim CAS, the record decides: ours (landed), still at the
+    /// epoch we replace (retry from it), or moved on (give up).
+    pub(super) fn on_record_claim_read(
+        &mut self,
+        now: Timestamp,
+        op: OpId,
+        id: SplitId,
+        result: StoreResult,
+    ) {
+        if !self.is_current(&id, op) {
+            return;
+        }
+        let entry = match Read::of(result) {
+            Read::Found(e) => e,
+            Read::Absent => return self.abandon(&id),
+            Read::Failed(_) => {
+                self.held.get_mut(&id).expect("held").op = None;
+                return self.retry_later(
+                    now,
+                    Bucket::State,
+                    StoreRequest::Get { key: keys::split(&id) },
+                    Pending::RecordClaimRead { split: id },
+                );
+            }
+        };
+        let Ok(rec) = records::decode::<SplitRecord>(&entry.value) else { return self.abandon(&id) };
+        let h = self.held.get_mut(&id).expect("held");
+        if rec == h.record {
+            // Our own write landed.
+            return self.claim_written(&id, entry.revision);
+        }
+        // Still at the epoch we set out to replace: the previous owner committed (or ended its
+        // tenancy) meanwhile, which moves the revision but not the epoch. We hold the lease, so
+        // nobody else can bump the epoch: retry against the fresh revision, from the fresh record
+        // (its progress is the latest durable one). The CAS still fences.
+        if rec.epoch == h.base.epoch && !rec.is_terminal() {
+            if rec.state == SplitState::Unleased {
+                // The previous owner released (or failed) it gracefully after all.
+                h.consumes_attempt = false;
+                if h.reason != AcquisitionReason::Stolen {
+                    h.reason = AcquisitionReason::Released;
+                }
+            }
+            h.base = rec;
+            h.record_rev = entry.revision;
+            return self.write_claim(&id);
+        }
+        self.view.put_record(&id, entry.revision, rec);
+        self.abandon(&id);
+    }
+
+    /// Lease and record are ours: start the lane, or (quarantined by this claim) end at once.
+    fn claim_written(&mut self, id: &SplitId, rev: Revision) {
+        let h = self.held.get_mut(id).expect("held");
+        h.record_rev = rev;
+        let record = h.record.clone();
+        self.view.put_record(id, rev, record.clone());
+        if record.state == SplitState::Quarantined {
+            self.event(Event::Quarantined {
+                split: id.clone(),
+                attempts: record.attempts,
+                last_error: record.last_error,
+            });
+            return self.delete_lease(id);
+        }
+        self.start_lane_setup(id);
+    }
+}

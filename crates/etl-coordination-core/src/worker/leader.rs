@@ -1,0 +1,331 @@
+//! Leadership (P4): the leader lease (won by create, kept by renewals, P7), the term bump on the
+//! plan head that fences a deposed leader's writes (I9), and stepping down.
+
+use crate::ids::{OpId, Revision};
+use crate::io::{Event, PlanKind};
+use crate::records::{self, LeaderRecord, ManifestRef, PlanHead, PlanStatus, keys};
+use crate::store::{Bucket, StoreRequest, StoreResult};
+use crate::time::Timestamp;
+
+use super::Worker;
+use super::outbox::{Pending, Read, Written};
+use super::plan::PlanStage;
+
+/// This worker's leadership.
+#[derive(Debug)]
+pub(super) struct Leading {
+    /// The revision of our last write to the leader lease.
+    pub(super) rev: Revision,
+    /// A renewal (or its resolving read) in flight.
+    pub(super) renewing: Option<OpId>,
+    /// P11 for the leader lease: past this, the worker steps down.
+    pub(super) trusted_until: Timestamp,
+    /// The plan head as this leader last wrote it, with its revision.
+    pub(super) head: Option<(Revision, PlanHead)>,
+    pub(super) stage: PlanStage,
+    /// When an Open plan is re-planned next.
+    pub(super) replan_at: Option<Timestamp>,
+    /// A manifest just published whose predecessors are to be garbage-collected once loaded.
+    pub(super) gc_for: Option<ManifestRef>,
+    /// The last manifest version this leader wrote (published or not).
+    pub(super) last_version: u64,
+    /// Which leadership stint of this worker this is (results of older stints are ignored).
+    pub(super) stint: u64,
+}
+
+impl Worker {
+    /// P4: lead (drive the plan), or try to become the leader when nobody is.
+    pub(super) fn leadership(&mut self, now: Timestamp) {
+        if self.leader.is_some() {
+            return self.drive_plan(now);
+        }
+        if self.leader_attempt.is_some() {
+            return;
+        }
+        if let Some((rev, l)) = &self.view.leader {
+            // The leader key still names this process (we stepped down on a lapse of trust, or
+            // a renewal's answer was lost): renew it by CAS rather than wait for it to expire.
+            if l.owner == self.me {
+                let value = records::encode(&LeaderRecord { owner: self.me.clone(), term: 0 });
+                let request = StoreRequest::CompareAndSwap {
+                    key: keys::leader(),
+                    expected: *rev,
+                    value,
+                    ttl: self.ttl(),
+                };
+                let op = self.send(Bucket::Lease, request, Pending::LeaderCreate { sent: now });
+                self.leader_attempt = Some(op);
+            }
+            return;
+        }
+        let value = records::encode(&LeaderRecord { owner: self.me.clone(), term: 0 });
+        let op = self.send(
+            Bucket::Lease,
+            StoreRequest::Create { key: keys::leader(), value, ttl: self.ttl() },
+            Pending::LeaderCreate { sent: now },
+        );
+        self.leader_attempt = Some(op);
+    }
+
+    /// P4: the leader lease is ours, in doubt (read it), or someone else's.
+    pub(super) fn on_leader_create(&mut self, op: OpId, sent: Timestamp, result: StoreResult) {
+        if self.leader_attempt != Some(op) {
+            return;
+        }
+        self.leader_attempt = None;
+        match Written::of(result) {
+            Written::Applied(rev) => self.become_leader(rev, sent),
+            Written::InDoubt => {
+                let op = self.send(
+                    Bucket::Lease,
+                    StoreRequest::Get { key: keys::leader() },
+                    Pending::LeaderResolve { sent },
+                );
+                self.leader_attempt = Some(op);
+            }
+            // Someone else leads; the watch will show it.
+            Written::Conflict | Written::Unavailable | Written::Fatal(_) => {}
+        }
+    }
+
+    /// P4, P7: the leader key decides an in-doubt create or renewal.
+    pub(super) fn on_leader_resolve(&mut self, op: OpId, sent: Timestamp, result: StoreResult) {
+        let is_attempt = self.leader_attempt == Some(op);
+        let is_renewal = self.leader.as_ref().is_some_and(|l| l.renewing == Some(op));
+        if !is_attempt && !is_renewal {
+            return;
+        }
+        let read = Read::of(result);
+        let mine = match &read {
+            Read::Found(e) => records::decode::<LeaderRecord>(&e.value)
+                .ok()
+                .filter(|l| l.owner == self.me)
+                .map(|_| e.revision),
+            Read::Absent | Read::Failed(_) => None,
+        };
+        if is_attempt {
+            self.leader_attempt = None;
+            if let Some(rev) = mine {
+                self.become_leader(rev, sent);
+            }
+            return;
+        }
+        let l = self.leader.as_mut().expect("leader");
+        l.renewing = None;
+        match (mine, read) {
+            (Some(rev), _) => {
+                if rev != l.rev {
+                    l.rev = rev;
+                    l.trusted_until = sent + self.cfg.lease_trust();
+                }
+            }
+            (None, Read::Failed(_)) => {}
+            (None, _) => self.step_down(),
+        }
+    }
+
+    /// P4: a new leader first bumps the term.
+    fn become_leader(&mut self, rev: Revision, sent: Timestamp) {
+        self.leader = Some(Box::new(Leading {
+            rev,
+            renewing: None,
+            trusted_until: sent + self.cfg.lease_trust(),
+            head: None,
+            stage: PlanStage::Bumping,
+            replan_at: None,
+            gc_for: None,
+            last_version: 0,
+            stint: self.next_plan_request,
+        }));
+        self.next_plan_request += 1;
+        self.bump_term(self.view.plan_head.clone());
+    }
+
+    /// P7: renew the leader lease (part of every heartbeat).
+    pub(super) fn renew_leader(&mut self, now: Timestamp) {
+        let Some(l) = &self.leader else { return };
+        if l.renewing.is_some() {
+            return;
+        }
+        let value = records::encode(&LeaderRecord {
+            owner: self.me.clone(),
+            term: l.head.as_ref().map_or(0, |(_, h)| h.term),
+        });
+        let request =
+            StoreRequest::CompareAndSwap { key: keys::leader(), expected: l.rev, value, ttl: self.ttl() };
+        let op = self.send(Bucket::Lease, request, Pending::LeaderRenew { sent: now });
+        self.leader.as_mut().expect("leader").renewing = Some(op);
+    }
+
+    pub(super) fn on_leader_renew(&mut self, op: OpId, sent: Timestamp, result: StoreResult) {
+        let Some(l) = self.leader.as_mut() else { return };
+        if l.renewing != Some(op) {
+            return;
+        }
+        l.renewing = None;
+        match Written::of(result) {
+            Written::Applied(rev) => {
+                l.rev = rev;
+                l.trusted_until = sent + self.cfg.lease_trust();
+            }
+            Written::Conflict | Written::InDoubt => {
+                let op = self.send(
+                    Bucket::Lease,
+                    StoreRequest::Get { key: keys::leader() },
+                    Pending::LeaderResolve { sent },
+                );
+                self.leader.as_mut().expect("leader").renewing = Some(op);
+            }
+            Written::Unavailable | Written::Fatal(_) => {}
+        }
+    }
+
+    /// P11 for the leader lease: not renewed in time, so step down.
+    pub(super) fn leader_trust_lapsed(&mut self, now: Timestamp) {
+        if self.leader.as_ref().is_some_and(|l| l.trusted_until <= now) {
+            self.step_down();
+        }
+    }
+
+    /// Which leadership stint this is (0: none).
+    pub(super) fn stint(&self) -> u64 {
+        self.leader.as_ref().map_or(0, |l| l.stint)
+    }
+
+    /// Stops leading (the lease expires, or someone else took it).
+    pub(super) fn step_down(&mut self) {
+        if let Some(l) = self.leader.take() {
+            let term = l.head.as_ref().map_or(0, |(_, h)| h.term);
+            self.event(Event::Leadership { leader: false, term });
+        }
+    }
+
+    /// P4: bump the term before planning, so a deposed leader's in-flight plan write loses its
+    /// swap.
+    pub(super) fn bump_term(&mut self, current: Option<(Revision, PlanHead)>) {
+        let (request, head) = match current {
+            None => {
+                let head = PlanHead {
+                    term: 1,
+                    leader: self.me.clone(),
+                    status: PlanStatus::Planning,
+                    manifest: None,
+                };
+                (
+                    StoreRequest::Create { key: keys::plan_head(), value: records::encode(&head), ttl: None },
+                    head,
+                )
+            }
+            Some((rev, old)) => {
+                // A published Final plan needs no re-planning: keep it published.
+                let needs_plan = old.manifest.is_none_or(|m| m.kind == PlanKind::Open);
+                let head = PlanHead {
+                    term: old.term + 1,
+                    leader: self.me.clone(),
+                    status: if needs_plan { PlanStatus::Planning } else { PlanStatus::Published },
+                    manifest: old.manifest,
+                };
+                (
+                    StoreRequest::CompareAndSwap {
+                        key: keys::plan_head(),
+                        expected: rev,
+                        value: records::encode(&head),
+                        ttl: None,
+                    },
+                    head,
+                )
+            }
+        };
+        self.send(Bucket::State, request, Pending::HeadWrite { stint: self.stint(), head });
+    }
+
+    /// P4: a head write (term bump or publication) landed, or the read decides what happened.
+    pub(super) fn on_head_write(&mut self, now: Timestamp, head: PlanHead, result: StoreResult) {
+        if self.leader.is_none() {
+            return;
+        }
+        match Written::of(result) {
+            Written::Applied(rev) => self.head_written(now, rev, head),
+            Written::Fatal(e) => self.fatal_store(e),
+            // Mismatch, in doubt or unavailable: the read decides what happened (P8-style).
+            Written::Conflict | Written::InDoubt | Written::Unavailable => {
+                self.send(
+                    Bucket::State,
+                    StoreRequest::Get { key: keys::plan_head() },
+                    Pending::HeadRead { stint: self.stint(), attempted: head },
+                );
+            }
+        }
+    }
+
+    pub(super) fn head_written(&mut self, now: Timestamp, rev: Revision, head: PlanHead) {
+        let Some(l) = self.leader.as_mut() else { return };
+        let first = l.head.as_ref().is_none_or(|(_, h)| h.term != head.term);
+        let publishing = matches!(l.stage, PlanStage::Publishing);
+        l.head = Some((rev, head.clone()));
+        if self.view.plan_head.as_ref().is_none_or(|(r, _)| *r <= rev) {
+            self.view.plan_head = Some((rev, head.clone()));
+        }
+        if first {
+            self.event(Event::Leadership { leader: true, term: head.term });
+        }
+        let l = self.leader.as_mut().expect("leader");
+        if publishing {
+            let m = head.manifest.expect("published head has a manifest");
+            l.stage = PlanStage::Idle;
+            l.gc_for = Some(m);
+            if m.kind == PlanKind::Open {
+                l.replan_at = Some(now + self.cfg.replan_interval);
+            }
+            self.event(Event::PlanPublished { term: m.term, version: m.version, splits: m.split_count });
+        } else {
+            l.stage =
+                if head.status == PlanStatus::Planning { PlanStage::WaitManifest } else { PlanStage::Idle };
+        }
+    }
+
+    /// P4, I9: after a failed or in-doubt head write: ours landed; still our term (write again
+    /// against the fresh revision); no term yet (bump again); or deposed.
+    pub(super) fn on_head_read(&mut self, now: Timestamp, attempted: PlanHead, result: StoreResult) {
+        let Some(l) = self.leader.as_mut() else { return };
+        let current = match Read::of(result) {
+            Read::Found(e) => match records::decode::<PlanHead>(&e.value) {
+                Ok(h) => Some((e.revision, h)),
+                Err(err) => {
+                    self.event(Event::Undecodable { key: e.key.to_string(), error: err.to_string() });
+                    return self.step_down();
+                }
+            },
+            Read::Absent => None,
+            Read::Failed(_) => {
+                let at = now + self.retry_backoff();
+                self.leader.as_mut().expect("leader").stage = PlanStage::RetryAt(at);
+                return;
+            }
+        };
+        let my_term = l.head.as_ref().map(|(_, h)| h.term);
+        match current {
+            // Our in-doubt write landed.
+            Some((rev, h)) if h == attempted => self.head_written(now, rev, h),
+            // Still our term and nobody else wrote (only the term's leader writes the head):
+            // send the same write against the fresh revision.
+            Some((rev, h)) if my_term == Some(h.term) && h.leader == self.me && attempted.term == h.term => {
+                let request = StoreRequest::CompareAndSwap {
+                    key: keys::plan_head(),
+                    expected: rev,
+                    value: records::encode(&attempted),
+                    ttl: None,
+                };
+                self.send(
+                    Bucket::State,
+                    request,
+                    Pending::HeadWrite { stint: self.stint(), head: attempted },
+                );
+            }
+            // No term established yet: bump against what is there now.
+            current if my_term.is_none() => self.bump_term(current),
+            // Someone else bumped the term: we are deposed (I9).
+            _ => self.step_down(),
+        }
+    }
+}

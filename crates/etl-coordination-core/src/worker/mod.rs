@@ -1,0 +1,267 @@
+//! [`Worker`]: the whole protocol (P2-P14) for one worker, as a pure state machine.
+//!
+//! `handle(now, input)` returns the actions to execute; `next_deadline()` says when to call
+//! again with [`Input::Tick`]. No IO, no clock, no randomness: a run is a replayable list of
+//! inputs.
+//!
+//! This module only orchestrates: it owns the state, routes inputs and store answers to the
+//! module of the rule they belong to, and decides what to attempt next ([`Worker::evaluate`]).
+//! Each rule lives in one file (the map is in docs/ARCHITECTURE.md): `startup` (P2),
+//! `presence` (P3), `leader` and `plan` (P4), `claim` (P5, P6), `watches` and `heartbeat`
+//! (P7, P11), `commit` (P8), `steal` (P9), `end` and `drain` (P10, P12), `manifest` (P13);
+//! `tenancy` holds the per-split state they share, `outbox` the requests in flight and
+//! `timers` every deadline.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::ids::{Epoch, OpId, Owner, SplitId};
+use crate::io::{Action, Input, WatchId};
+use crate::store::{StoreReply, StoreResult};
+use crate::time::Timestamp;
+use crate::view::View;
+
+mod claim;
+mod commit;
+mod drain;
+mod end;
+mod heartbeat;
+mod leader;
+mod manifest;
+mod outbox;
+mod plan;
+mod presence;
+mod startup;
+mod steal;
+mod tenancy;
+mod timers;
+mod watches;
+
+use drain::Leaving;
+use leader::Leading;
+use manifest::ManifestLoad;
+use outbox::{Gauges, Pending, Retry};
+use presence::{Join, Presence};
+use tenancy::Held;
+use watches::WatchState;
+
+/// The protocol state machine of one worker.
+#[derive(Debug)]
+pub struct Worker {
+    cfg: Config,
+    me: Owner,
+    phase: Phase,
+    /// The next [`OpId`].
+    next_op: u64,
+    /// The next planner request id (also numbers leadership stints).
+    next_plan_request: u64,
+    /// What each store request in flight is for.
+    pending: BTreeMap<OpId, Pending>,
+    /// Actions produced by the current input.
+    out: Vec<Action>,
+    /// The cached store (S6: it triggers attempts, never decides them).
+    view: View,
+    watches: BTreeMap<WatchId, WatchState>,
+    presence: Presence,
+    /// Present while this worker leads (P4).
+    leader: Option<Box<Leading>>,
+    /// A leader lease create or re-take in flight.
+    leader_attempt: Option<OpId>,
+    /// Splits this worker holds or is acquiring or ending.
+    held: BTreeMap<SplitId, Held>,
+    /// Splits not to attempt again until the next heartbeat or a watch event about them.
+    blocked: BTreeSet<SplitId>,
+    retries: Vec<Retry>,
+    heartbeat_at: Option<Timestamp>,
+    resync_at: Option<Timestamp>,
+    last_steal_at: Option<Timestamp>,
+    manifest_load: Option<ManifestLoad>,
+    leaving: Option<Leaving>,
+    /// The gauges last reported (none yet: the first report always goes out).
+    gauges: Option<Gauges>,
+}
+
+/// Where a worker is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Not started.
+    Idle,
+    /// P2: creating or comparing `meta`.
+    Meta,
+    /// P3: watches opening, presence being established.
+    Joining,
+    /// Claiming, working, leading.
+    Running,
+    /// Draining or finished: releasing everything before the last action.
+    Leaving,
+    /// Finished or fatal: no further actions.
+    Stopped,
+}
+
+impl Worker {
+    /// A worker for `cfg`, which must have passed [`Config::validate`].
+    pub fn new(cfg: Config) -> Self {
+        debug_assert!(cfg.validate().is_ok(), "config must be validated first");
+        let me = Owner { instance: cfg.instance_id.clone(), incarnation: cfg.incarnation };
+        let view = View::new(cfg.instance_id.clone(), cfg.incarnation);
+        Worker {
+            cfg,
+            me,
+            phase: Phase::Idle,
+            next_op: 1,
+            next_plan_request: 1,
+            pending: BTreeMap::new(),
+            out: Vec::new(),
+            view,
+            watches: BTreeMap::new(),
+            presence: Presence::default(),
+            leader: None,
+            leader_attempt: None,
+            held: BTreeMap::new(),
+            blocked: BTreeSet::new(),
+            retries: Vec::new(),
+            heartbeat_at: None,
+            resync_at: None,
+            last_steal_at: None,
+            manifest_load: None,
+            leaving: None,
+            gauges: None,
+        }
+    }
+
+    /// This worker's configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Whether the worker has stopped (finished or fatal). No further actions follow.
+    pub fn is_stopped(&self) -> bool {
+        self.phase == Phase::Stopped
+    }
+
+    /// Whether this worker currently believes it leads.
+    pub fn is_leader(&self) -> bool {
+        self.leader.is_some()
+    }
+
+    /// The splits this worker holds (including ones being acquired or released), with epochs.
+    pub fn held(&self) -> impl Iterator<Item = (&SplitId, Epoch)> {
+        self.held.iter().map(|(id, h)| (id, h.epoch))
+    }
+
+    /// Feeds one input at time `now`; returns the actions to execute, in order.
+    pub fn handle(&mut self, now: Timestamp, input: Input) -> Vec<Action> {
+        if self.phase == Phase::Stopped {
+            return Vec::new();
+        }
+        match input {
+            Input::Start => self.on_start(),
+            Input::Tick => self.on_tick(now),
+            Input::StoreResult { op, result } => self.on_store_result(now, op, result),
+            Input::Watch { watch, event } => self.on_watch(watch, event),
+            Input::WatchFailed { watch } => self.on_watch_failed(watch),
+            Input::PlanReady { request, result } => self.on_plan_ready(now, request, result),
+            Input::Commit { split, epoch, progress } => self.on_commit(split, epoch, progress, false),
+            Input::Finish { split, epoch, progress } => self.on_commit(split, epoch, progress, true),
+            Input::Fail { split, epoch, error, unprocessable } => {
+                self.on_fail(split, epoch, error, unprocessable)
+            }
+            Input::LaneStopped { split, epoch } => self.on_lane_stopped(split, epoch),
+            Input::Drain => self.on_drain(now),
+        }
+        if matches!(self.phase, Phase::Running | Phase::Leaving) {
+            self.evaluate(now);
+        }
+        self.emit_gauges();
+        std::mem::take(&mut self.out)
+    }
+
+    /// The earliest time at which [`Input::Tick`] must be delivered, if any (the earliest
+    /// armed timer; see `timers`).
+    pub fn next_deadline(&self) -> Option<Timestamp> {
+        let mut next: Option<Timestamp> = None;
+        self.for_each_timer(|_, at| next = Some(next.map_or(at, |n| n.min(at))));
+        next
+    }
+
+    /// The TTL every lease-bucket write carries.
+    fn ttl(&self) -> Option<Duration> {
+        Some(self.cfg.lease_duration)
+    }
+
+    /// Routes a store answer to the rule that sent the request.
+    fn on_store_result(&mut self, now: Timestamp, op: OpId, result: StoreResult) {
+        let Some(pending) = self.pending.remove(&op) else { return };
+        match pending {
+            Pending::MetaCreate => self.on_meta_create(now, result),
+            Pending::MetaGet => self.on_meta_get(now, result),
+            Pending::PresenceCreate { sent } => {
+                if self.presence.join == Join::Joined {
+                    self.on_presence_recreate(now, sent, result)
+                } else {
+                    self.on_presence_create(now, sent, result)
+                }
+            }
+            Pending::PresenceGet => self.on_presence_get(now, result),
+            Pending::PresenceTakeover { sent } => self.on_presence_takeover(now, sent, result),
+            Pending::PresenceRenew { sent } => self.on_presence_renew(sent, result),
+            Pending::PresenceResolve { sent } => self.on_presence_resolve(now, sent, result),
+            Pending::LeaderCreate { sent } => self.on_leader_create(op, sent, result),
+            Pending::LeaderRenew { sent } => self.on_leader_renew(op, sent, result),
+            Pending::LeaderResolve { sent } => self.on_leader_resolve(op, sent, result),
+            // Results of an earlier leadership stint are stale: that stint is over.
+            Pending::HeadWrite { stint, .. } | Pending::HeadRead { stint, .. }
+                if Some(stint) != self.leader.as_ref().map(|l| l.stint) => {}
+            Pending::HeadWrite { head, .. } => self.on_head_write(now, head, result),
+            Pending::HeadRead { attempted, .. } => self.on_head_read(now, attempted, result),
+            Pending::PlanWrite { round, key, value } => self.on_plan_write(now, round, key, value, result),
+            Pending::ManifestChunk { manifest, chunk } => {
+                self.on_manifest_chunk(now, manifest, chunk, result)
+            }
+            Pending::GcList => self.on_gc_list(result),
+            Pending::Cleanup => self.on_cleanup(),
+            Pending::LeaseAcquire { split, sent } => self.on_lease_acquire(op, split, sent, result),
+            Pending::LeaseAcquireResolve { split, sent } => {
+                self.on_lease_acquire_resolve(op, split, sent, result)
+            }
+            Pending::LeaseRenew { split, sent } => self.on_lease_renew(now, op, split, sent, result),
+            Pending::LeaseRenewResolve { split, sent } => {
+                self.on_lease_renew_resolve(now, op, split, sent, result)
+            }
+            Pending::LeaseDelete { split } => self.on_lease_delete(op, split),
+            Pending::RecordClaim { split } => self.on_record_claim(now, op, split, result),
+            Pending::RecordClaimRead { split } => self.on_record_claim_read(now, op, split, result),
+            Pending::DescRead { split } => self.on_desc_read(now, op, split, result),
+            Pending::RecordCommit { split } => self.on_record_commit(op, split, result),
+            Pending::RecordCommitRead { split } => self.on_record_commit_read(op, split, result),
+            Pending::RecordEnd { split } => self.on_record_end(now, op, split, result),
+            Pending::RecordEndRead { split } => self.on_record_end_read(now, op, split, result),
+            Pending::ResumeRead { split } => self.on_resume_read(op, split, result),
+            Pending::Resync { watch } => {
+                if let Ok(StoreReply::Entries(entries)) = result {
+                    self.apply_snapshot(watch, entries);
+                }
+            }
+        }
+    }
+
+    /// After every input: leave when leaving, else (once the view is ready) check completion
+    /// (P13), lead (P4) and acquire (P5, P9).
+    fn evaluate(&mut self, now: Timestamp) {
+        if self.phase == Phase::Leaving {
+            self.progress_leaving(now);
+            return;
+        }
+        if !self.ready() || self.presence.join != Join::Joined {
+            return;
+        }
+        self.load_manifest();
+        if let Some(outcome) = self.completion() {
+            self.leave(now, outcome);
+            return;
+        }
+        self.leadership(now);
+        self.acquire(now);
+    }
+}

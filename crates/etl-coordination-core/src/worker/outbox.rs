@@ -1,0 +1,253 @@
+//! The outbox: store requests in flight (op ids and the pending table that says what each
+//! answer is for), delayed retries, events, fatal stops, and the classification of store
+//! answers that every handler shares.
+
+use std::time::Duration;
+
+use crate::ids::{OpId, Revision, SplitId};
+use crate::io::{Action, Event, FatalError, WatchId};
+use crate::records::{ManifestRef, PlanHead};
+use crate::store::{Bucket, Entry, Key, StoreError, StoreReply, StoreRequest, StoreResult};
+use crate::time::Timestamp;
+
+use bytes::Bytes;
+
+use super::tenancy::Stage;
+use super::{Phase, Worker};
+
+/// What an in-flight store request is for: the table [`Worker::on_store_result`] dispatches
+/// on. `sent` is the request's send time, from which a renewal's trust is measured (P11).
+#[derive(Debug, Clone)]
+pub(super) enum Pending {
+    /// P2: create `meta`.
+    MetaCreate,
+    /// P2: read `meta` back to compare it.
+    MetaGet,
+    /// P3: create our presence key (or re-create it after it expired).
+    PresenceCreate { sent: Timestamp },
+    /// P3: read our presence key (a predecessor's, or our own after an in-doubt write).
+    PresenceGet,
+    /// P3: CAS over a dead predecessor's presence key.
+    PresenceTakeover { sent: Timestamp },
+    /// P7: renew our presence.
+    PresenceRenew { sent: Timestamp },
+    /// P7: read our presence after a renewal lost its swap or its answer.
+    PresenceResolve { sent: Timestamp },
+    /// P4: create (or re-take by CAS) the leader lease.
+    LeaderCreate { sent: Timestamp },
+    /// P7: renew the leader lease.
+    LeaderRenew { sent: Timestamp },
+    /// P4, P7: read the leader lease after an in-doubt create or renewal.
+    LeaderResolve { sent: Timestamp },
+    /// P4: a plan head write (term bump or publication) of leadership stint `stint`.
+    HeadWrite { stint: u64, head: PlanHead },
+    /// P4: read the head after `attempted` failed or was in doubt.
+    HeadRead { stint: u64, attempted: PlanHead },
+    /// P4: create one descriptor, split record or manifest chunk of planning round `round`.
+    PlanWrite { round: u64, key: Key, value: Bytes },
+    /// P13: read one chunk of the published manifest.
+    ManifestChunk { manifest: ManifestRef, chunk: u32 },
+    /// P4: list manifest chunks for garbage collection.
+    GcList,
+    /// A best-effort delete whose answer only counts down the leaving cleanup.
+    Cleanup,
+    /// P5, P6, P9: create (or CAS over a displaced one) the lease of a split being acquired.
+    LeaseAcquire { split: SplitId, sent: Timestamp },
+    /// Read the lease after an in-doubt acquisition.
+    LeaseAcquireResolve { split: SplitId, sent: Timestamp },
+    /// P7: renew a held lease.
+    LeaseRenew { split: SplitId, sent: Timestamp },
+    /// P7: read a held lease after its renewal lost its swap or its answer.
+    LeaseRenewResolve { split: SplitId, sent: Timestamp },
+    /// P10, P12: delete the lease at the end of a tenancy.
+    LeaseDelete { split: SplitId },
+    /// P5: the fenced record CAS that completes an acquisition.
+    RecordClaim { split: SplitId },
+    /// P5: read the record after the claim CAS lost or was in doubt.
+    RecordClaimRead { split: SplitId },
+    /// Read the descriptor before starting a lane.
+    DescRead { split: SplitId },
+    /// P8: a progress (or terminal) commit.
+    RecordCommit { split: SplitId },
+    /// P8: read the record after a commit lost its swap or its answer.
+    RecordCommitRead { split: SplitId },
+    /// P10, P12: the record write that ends a tenancy.
+    RecordEnd { split: SplitId },
+    /// P10, P12: read the record after the end write lost its swap or its answer.
+    RecordEndRead { split: SplitId },
+    /// P11: read the record before a starved lane resumes.
+    ResumeRead { split: SplitId },
+    /// P7: the periodic full listing of one watch's scope.
+    Resync { watch: WatchId },
+}
+
+/// A request sent again after a backoff.
+#[derive(Debug)]
+pub(super) struct Retry {
+    pub(super) at: Timestamp,
+    pub(super) bucket: Bucket,
+    pub(super) request: StoreRequest,
+    pub(super) pending: Pending,
+}
+
+/// The answer to a write (create, CAS), classified the way the rules read it (S2).
+#[derive(Debug)]
+pub(super) enum Written {
+    /// Applied at this revision.
+    Applied(Revision),
+    /// The fence said no (`AlreadyExists`, `RevisionMismatch`).
+    Conflict,
+    /// The write may or may not have applied: resolve by re-reading, never assume.
+    InDoubt,
+    /// Nothing was applied; retry later.
+    Unavailable,
+    /// Needs operator action.
+    Fatal(StoreError),
+}
+
+impl Written {
+    pub(super) fn of(result: StoreResult) -> Self {
+        match result {
+            Ok(StoreReply::Written(rev)) => Written::Applied(rev),
+            Err(StoreError::AlreadyExists(_) | StoreError::RevisionMismatch(_)) => Written::Conflict,
+            Err(StoreError::Indeterminate(_)) => Written::InDoubt,
+            Err(e) if e.is_fatal() => Written::Fatal(e),
+            Err(_) => Written::Unavailable,
+            Ok(other) => unreachable!("a write was answered with {other:?}"),
+        }
+    }
+}
+
+/// The answer to a point read.
+#[derive(Debug)]
+pub(super) enum Read {
+    /// The live entry.
+    Found(Entry),
+    /// No live value.
+    Absent,
+    /// The read failed (unavailable, or a fatal setup error).
+    Failed(StoreError),
+}
+
+impl Read {
+    pub(super) fn of(result: StoreResult) -> Self {
+        match result {
+            Ok(StoreReply::Value(Some(e))) => Read::Found(e),
+            Ok(StoreReply::Value(None)) => Read::Absent,
+            Err(e) => Read::Failed(e),
+            Ok(other) => unreachable!("a read was answered with {other:?}"),
+        }
+    }
+}
+
+impl Worker {
+    /// Sends one store request; its answer is dispatched by `pending`.
+    pub(super) fn send(&mut self, bucket: Bucket, request: StoreRequest, pending: Pending) -> OpId {
+        let op = OpId(self.next_op);
+        self.next_op += 1;
+        self.pending.insert(op, pending);
+        self.out.push(Action::Store { op, bucket, request });
+        op
+    }
+
+    /// Sends a request after [`Worker::retry_backoff`].
+    pub(super) fn retry_later(
+        &mut self,
+        now: Timestamp,
+        bucket: Bucket,
+        request: StoreRequest,
+        pending: Pending,
+    ) {
+        let at = now + self.retry_backoff();
+        self.retries.push(Retry { at, bucket, request, pending });
+    }
+
+    pub(super) fn retry_backoff(&self) -> Duration {
+        (self.cfg.heartbeat_interval() / 3).clamp(Duration::from_millis(50), Duration::from_secs(2))
+    }
+
+    /// Sends the delayed retries that are due and still wanted.
+    pub(super) fn send_due_retries(&mut self, now: Timestamp) {
+        let (due, keep): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.retries).into_iter().partition(|r| r.at <= now);
+        self.retries = keep;
+        for r in due {
+            if !self.retry_wanted(&r.pending) {
+                continue;
+            }
+            let op = self.send(r.bucket, r.request, r.pending.clone());
+            self.rebind_retry(op, &r.pending);
+        }
+    }
+
+    /// Whether a delayed retry still belongs to a live step: the split may have been lost and
+    /// re-acquired meanwhile (a new tenancy runs its own reads), or already moved on.
+    fn retry_wanted(&self, pending: &Pending) -> bool {
+        match pending {
+            Pending::DescRead { split } => {
+                self.held.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::ReadingDesc)
+            }
+            Pending::RecordClaimRead { split } => {
+                self.held.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::WritingRecord)
+            }
+            _ => true,
+        }
+    }
+
+    /// A retried op is the new current op of whatever it belongs to.
+    fn rebind_retry(&mut self, op: OpId, pending: &Pending) {
+        match pending {
+            Pending::DescRead { split } | Pending::RecordClaimRead { split } => {
+                if let Some(h) = self.held.get_mut(split) {
+                    h.op = Some(op);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub(super) fn event(&mut self, e: Event) {
+        self.out.push(Action::Event(e));
+    }
+
+    /// Stops the worker on a condition it cannot continue from; nothing follows.
+    pub(super) fn fatal(&mut self, e: FatalError) {
+        self.out.push(Action::Fatal(e));
+        self.phase = Phase::Stopped;
+        self.pending.clear();
+        self.retries.clear();
+    }
+
+    /// A store error that needs operator action.
+    pub(super) fn fatal_store(&mut self, e: StoreError) {
+        self.fatal(FatalError::Store(e.to_string()));
+    }
+
+    /// Emits [`Event::Gauges`] when a gauge changed.
+    pub(super) fn emit_gauges(&mut self) {
+        if !matches!(self.phase, Phase::Running | Phase::Leaving) {
+            return;
+        }
+        let g = Gauges {
+            owned: self.held.len() as u32,
+            live_workers: self.view.live_workers() as u32,
+            quarantined: self.view.quarantined as u32,
+        };
+        if self.gauges != Some(g) {
+            self.gauges = Some(g);
+            self.event(Event::Gauges {
+                owned: g.owned,
+                live_workers: g.live_workers,
+                quarantined: g.quarantined,
+            });
+        }
+    }
+}
+
+/// The gauges last reported by [`Event::Gauges`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Gauges {
+    owned: u32,
+    live_workers: u32,
+    quarantined: u32,
+}

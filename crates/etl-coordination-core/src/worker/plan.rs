@@ -1,0 +1,344 @@
+//! Planning rounds (P4): asking the planner, writing descriptors and split records
+//! (create-if-absent), then the manifest chunks, then publishing by CAS on the plan head;
+//! re-planning Open plans; garbage-collecting what older rounds left behind.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use bytes::Bytes;
+
+use crate::ids::{Epoch, Revision, SplitId};
+use crate::io::{Action, Event, Plan, PlanKind};
+use crate::records::{self, Descriptor, ManifestChunk, ManifestRef, PlanHead, PlanStatus, SplitRecord, keys};
+use crate::store::{Bucket, Key, StoreReply, StoreRequest, StoreResult};
+use crate::time::Timestamp;
+
+use super::Worker;
+use super::outbox::{Pending, Written};
+
+/// How many plan writes (descriptors, records, manifest chunks) the leader keeps in flight.
+const PLAN_WRITE_WINDOW: usize = 64;
+
+/// Where the leader's planning is.
+#[derive(Debug)]
+pub(super) enum PlanStage {
+    /// Bumping the term (P4); the op is in flight.
+    Bumping,
+    /// Waiting for the current manifest to load before asking the planner.
+    WaitManifest,
+    /// Nothing to do until `replan_at` (Open) or ever (Final).
+    Idle,
+    /// The planner was asked (request id); its answer is awaited.
+    Requested(u64),
+    /// The round's records and manifest are being written.
+    Writing(Box<RoundWrites>),
+    /// The publishing head CAS is in flight.
+    Publishing,
+    /// A step failed; try again at this time.
+    RetryAt(Timestamp),
+}
+
+/// The writes of one planning round, all create-if-absent: descriptors and split records
+/// first, then (once every one exists) the manifest chunks, then the publication.
+#[derive(Debug)]
+pub(super) struct RoundWrites {
+    /// Descriptors and split records not sent yet.
+    splits: VecDeque<(Key, Bytes)>,
+    /// Manifest chunks not sent yet.
+    chunks: VecDeque<(Key, Bytes)>,
+    splits_in_flight: usize,
+    chunks_in_flight: usize,
+    /// The manifest this round publishes.
+    manifest: ManifestRef,
+    /// After a failed write, pause sending until then.
+    resume_at: Option<Timestamp>,
+    /// The planner request this write belongs to; results of older rounds are ignored.
+    round: u64,
+}
+
+impl Worker {
+    /// P4: the leader's next planning step, run on every evaluation.
+    pub(super) fn drive_plan(&mut self, now: Timestamp) {
+        let Some(l) = self.leader.as_mut() else { return };
+        // Our own head write may have landed while its answer was lost: a newer head of our
+        // term, by us, is ours (only a term's leader writes it), so adopt it.
+        if let (Some((vrev, vh)), Some((rev, h))) = (&self.view.plan_head, &l.head)
+            && vh.term == h.term
+            && vh.leader == self.me
+            && vrev > rev
+        {
+            let (vrev, vh) = (*vrev, vh.clone());
+            l.head = Some((vrev, vh));
+        }
+        match &mut l.stage {
+            PlanStage::WaitManifest => {
+                let Some((_, head)) = &l.head else { return };
+                if head.manifest.is_some() && self.view.manifest != head.manifest {
+                    return; // the manifest is loading
+                }
+                let request = self.next_plan_request;
+                self.next_plan_request += 1;
+                l.stage = PlanStage::Requested(request);
+                self.out.push(Action::Plan { request });
+            }
+            PlanStage::Writing(_) => self.pump_plan_writes(now),
+            PlanStage::Idle => {
+                if let Some(m) = l.gc_for
+                    && self.view.manifest == Some(m)
+                {
+                    l.gc_for = None;
+                    self.send(
+                        Bucket::State,
+                        StoreRequest::List { prefix: keys::manifest_prefix() },
+                        Pending::GcList,
+                    );
+                    // Orphan split records (written by a deposed leader, never published) are
+                    // deleted if nobody ever owned them.
+                    let orphans: Vec<(SplitId, Revision)> = self
+                        .view
+                        .splits
+                        .iter()
+                        .filter(|(_, sv)| sv.weight.is_none())
+                        .filter(|(_, sv)| sv.record.as_ref().is_some_and(|r| r.epoch == Epoch(0)))
+                        .map(|(id, sv)| (id.clone(), sv.record_rev))
+                        .collect();
+                    for (id, rev) in orphans {
+                        self.send(
+                            Bucket::State,
+                            StoreRequest::Delete { key: keys::split(&id), expected: rev },
+                            Pending::Cleanup,
+                        );
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// P4: an Open plan is due for re-planning.
+    pub(super) fn replan_due(&mut self, now: Timestamp) {
+        let Some(l) = &mut self.leader else { return };
+        if l.replan_at.is_some_and(|t| now >= t) {
+            l.replan_at = None;
+            if matches!(l.stage, PlanStage::Idle) {
+                l.stage = PlanStage::WaitManifest;
+            }
+        }
+    }
+
+    /// P4: retry a failed planning step: the term bump if it never landed, else the planner.
+    pub(super) fn plan_retry_due(&mut self, now: Timestamp) {
+        let Some(l) = &mut self.leader else { return };
+        if let PlanStage::RetryAt(t) = l.stage
+            && now >= t
+        {
+            if l.head.is_none() {
+                // The term bump never landed: start over from the current head.
+                l.stage = PlanStage::Bumping;
+                let current = self.view.plan_head.clone();
+                self.bump_term(current);
+            } else {
+                l.stage = PlanStage::WaitManifest;
+            }
+        }
+    }
+
+    /// P4: the planner answered: write what is new (the published manifest is the union of the
+    /// current one and the new enumeration), or retry after a planner error.
+    pub(super) fn on_plan_ready(&mut self, now: Timestamp, request: u64, result: Result<Plan, String>) {
+        let Some(l) = self.leader.as_mut() else { return };
+        if !matches!(l.stage, PlanStage::Requested(r) if r == request) {
+            return;
+        }
+        let plan = match result.and_then(|p| validate_plan(&p).map(|()| p)) {
+            Ok(p) => p,
+            Err(error) => {
+                l.stage = PlanStage::RetryAt(now + self.cfg.heartbeat_interval());
+                return self.event(Event::PlanFailed { error });
+            }
+        };
+        let Some((_, head)) = l.head.clone() else { return };
+        // The published manifest is the union of the current one and the new enumeration.
+        let mut entries: BTreeMap<SplitId, u64> = BTreeMap::new();
+        if head.manifest.is_some() {
+            for (id, sv) in &self.view.splits {
+                if let Some(w) = sv.weight {
+                    entries.insert(id.clone(), w);
+                }
+            }
+        }
+        let mut splits = VecDeque::new();
+        for s in &plan.splits {
+            if entries.contains_key(&s.id) {
+                continue;
+            }
+            entries.insert(s.id.clone(), s.weight);
+            splits.push_back((
+                keys::desc(&s.id),
+                records::encode(&Descriptor { descriptor: s.descriptor.clone(), weight: s.weight }),
+            ));
+            splits.push_back((keys::split(&s.id), records::encode(&SplitRecord::new())));
+        }
+        let unchanged =
+            head.manifest.is_some_and(|m| m.kind == plan.kind && m.term == head.term) && splits.is_empty();
+        if unchanged {
+            l.stage = PlanStage::Idle;
+            if plan.kind == PlanKind::Open {
+                l.replan_at = Some(now + self.cfg.replan_interval);
+            }
+            return;
+        }
+        // Every planning round writes a fresh version: a round that failed to publish may have
+        // left chunks behind, and create-if-absent would silently keep their old content.
+        let version = head.manifest.map_or(1, |m| m.version + 1).max(l.last_version + 1);
+        l.last_version = version;
+        let list: Vec<(SplitId, u64)> = entries.into_iter().collect();
+        let parts: Vec<&[(SplitId, u64)]> = list.chunks(records::MANIFEST_CHUNK_LEN).collect();
+        let manifest = ManifestRef {
+            term: head.term,
+            version,
+            chunks: parts.len() as u32,
+            split_count: list.len() as u64,
+            kind: plan.kind,
+        };
+        let chunks = parts
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                (
+                    keys::manifest(head.term, version, i as u32),
+                    records::encode(&ManifestChunk { splits: c.to_vec() }),
+                )
+            })
+            .collect();
+        l.stage = PlanStage::Writing(Box::new(RoundWrites {
+            splits,
+            chunks,
+            splits_in_flight: 0,
+            chunks_in_flight: 0,
+            manifest,
+            resume_at: None,
+            round: request,
+        }));
+        self.pump_plan_writes(now);
+    }
+
+    /// Keeps up to [`PLAN_WRITE_WINDOW`] writes in flight; publishes once all have landed.
+    fn pump_plan_writes(&mut self, now: Timestamp) {
+        let Some(l) = self.leader.as_mut() else { return };
+        let PlanStage::Writing(w) = &mut l.stage else { return };
+        if w.resume_at.is_some_and(|t| now < t) {
+            return;
+        }
+        w.resume_at = None;
+        let mut sends = Vec::new();
+        while w.splits_in_flight + w.chunks_in_flight < PLAN_WRITE_WINDOW {
+            // Manifest chunks only after every descriptor and record exists: a published
+            // manifest never names a split without its records.
+            let next = if let Some(x) = w.splits.pop_front() {
+                w.splits_in_flight += 1;
+                x
+            } else if w.splits_in_flight == 0
+                && let Some(x) = w.chunks.pop_front()
+            {
+                w.chunks_in_flight += 1;
+                x
+            } else {
+                break;
+            };
+            sends.push(next);
+        }
+        let publish =
+            w.splits.is_empty() && w.chunks.is_empty() && w.splits_in_flight + w.chunks_in_flight == 0;
+        let manifest = w.manifest;
+        let round = w.round;
+        for (key, value) in sends {
+            let request = StoreRequest::Create { key: key.clone(), value: value.clone(), ttl: None };
+            self.send(Bucket::State, request, Pending::PlanWrite { round, key, value });
+        }
+        if publish {
+            let l = self.leader.as_mut().expect("leader");
+            let Some((rev, head)) = l.head.clone() else { return };
+            l.stage = PlanStage::Publishing;
+            let new = PlanHead {
+                term: head.term,
+                leader: self.me.clone(),
+                status: PlanStatus::Published,
+                manifest: Some(manifest),
+            };
+            let request = StoreRequest::CompareAndSwap {
+                key: keys::plan_head(),
+                expected: rev,
+                value: records::encode(&new),
+                ttl: None,
+            };
+            self.send(Bucket::State, request, Pending::HeadWrite { stint: self.stint(), head: new });
+        }
+    }
+
+    /// One plan write answered: existing keys are fine (deterministic ids); anything else is
+    /// repeated after a backoff (create-if-absent is safe to repeat).
+    pub(super) fn on_plan_write(
+        &mut self,
+        now: Timestamp,
+        round: u64,
+        key: Key,
+        value: Bytes,
+        result: StoreResult,
+    ) {
+        let backoff = self.retry_backoff();
+        let Some(l) = self.leader.as_mut() else { return };
+        let PlanStage::Writing(w) = &mut l.stage else { return };
+        if w.round != round {
+            return;
+        }
+        let is_manifest = keys::parse_manifest(&key).is_some();
+        if is_manifest {
+            w.chunks_in_flight -= 1;
+        } else {
+            w.splits_in_flight -= 1;
+        }
+        match Written::of(result) {
+            // Existing keys are expected: deterministic ids make re-planning a no-op for them.
+            Written::Applied(_) | Written::Conflict => {}
+            Written::Fatal(e) => return self.fatal_store(e),
+            Written::InDoubt | Written::Unavailable => {
+                if is_manifest {
+                    w.chunks.push_front((key, value));
+                } else {
+                    w.splits.push_front((key, value));
+                }
+                w.resume_at = Some(now + backoff);
+            }
+        }
+        self.pump_plan_writes(now);
+    }
+
+    /// P4: delete manifest chunks of older versions than the published one.
+    pub(super) fn on_gc_list(&mut self, result: StoreResult) {
+        let Ok(StoreReply::Entries(entries)) = result else { return };
+        let Some(current) = self.view.plan_head.as_ref().and_then(|(_, h)| h.manifest) else { return };
+        for e in entries {
+            if let Some((term, version, _)) = keys::parse_manifest(&e.key)
+                && (term, version) != (current.term, current.version)
+                && version <= current.version
+            {
+                self.send(
+                    Bucket::State,
+                    StoreRequest::Delete { key: e.key, expected: e.revision },
+                    Pending::Cleanup,
+                );
+            }
+        }
+    }
+}
+
+/// Split ids must be unique within a plan.
+fn validate_plan(plan: &Plan) -> Result<(), String> {
+    let mut seen = BTreeSet::new();
+    for s in &plan.splits {
+        if !seen.insert(&s.id) {
+            return Err(format!("planner returned split id {} twice; split ids must be unique", s.id));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,117 @@
+//! Every deadline of a worker as one [`Timer`] table. The same table answers
+//! [`Worker::next_deadline`] and drives the tick handler, so what is scheduled and what fires
+//! cannot drift apart (quinn-proto's `TimerTable` is the model).
+
+use crate::ids::SplitId;
+use crate::time::Timestamp;
+
+use super::plan::PlanStage;
+use super::presence::Join;
+use super::tenancy::Stage;
+use super::{Phase, Worker};
+
+/// One deadline. Timers due at the same tick fire in declaration order (and, per split, in
+/// split id order): retries first, then the presence check, heartbeats and resyncs, then the
+/// lapses of trust, then the deadlines that end tenancies, then planning.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Timer {
+    /// A delayed retry of a store request is due (the earliest of the retry queue).
+    Retry,
+    /// P3: the observation window over a predecessor's presence key ends.
+    PresenceObservation,
+    /// P7: renew presence, the leader lease and every held lease.
+    Heartbeat,
+    /// P7: the full listing that guards against missed watch events.
+    Resync,
+    /// P11: trust in a running lane's lease lapses; the lane stops (starved).
+    LeaseTrust(SplitId),
+    /// P11: trust in the leader lease lapses; the worker steps down.
+    LeaderTrust,
+    /// P10: a stopping lane's commit deadline passed; its split is released anyway.
+    StopDeadline(SplitId),
+    /// P10: the drain deadline passed; a lease later, what could not be released is given up.
+    DrainDeadline,
+    /// P4: an open plan is due for re-planning.
+    Replan,
+    /// P4: a failed planning step is retried.
+    PlanRetry,
+}
+
+impl Worker {
+    /// Calls `f` with every armed timer and its deadline.
+    pub(super) fn for_each_timer(&self, mut f: impl FnMut(Timer, Timestamp)) {
+        if self.phase == Phase::Stopped {
+            return;
+        }
+        if let Some(at) = self.retries.iter().map(|r| r.at).min() {
+            f(Timer::Retry, at);
+        }
+        if let Join::Observing { deadline, .. } = self.presence.join {
+            f(Timer::PresenceObservation, deadline);
+        }
+        if let Some(at) = self.heartbeat_at {
+            f(Timer::Heartbeat, at);
+        }
+        if let Some(at) = self.resync_at {
+            f(Timer::Resync, at);
+        }
+        for (id, h) in &self.held {
+            match h.stage {
+                Stage::Running => f(Timer::LeaseTrust(id.clone()), h.trusted_until),
+                // With a commit in flight the commit's result drives the end, not the deadline.
+                Stage::Stopping { deadline } if h.commit.is_none() => {
+                    f(Timer::StopDeadline(id.clone()), deadline)
+                }
+                _ => {}
+            }
+        }
+        if let Some(l) = &self.leader {
+            f(Timer::LeaderTrust, l.trusted_until);
+            if let Some(at) = l.replan_at {
+                f(Timer::Replan, at);
+            }
+            if let PlanStage::RetryAt(at) = l.stage {
+                f(Timer::PlanRetry, at);
+            }
+        }
+        if let Some(l) = &self.leaving {
+            let at = if l.deadline_passed { l.deadline + self.cfg.lease_duration } else { l.deadline };
+            f(Timer::DrainDeadline, at);
+        }
+    }
+
+    /// Fires every timer due at `now`.
+    pub(super) fn on_tick(&mut self, now: Timestamp) {
+        let mut due = Vec::new();
+        self.for_each_timer(|timer, at| {
+            if at <= now {
+                due.push(timer);
+            }
+        });
+        due.sort();
+        for timer in due {
+            self.fire(now, timer);
+        }
+    }
+
+    fn fire(&mut self, now: Timestamp, timer: Timer) {
+        match timer {
+            Timer::Retry => self.send_due_retries(now),
+            Timer::PresenceObservation => self.observation_ended(now),
+            Timer::Heartbeat => {
+                self.heartbeat_at = Some(now + self.cfg.heartbeat_interval());
+                self.heartbeat(now);
+            }
+            Timer::Resync => {
+                self.resync_at = Some(now + self.cfg.resync_interval());
+                self.resync();
+            }
+            Timer::LeaseTrust(id) => self.starve(now, &id),
+            Timer::LeaderTrust => self.leader_trust_lapsed(now),
+            Timer::StopDeadline(id) => self.stop_deadline_passed(now, &id),
+            Timer::DrainDeadline => self.drain_deadline_passed(now),
+            Timer::Replan => self.replan_due(now),
+            Timer::PlanRetry => self.plan_retry_due(now),
+        }
+    }
+}

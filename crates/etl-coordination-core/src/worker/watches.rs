@@ -1,0 +1,256 @@
+//! The three watches and the periodic resync that feed the view (P7), and the fencing
+//! triggers they carry: our lease, our presence or the leader key moving to someone else.
+//! The view only triggers attempts and revocations; ownership is decided by CAS (S6).
+
+use std::collections::BTreeSet;
+
+use crate::ids::{Revision, SplitId};
+use crate::io::{Action, Event, StopReason, WatchId};
+use crate::records::{self, LeaderRecord, LeaseRecord, PlanHead, PresenceRecord, SplitRecord, keys};
+use crate::store::{Entry, Key, StoreRequest, WatchEvent};
+
+use super::Worker;
+use super::outbox::Pending;
+use super::tenancy::Stage;
+
+/// One watch: whether its snapshot is complete, and the snapshot being received.
+#[derive(Debug, Default)]
+pub(super) struct WatchState {
+    pub(super) ready: bool,
+    /// Entries of a snapshot in progress, applied as a whole at `SnapshotComplete`.
+    pub(super) snapshot: Option<Vec<Entry>>,
+}
+
+impl Worker {
+    /// A failed watch is reopened; its new snapshot resyncs the view.
+    pub(super) fn on_watch_failed(&mut self, watch: WatchId) {
+        if let Some(w) = self.watches.get_mut(&watch) {
+            w.ready = false;
+            w.snapshot = Some(Vec::new());
+            self.out.push(Action::Watch { watch });
+        }
+    }
+
+    pub(super) fn on_watch(&mut self, watch: WatchId, event: WatchEvent) {
+        let Some(ws) = self.watches.get_mut(&watch) else { return };
+        if let Some(buf) = &mut ws.snapshot {
+            match event {
+                WatchEvent::Put(e) => buf.push(e),
+                WatchEvent::Delete { key, .. } => buf.retain(|e| e.key != key),
+                WatchEvent::SnapshotComplete => {
+                    let entries = ws.snapshot.take().expect("snapshot");
+                    ws.ready = true;
+                    self.apply_snapshot(watch, entries);
+                }
+            }
+            return;
+        }
+        match event {
+            WatchEvent::Put(entry) => self.apply_put(watch, entry),
+            WatchEvent::Delete { key, revision, .. } => self.apply_delete(watch, key, revision),
+            WatchEvent::SnapshotComplete => {}
+        }
+    }
+
+    /// Every watch has delivered its snapshot: the view is worth deciding on.
+    pub(super) fn ready(&self) -> bool {
+        WatchId::ALL.iter().all(|w| self.watches.get(w).is_some_and(|s| s.ready))
+    }
+
+    /// Replaces everything the view holds under `watch`'s scope with `entries`.
+    pub(super) fn apply_snapshot(&mut self, watch: WatchId, entries: Vec<Entry>) {
+        let present: BTreeSet<Key> = entries.iter().map(|e| e.key.clone()).collect();
+        match watch {
+            WatchId::Leases => {
+                let gone: Vec<SplitId> = self
+                    .view
+                    .splits
+                    .iter()
+                    .filter(|(id, sv)| sv.lease.is_some() && !present.contains(&keys::split(id)))
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                for id in gone {
+                    self.view.forget_lease(&id);
+                }
+                self.view.workers.retain(|id, _| present.contains(&keys::worker(id)));
+                if !present.contains(&keys::leader()) {
+                    self.view.leader = None;
+                }
+            }
+            WatchId::Splits => {
+                let gone: Vec<SplitId> = self
+                    .view
+                    .splits
+                    .iter()
+                    .filter(|(id, sv)| sv.record.is_some() && !present.contains(&keys::split(id)))
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                for id in gone {
+                    self.view.forget_record(&id);
+                }
+            }
+            WatchId::Plan => {
+                if !present.contains(&keys::plan_head()) {
+                    self.view.plan_head = None;
+                }
+            }
+        }
+        for e in entries {
+            self.apply_entry(watch, e);
+        }
+    }
+
+    /// Puts one entry into the view (newer revisions win).
+    fn apply_entry(&mut self, watch: WatchId, entry: Entry) {
+        let key = entry.key.clone();
+        let undecodable = |w: &mut Self, err: records::RecordError| {
+            w.event(Event::Undecodable { key: key.to_string(), error: err.to_string() })
+        };
+        match watch {
+            WatchId::Leases => {
+                if let Some(id) = keys::parse_split(&entry.key) {
+                    match records::decode::<LeaseRecord>(&entry.value) {
+                        Ok(l) => self.view.put_lease(&id, entry.revision, l),
+                        Err(e) => undecodable(self, e),
+                    }
+                } else if let Some(inst) = keys::parse_worker(&entry.key) {
+                    match records::decode::<PresenceRecord>(&entry.value) {
+                        Ok(p) => {
+                            let newer =
+                                self.view.workers.get(&inst).is_none_or(|(r, _)| *r <= entry.revision);
+                            if newer {
+                                self.view.workers.insert(inst, (entry.revision, p));
+                            }
+                        }
+                        Err(e) => undecodable(self, e),
+                    }
+                } else if entry.key == keys::leader() {
+                    match records::decode::<LeaderRecord>(&entry.value) {
+                        Ok(l) => {
+                            if self.view.leader.as_ref().is_none_or(|(r, _)| *r <= entry.revision) {
+                                self.view.leader = Some((entry.revision, l));
+                            }
+                        }
+                        Err(e) => undecodable(self, e),
+                    }
+                }
+            }
+            WatchId::Splits => {
+                if let Some(id) = keys::parse_split(&entry.key) {
+                    match records::decode::<SplitRecord>(&entry.value) {
+                        Ok(r) => self.view.put_record(&id, entry.revision, r),
+                        Err(e) => undecodable(self, e),
+                    }
+                }
+            }
+            WatchId::Plan => {
+                if entry.key == keys::plan_head() {
+                    match records::decode::<PlanHead>(&entry.value) {
+                        Ok(h) => {
+                            if self.view.plan_head.as_ref().is_none_or(|(r, _)| *r <= entry.revision) {
+                                self.view.plan_head = Some((entry.revision, h));
+                            }
+                        }
+                        Err(e) => undecodable(self, e),
+                    }
+                }
+            }
+        }
+    }
+
+    /// A put seen on a watch: into the view, then the fencing triggers (P7, P3, P4).
+    fn apply_put(&mut self, watch: WatchId, entry: Entry) {
+        let key = entry.key.clone();
+        let rev = entry.revision;
+        self.apply_entry(watch, entry);
+        match watch {
+            WatchId::Leases => {
+                if let Some(id) = keys::parse_split(&key) {
+                    self.blocked.remove(&id);
+                    // P7: our lease now names someone else at a newer revision: fenced.
+                    let foreign = self
+                        .view
+                        .splits
+                        .get(&id)
+                        .and_then(|sv| sv.lease.as_ref())
+                        .is_some_and(|l| l.owner != self.me);
+                    if foreign && self.held.get(&id).is_some_and(|h| h.lease_rev.is_some_and(|r| r < rev)) {
+                        self.revoke(&id, StopReason::Fenced);
+                    }
+                } else if keys::parse_worker(&key).as_ref() == Some(&self.me.instance) {
+                    self.check_own_presence(rev);
+                } else if key == keys::leader()
+                    && self.leader.as_ref().is_some_and(|l| l.rev < rev)
+                    && self.view.leader.as_ref().is_some_and(|(_, l)| l.owner != self.me)
+                {
+                    self.step_down();
+                }
+            }
+            WatchId::Splits => {
+                if let Some(id) = keys::parse_split(&key) {
+                    self.blocked.remove(&id);
+                    let record = self.view.splits.get(&id).and_then(|sv| sv.record.clone());
+                    if let (Some(h), Some(r)) = (self.held.get(&id), record) {
+                        let written = matches!(
+                            h.stage,
+                            Stage::Running | Stage::ReadingDesc | Stage::Starved | Stage::Stopping { .. }
+                        );
+                        // Only an ownership change bumps the epoch or names another owner; our
+                        // own terminal commit clears the owner at the same epoch.
+                        let moved = r.epoch != h.epoch || r.owner.as_ref().is_some_and(|o| *o != self.me);
+                        if written && moved && rev > h.record_rev {
+                            self.revoke(&id, StopReason::Fenced);
+                        }
+                    }
+                }
+            }
+            WatchId::Plan => {}
+        }
+    }
+
+    /// A delete or expiry seen on a watch: out of the view, then the fencing triggers (P7).
+    fn apply_delete(&mut self, watch: WatchId, key: Key, rev: Revision) {
+        match watch {
+            WatchId::Leases => {
+                if let Some(id) = keys::parse_split(&key) {
+                    self.view.delete_lease(&id, rev);
+                    self.blocked.remove(&id);
+                    // P7 (NATS-NOTES): an expiry can erase an acknowledged renewal. A delete of our
+                    // own lease at a revision newer than our last write means the lease is gone.
+                    if self.held.get(&id).is_some_and(|h| {
+                        h.lease_rev.is_some_and(|r| r < rev) && h.stage != Stage::DeletingLease
+                    }) {
+                        self.revoke(&id, StopReason::Fenced);
+                    }
+                } else if let Some(inst) = keys::parse_worker(&key) {
+                    if self.view.workers.get(&inst).is_some_and(|(r, _)| *r < rev) {
+                        self.view.workers.remove(&inst);
+                    }
+                } else if key == keys::leader() && self.view.leader.as_ref().is_some_and(|(r, _)| *r < rev) {
+                    self.view.leader = None;
+                    if self.leader.as_ref().is_some_and(|l| l.rev < rev) {
+                        self.step_down();
+                    }
+                }
+            }
+            WatchId::Splits => {
+                if let Some(id) = keys::parse_split(&key) {
+                    self.view.delete_record(&id, rev);
+                }
+            }
+            WatchId::Plan => {
+                if key == keys::plan_head() && self.view.plan_head.as_ref().is_some_and(|(r, _)| *r < rev) {
+                    self.view.plan_head = None;
+                }
+            }
+        }
+    }
+
+    /// P7: the full listing that guards against missed watch events.
+    pub(super) fn resync(&mut self) {
+        for w in WatchId::ALL {
+            let request = StoreRequest::List { prefix: w.prefix() };
+            self.send(w.bucket(), request, Pending::Resync { watch: w });
+        }
+    }
+}
