@@ -153,6 +153,17 @@ pub enum WatchEvent {
     SnapshotComplete,
 }
 
+impl WatchEvent {
+    /// The key a put or delete is about (`None` for [`WatchEvent::SnapshotComplete`]).
+    pub fn key(&self) -> Option<&Key> {
+        match self {
+            WatchEvent::Put(e) => Some(&e.key),
+            WatchEvent::Delete { key, .. } => Some(key),
+            WatchEvent::SnapshotComplete => None,
+        }
+    }
+}
+
 /// The two key spaces of a job. In NATS they are two buckets; only the lease bucket carries TTLs.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub enum Bucket {

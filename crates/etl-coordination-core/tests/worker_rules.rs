@@ -199,7 +199,7 @@ fn p3_a_restarted_instance_reclaims_its_splits_at_once_consuming_an_attempt() {
 
 #[test]
 fn p4_the_first_leader_bumps_the_term_then_plans_and_publishes() {
-    let r = running(2);
+    let mut r = running(2);
     let head: records::PlanHead =
         records::decode(&r.kv.get(Bucket::State, "plan.head").unwrap().value).unwrap();
     assert_eq!(head.term, 1);
@@ -258,11 +258,11 @@ fn p5_claims_up_to_the_fair_share_largest_weight_first() {
 
 #[test]
 fn p5_claim_is_lease_create_then_record_cas_with_epoch_plus_one() {
-    let r = running(1);
+    let mut r = running(1);
     let rec = r.kv.record("s0");
     assert_eq!((rec.epoch, rec.state, rec.attempts), (Epoch(1), SplitState::Owned, 0));
     assert_eq!(rec.owner.unwrap().instance, id("w1"));
-    let lease = lease_of(&r.kv, "s0").unwrap();
+    let lease = lease_of(&mut r.kv, "s0").unwrap();
     assert_eq!(
         lease,
         LeaseRecord { owner: Owner { instance: id("w1"), incarnation: Incarnation(1) }, epoch: Epoch(1) }
@@ -389,7 +389,7 @@ fn p10_drain_stops_lanes_releases_without_attempts_and_leaves() {
     for s in ["s0", "s1"] {
         let rec = r.kv.record(s);
         assert_eq!((rec.state, rec.attempts, rec.owner.clone()), (SplitState::Unleased, 0, None), "{s}");
-        assert!(lease_of(&r.kv, s).is_none(), "lease of {s} deleted so peers claim at once");
+        assert!(lease_of(&mut r.kv, s).is_none(), "lease of {s} deleted so peers claim at once");
     }
     assert!(r.kv.get(Bucket::Lease, "worker.w1").is_none(), "presence removed");
     assert!(r.kv.get(Bucket::Lease, "leader").is_none(), "leadership handed back");
@@ -499,7 +499,7 @@ fn p9_steals_one_split_from_an_owner_holding_two_more_and_then_stops() {
 
 #[test]
 fn records_never_name_a_split_the_manifest_does_not_list() {
-    let r = running(3);
+    let mut r = running(3);
     let head: records::PlanHead =
         records::decode(&r.kv.get(Bucket::State, "plan.head").unwrap().value).unwrap();
     let m = head.manifest.unwrap();

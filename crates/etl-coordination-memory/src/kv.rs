@@ -7,7 +7,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use etl_coordination_core::{DeleteCause, Entry, Key, Prefix, Revision, StoreError, Timestamp, WatchEvent};
+use etl_coordination_core::{
+    DeleteCause, Entry, Key, Prefix, Revision, StoreError, StoreReply, StoreRequest, StoreResult, Timestamp,
+    WatchEvent,
+};
 use etl_coordination_store::{validate_ttl, validate_value};
 
 #[derive(Clone, Debug)]
@@ -21,18 +24,55 @@ struct Slot {
 ///
 /// Revisions come from one counter per key space (like a JetStream stream sequence), so they
 /// increase per key as S4 requires. Deletions and expiries take a revision of their own.
+///
+/// Expiry: by default every operation first expires what is due at its `now`, so a key is gone
+/// the moment its TTL runs out. [`MemoryKv::with_explicit_expiry`] models NATS more closely: a
+/// key past its TTL stays live (readable and CAS-able) until [`MemoryKv::expire`] (the server's
+/// expiry timer) removes it.
 #[derive(Debug, Default)]
 pub struct MemoryKv {
     slots: BTreeMap<Key, Slot>,
     last_revision: u64,
     /// Events produced since the last [`MemoryKv::take_events`].
     events: Vec<WatchEvent>,
+    /// Only [`MemoryKv::expire`] expires keys; operations do not.
+    explicit_expiry: bool,
 }
 
 impl MemoryKv {
-    /// An empty key space.
+    /// An empty key space whose operations expire what is due first.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty key space in which keys past their TTL stay live until [`MemoryKv::expire`]
+    /// removes them, as on a NATS server whose expiry timer has not fired yet.
+    pub fn with_explicit_expiry() -> Self {
+        MemoryKv { explicit_expiry: true, ..Self::default() }
+    }
+
+    /// Runs one request of the protocol core.
+    pub fn execute(&mut self, now: Timestamp, request: StoreRequest) -> StoreResult {
+        match request {
+            StoreRequest::Create { key, value, ttl } => {
+                self.create(now, &key, value, ttl).map(StoreReply::Written)
+            }
+            StoreRequest::CompareAndSwap { key, expected, value, ttl } => {
+                self.compare_and_swap(now, &key, expected, value, ttl).map(StoreReply::Written)
+            }
+            StoreRequest::Delete { key, expected } => {
+                self.delete(now, &key, expected).map(|()| StoreReply::Deleted)
+            }
+            StoreRequest::Get { key } => Ok(StoreReply::Value(self.get(now, &key))),
+            StoreRequest::List { prefix } => Ok(StoreReply::Entries(self.list(now, &prefix))),
+        }
+    }
+
+    /// Expiry before an operation (unless expiry is explicit).
+    fn expire_due(&mut self, now: Timestamp) {
+        if !self.explicit_expiry {
+            self.expire(now);
+        }
     }
 
     fn next_revision(&mut self) -> Revision {
@@ -41,7 +81,7 @@ impl MemoryKv {
     }
 
     fn live(&self, key: &Key, now: Timestamp) -> Option<&Slot> {
-        self.slots.get(key).filter(|s| s.expires_at.is_none_or(|t| t > now))
+        self.slots.get(key).filter(|s| self.explicit_expiry || s.expires_at.is_none_or(|t| t > now))
     }
 
     fn write(&mut self, key: &Key, value: Bytes, ttl: Option<Duration>, now: Timestamp) -> Revision {
@@ -82,7 +122,7 @@ impl MemoryKv {
     ) -> Result<Revision, StoreError> {
         validate_ttl(ttl)?;
         validate_value(&value)?;
-        self.expire(now);
+        self.expire_due(now);
         if self.live(key, now).is_some() {
             return Err(StoreError::AlreadyExists(key.clone()));
         }
@@ -100,7 +140,7 @@ impl MemoryKv {
     ) -> Result<Revision, StoreError> {
         validate_ttl(ttl)?;
         validate_value(&value)?;
-        self.expire(now);
+        self.expire_due(now);
         match self.live(key, now) {
             Some(s) if s.revision == expected => Ok(self.write(key, value, ttl, now)),
             _ => Err(StoreError::RevisionMismatch(key.clone())),
@@ -109,7 +149,7 @@ impl MemoryKv {
 
     /// Guarded delete.
     pub fn delete(&mut self, now: Timestamp, key: &Key, expected: Revision) -> Result<(), StoreError> {
-        self.expire(now);
+        self.expire_due(now);
         match self.live(key, now) {
             Some(s) if s.revision == expected => {
                 self.slots.remove(key);
@@ -127,13 +167,13 @@ impl MemoryKv {
 
     /// Point read.
     pub fn get(&mut self, now: Timestamp, key: &Key) -> Option<Entry> {
-        self.expire(now);
+        self.expire_due(now);
         self.live(key, now).map(|s| Entry { key: key.clone(), value: s.value.clone(), revision: s.revision })
     }
 
     /// Live entries under `prefix`, in key order.
     pub fn list(&mut self, now: Timestamp, prefix: &Prefix) -> Vec<Entry> {
-        self.expire(now);
+        self.expire_due(now);
         self.slots
             .range(..)
             .filter(|(k, _)| prefix.matches(k))
@@ -183,5 +223,43 @@ mod tests {
         assert!(
             matches!(events.last(), Some(WatchEvent::Delete { cause: DeleteCause::Expired, revision, .. }) if *revision > r)
         );
+    }
+
+    #[test]
+    fn with_explicit_expiry_an_overdue_key_stays_live_until_expire_runs() {
+        let mut kv = MemoryKv::with_explicit_expiry();
+        let t0 = Timestamp::ZERO;
+        let r = kv.create(t0, &k("a"), Bytes::new(), Some(Duration::from_secs(1))).unwrap();
+        let late = t0 + Duration::from_secs(3);
+        assert_eq!(kv.get(late, &k("a")).map(|e| e.revision), Some(r), "readable past its TTL");
+        let r2 = kv.compare_and_swap(late, &k("a"), r, Bytes::new(), Some(Duration::from_secs(1))).unwrap();
+        kv.expire(late + Duration::from_secs(1));
+        assert_eq!(kv.get(late + Duration::from_secs(1), &k("a")), None);
+        assert!(matches!(
+            kv.take_events().last(),
+            Some(WatchEvent::Delete { cause: DeleteCause::Expired, revision, .. }) if *revision > r2
+        ));
+    }
+
+    #[test]
+    fn execute_runs_every_request_of_the_core() {
+        let mut kv = MemoryKv::new();
+        let t0 = Timestamp::ZERO;
+        let put = |value: &str| Bytes::copy_from_slice(value.as_bytes());
+        let Ok(StoreReply::Written(r)) =
+            kv.execute(t0, StoreRequest::Create { key: k("x.a"), value: put("1"), ttl: None })
+        else {
+            panic!("create")
+        };
+        let cas = StoreRequest::CompareAndSwap { key: k("x.a"), expected: r, value: put("2"), ttl: None };
+        let Ok(StoreReply::Written(r2)) = kv.execute(t0, cas.clone()) else { panic!("cas") };
+        assert_eq!(kv.execute(t0, cas), Err(StoreError::RevisionMismatch(k("x.a"))));
+        let listed = kv.execute(t0, StoreRequest::List { prefix: Prefix::new("x.").unwrap() });
+        assert!(matches!(listed, Ok(StoreReply::Entries(ref e)) if e.len() == 1 && e[0].revision == r2));
+        assert_eq!(
+            kv.execute(t0, StoreRequest::Delete { key: k("x.a"), expected: r2 }),
+            Ok(StoreReply::Deleted)
+        );
+        assert_eq!(kv.execute(t0, StoreRequest::Get { key: k("x.a") }), Ok(StoreReply::Value(None)));
     }
 }

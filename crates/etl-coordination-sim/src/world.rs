@@ -980,19 +980,7 @@ impl World {
                 .and_then(|k| self.lease.expires_at(k))
                 .is_some_and(|t| t.saturating_since(now) <= ms(10))
             && self.rng.chance(0.5);
-        let result = match request.clone() {
-            StoreRequest::Create { key, value, ttl } => {
-                self.kv(bucket).create(now, &key, value, ttl).map(StoreReply::Written)
-            }
-            StoreRequest::CompareAndSwap { key, expected, value, ttl } => {
-                self.kv(bucket).compare_and_swap(now, &key, expected, value, ttl).map(StoreReply::Written)
-            }
-            StoreRequest::Delete { key, expected } => {
-                self.kv(bucket).delete(now, &key, expected).map(|()| StoreReply::Deleted)
-            }
-            StoreRequest::Get { key } => Ok(StoreReply::Value(self.kv(bucket).get(now, &key))),
-            StoreRequest::List { prefix } => Ok(StoreReply::Entries(self.kv(bucket).list(now, &prefix))),
-        };
+        let result = self.kv(bucket).execute(now, request);
         if let (Ok(StoreReply::Written(_)), Some(key)) = (&result, &split_key) {
             if bucket == Bucket::State {
                 let new = self.state.get(now, key).expect("just written");
@@ -1020,11 +1008,7 @@ impl World {
             if bucket == Bucket::Lease {
                 self.checker.on_lease_event(&ev);
             }
-            let key = match &ev {
-                WatchEvent::Put(e) => e.key.clone(),
-                WatchEvent::Delete { key, .. } => key.clone(),
-                WatchEvent::SnapshotComplete => continue,
-            };
+            let Some(key) = ev.key().cloned() else { continue };
             for i in 0..self.subs.len() {
                 let sub = &self.subs[i];
                 if sub.watch.bucket() != bucket || !sub.watch.prefix().matches(&key) {

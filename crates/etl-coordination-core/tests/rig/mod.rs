@@ -1,15 +1,15 @@
-//! A tiny synchronous test rig: a worker plus an in-test key-value store that can answer its
-//! requests automatically (for setting up a situation) or let a test answer by hand (to assert
-//! exact action sequences).
+//! A tiny synchronous test rig: a worker plus the memory store's semantics ([`MemoryKv`]),
+//! answering its requests automatically (for setting up a situation) or letting a test answer
+//! by hand (to assert exact action sequences).
 
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
 use etl_coordination_core::records::{self, keys};
 use etl_coordination_core::*;
+use etl_coordination_memory::MemoryKv;
 
 pub fn id(s: &str) -> InstanceId {
     InstanceId::new(s).unwrap()
@@ -27,162 +27,91 @@ pub fn cfg(name: &str, incarnation: u64) -> Config {
     c
 }
 
-#[derive(Default)]
+/// The store of a rig: the two buckets as [`MemoryKv`]s (the executable specification), with
+/// expiry only when the rig advances time (so peers frozen in the store can stay live), and the
+/// worker's watches to route events to.
 pub struct Kv {
-    pub data: [BTreeMap<String, (Bytes, u64)>; 2],
-    /// TTL deadlines of lease-bucket keys.
-    pub expiry: BTreeMap<String, Timestamp>,
+    pub state: MemoryKv,
+    pub lease: MemoryKv,
     pub now: Timestamp,
-    pub rev: u64,
-    /// Watch subscribers: (bucket index, prefix).
+    /// The watches the worker opened.
     pub watches: Vec<WatchId>,
 }
 
-fn bi(b: Bucket) -> usize {
-    match b {
-        Bucket::State => 0,
-        Bucket::Lease => 1,
+impl Default for Kv {
+    fn default() -> Self {
+        Kv {
+            state: MemoryKv::with_explicit_expiry(),
+            lease: MemoryKv::with_explicit_expiry(),
+            now: Timestamp::ZERO,
+            watches: Vec::new(),
+        }
     }
 }
 
 impl Kv {
+    fn bucket(&mut self, bucket: Bucket) -> &mut MemoryKv {
+        match bucket {
+            Bucket::State => &mut self.state,
+            Bucket::Lease => &mut self.lease,
+        }
+    }
+
+    /// Executes one request; returns its result and the watch events it caused, per watch.
     pub fn apply(&mut self, bucket: Bucket, req: &StoreRequest) -> (StoreResult, Vec<(WatchId, WatchEvent)>) {
-        let b = bi(bucket);
-        let mut events = Vec::new();
-        let result = match req {
-            StoreRequest::Create { key, value, ttl } => {
-                if self.data[b].contains_key(key.as_str()) {
-                    Err(StoreError::AlreadyExists(key.clone()))
-                } else {
-                    self.rev += 1;
-                    self.set_ttl(bucket, key, *ttl);
-                    self.data[b].insert(key.to_string(), (value.clone(), self.rev));
-                    events.push(WatchEvent::Put(Entry {
-                        key: key.clone(),
-                        value: value.clone(),
-                        revision: Revision(self.rev),
-                    }));
-                    Ok(StoreReply::Written(Revision(self.rev)))
-                }
-            }
-            StoreRequest::CompareAndSwap { key, expected, value, ttl } => {
-                match self.data[b].get(key.as_str()) {
-                    Some((_, r)) if *r == expected.0 => {
-                        self.rev += 1;
-                        self.set_ttl(bucket, key, *ttl);
-                        self.data[b].insert(key.to_string(), (value.clone(), self.rev));
-                        events.push(WatchEvent::Put(Entry {
-                            key: key.clone(),
-                            value: value.clone(),
-                            revision: Revision(self.rev),
-                        }));
-                        Ok(StoreReply::Written(Revision(self.rev)))
-                    }
-                    _ => Err(StoreError::RevisionMismatch(key.clone())),
-                }
-            }
-            StoreRequest::Delete { key, expected } => match self.data[b].get(key.as_str()) {
-                Some((_, r)) if *r == expected.0 => {
-                    self.data[b].remove(key.as_str());
-                    self.rev += 1;
-                    events.push(WatchEvent::Delete {
-                        key: key.clone(),
-                        revision: Revision(self.rev),
-                        cause: DeleteCause::Deleted,
-                    });
-                    Ok(StoreReply::Deleted)
-                }
-                _ => Err(StoreError::RevisionMismatch(key.clone())),
-            },
-            StoreRequest::Get { key } => Ok(StoreReply::Value(self.get(bucket, key.as_str()))),
-            StoreRequest::List { prefix } => Ok(StoreReply::Entries(self.list(bucket, prefix))),
-        };
-        let routed = events
+        let now = self.now;
+        let result = self.bucket(bucket).execute(now, req.clone());
+        (result, self.route(bucket))
+    }
+
+    fn route(&mut self, bucket: Bucket) -> Vec<(WatchId, WatchEvent)> {
+        let events = self.bucket(bucket).take_events();
+        events
             .into_iter()
             .flat_map(|e| {
-                let key = match &e {
-                    WatchEvent::Put(en) => en.key.clone(),
-                    WatchEvent::Delete { key, .. } => key.clone(),
-                    WatchEvent::SnapshotComplete => unreachable!(),
-                };
+                let key = e.key().expect("stores emit keyed events").clone();
                 self.watches
                     .iter()
                     .filter(|w| w.bucket() == bucket && w.prefix().matches(&key))
                     .map(|w| (*w, e.clone()))
                     .collect::<Vec<_>>()
             })
-            .collect();
-        (result, routed)
-    }
-
-    fn set_ttl(&mut self, bucket: Bucket, key: &Key, ttl: Option<Duration>) {
-        if bucket == Bucket::Lease {
-            match ttl {
-                Some(t) => {
-                    self.expiry.insert(key.to_string(), self.now + t);
-                }
-                None => {
-                    self.expiry.remove(key.as_str());
-                }
-            }
-        }
+            .collect()
     }
 
     /// Expires lease keys whose TTL ran out by `now`; returns the watch events.
     pub fn expire(&mut self, now: Timestamp) -> Vec<(WatchId, WatchEvent)> {
         self.now = now;
-        let due: Vec<String> =
-            self.expiry.iter().filter(|(_, t)| **t <= now).map(|(k, _)| k.clone()).collect();
-        let mut out = Vec::new();
-        for k in due {
-            self.expiry.remove(&k);
-            if self.data[1].remove(&k).is_some() {
-                self.rev += 1;
-                let key = Key::new(k).unwrap();
-                for w in &self.watches {
-                    if w.bucket() == Bucket::Lease && w.prefix().matches(&key) {
-                        out.push((
-                            *w,
-                            WatchEvent::Delete {
-                                key: key.clone(),
-                                revision: Revision(self.rev),
-                                cause: DeleteCause::Expired,
-                            },
-                        ));
-                    }
-                }
-            }
-        }
-        out
+        self.lease.expire(now);
+        self.route(Bucket::Lease)
     }
 
-    pub fn get(&self, bucket: Bucket, key: &str) -> Option<Entry> {
-        self.data[bi(bucket)].get(key).map(|(v, r)| Entry {
-            key: Key::new(key).unwrap(),
-            value: v.clone(),
-            revision: Revision(*r),
-        })
+    pub fn get(&mut self, bucket: Bucket, key: &str) -> Option<Entry> {
+        let now = self.now;
+        self.bucket(bucket).get(now, &Key::new(key).unwrap())
     }
 
-    pub fn list(&self, bucket: Bucket, prefix: &Prefix) -> Vec<Entry> {
-        self.data[bi(bucket)]
-            .iter()
-            .filter(|(k, _)| k.starts_with(prefix.as_str()))
-            .map(|(k, (v, r))| Entry {
-                key: Key::new(k.clone()).unwrap(),
-                value: v.clone(),
-                revision: Revision(*r),
-            })
-            .collect()
+    pub fn list(&mut self, bucket: Bucket, prefix: &Prefix) -> Vec<Entry> {
+        let now = self.now;
+        self.bucket(bucket).list(now, prefix)
     }
 
+    /// Writes `value` whatever is there (a peer's write the worker does not see coming; no
+    /// watch event is delivered).
     pub fn put<T: serde::Serialize>(&mut self, bucket: Bucket, key: &Key, value: &T) -> Revision {
-        self.rev += 1;
-        self.data[bi(bucket)].insert(key.to_string(), (records::encode(value), self.rev));
-        Revision(self.rev)
+        let now = self.now;
+        let kv = self.bucket(bucket);
+        let value = records::encode(value);
+        let rev = match kv.get(now, key) {
+            Some(e) => kv.compare_and_swap(now, key, e.revision, value, None),
+            None => kv.create(now, key, value, None),
+        }
+        .expect("rig write");
+        kv.take_events();
+        rev
     }
 
-    pub fn record(&self, split: &str) -> records::SplitRecord {
+    pub fn record(&mut self, split: &str) -> records::SplitRecord {
         records::decode(&self.get(Bucket::State, &format!("split.{split}")).unwrap().value).unwrap()
     }
 }
@@ -301,6 +230,7 @@ impl Rig {
     /// Moves time forward: TTL'd keys expire (their watch events are delivered), then a tick.
     pub fn advance(&mut self, d: Duration) -> Vec<Action> {
         self.now = self.now + d;
+        self.kv.now = self.now;
         let mut out = Vec::new();
         let events = if self.expire { self.kv.expire(self.now) } else { Vec::new() };
         for (watch, event) in events {
@@ -340,7 +270,7 @@ pub fn plan(n: usize, kind: PlanKind) -> Plan {
     }
 }
 
-pub fn lease_of(kv: &Kv, split: &str) -> Option<records::LeaseRecord> {
+pub fn lease_of(kv: &mut Kv, split: &str) -> Option<records::LeaseRecord> {
     kv.get(Bucket::Lease, &format!("split.{split}")).map(|e| records::decode(&e.value).unwrap())
 }
 
