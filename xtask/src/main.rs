@@ -18,8 +18,10 @@ use etl_coordination_sim::{Options, Report, run};
 mod moto;
 mod nats;
 mod promtool;
+mod servers;
+mod util;
 
-use nats::Servers;
+use servers::Servers;
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -39,7 +41,7 @@ fn main() -> Result<()> {
 fn wants_containers() -> bool {
     !cfg!(feature = "containers")
         && (std::env::var_os("NATS_URL").is_none() || std::env::var_os("NATS_OLD_URL").is_none())
-        && nats::docker_reachable()
+        && nats::containers_for(&nats::nats_image())
 }
 
 /// Re-runs this xtask command with the `containers` feature (the testcontainers client), which

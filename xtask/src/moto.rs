@@ -2,8 +2,11 @@
 //! set, else a moto server (PyPI `moto[server]`, installed into `target/moto/`) on a free
 //! loopback port, stopped when dropped.
 
-use anyhow::{Context, Result, bail};
 use std::process::{Child, Command, Stdio};
+
+use anyhow::{Context, Result};
+
+use crate::util::{free_port, pip_install, target_dir, wait_for_port};
 
 /// The moto release the tests run against.
 const MOTO_VERSION: &str = "5.2.5";
@@ -29,22 +32,11 @@ pub fn start() -> Result<S3> {
     if let Ok(endpoint) = std::env::var("S3_ENDPOINT") {
         return Ok(S3 { child: None, endpoint });
     }
-    let dir = crate::nats::target_dir().join("moto").join(MOTO_VERSION);
+    let dir = target_dir().join("moto").join(MOTO_VERSION);
     if !dir.join("moto").is_dir() {
-        println!("$ python3 -m pip install --target {} moto[server]=={MOTO_VERSION}", dir.display());
-        let status = Command::new("python3")
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"])
-            .arg(&dir)
-            .arg(format!("moto[server]=={MOTO_VERSION}"))
-            .status()
-            .context("running pip (python3 is needed to provision the moto S3 server)")?;
-        if !status.success() {
-            bail!(
-                "could not install moto[server] {MOTO_VERSION} from PyPI; set S3_ENDPOINT to an S3 endpoint"
-            );
-        }
+        pip_install(&dir, &format!("moto[server]=={MOTO_VERSION}"), "set S3_ENDPOINT to an S3 endpoint")?;
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = free_port()?;
     let child = Command::new("python3")
         .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
         .env("PYTHONPATH", &dir)
@@ -53,7 +45,7 @@ pub fn start() -> Result<S3> {
         .spawn()
         .context("starting the moto server")?;
     let s3 = S3 { child: Some(child), endpoint: format!("http://127.0.0.1:{port}") };
-    crate::nats::wait_for_port(port, "the moto server")?;
+    wait_for_port(port, "the moto server")?;
     println!("moto {MOTO_VERSION} (S3) listening on {}", s3.endpoint);
     Ok(s3)
 }

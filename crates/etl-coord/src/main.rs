@@ -21,6 +21,7 @@ use etl_coord::sources::files::DEFAULT_SPLIT_BYTES;
 use etl_coord::sources::sqlite::DEFAULT_SPLIT_ROWS;
 use etl_coordination_driver::{
     CoordinationDriver, DriverConfig, DriverError, InstanceId, JobOutcome, JobStores, OnStall, SplitId,
+    Tuning,
 };
 use etl_coordination_memory::MemoryStore;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -353,11 +354,13 @@ async fn worker_on<S: etl_coordination_store::Store>(
     let config = DriverConfig {
         job: a.store.job.clone(),
         instance_id: default_instance_id(a.instance_id)?,
-        lease_duration: a.lease_duration,
-        max_in_flight: a.max_in_flight,
-        max_attempts: a.max_attempts,
-        replan_interval: a.replan_interval,
-        drain_timeout: a.drain_timeout,
+        tuning: Tuning {
+            lease_duration: a.lease_duration,
+            max_in_flight: a.max_in_flight,
+            max_attempts: a.max_attempts,
+            replan_interval: a.replan_interval,
+            drain_timeout: a.drain_timeout,
+        },
         on_stall: if a.on_stall == "warn" { OnStall::Warn } else { OnStall::Fatal },
         ..DriverConfig::default()
     };

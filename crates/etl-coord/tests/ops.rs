@@ -7,7 +7,7 @@ use etl_coord::runner::{RunOptions, run_lane};
 use etl_coord::sink::JsonlSink;
 use etl_coord::sources::AnySource;
 use etl_coordination_driver::{
-    CoordinationDriver, DriverConfig, InstanceId, JobOutcome, JobStores, OnStall, SplitId,
+    CoordinationDriver, DriverConfig, InstanceId, JobOutcome, JobStores, OnStall, SplitId, Tuning,
 };
 use etl_coordination_memory::MemoryStore;
 
@@ -21,8 +21,7 @@ async fn status_shows_a_quarantined_split_and_requeue_returns_it_to_the_queue() 
     let config = DriverConfig {
         job: "ops".into(),
         instance_id: Some(InstanceId::new("w1").unwrap()),
-        lease_duration: Duration::from_secs(2),
-        max_attempts: 2,
+        tuning: Tuning { lease_duration: Duration::from_secs(2), max_attempts: 2, ..Tuning::default() },
         on_stall: OnStall::Warn,
         ..DriverConfig::default()
     };

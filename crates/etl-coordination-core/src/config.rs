@@ -17,7 +17,7 @@ pub struct ConfigError {
     pub rule: &'static str,
 }
 
-/// Tuning knobs and identity of one worker.
+/// Identity and tuning of one worker.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     /// This replica's stable id (default: random, chosen by the embedding layer).
@@ -26,15 +26,25 @@ pub struct Config {
     pub incarnation: Incarnation,
     /// The planner's fingerprint, compared with `meta` at startup (P2).
     pub fingerprint: String,
-    /// Lease TTL: takeover latency after an ungraceful death. Whole seconds, at least 1 s.
+    /// The knobs.
+    pub tuning: Tuning,
+}
+
+/// The knobs of the product documents' tuning table (SPEC section 7). Embedding layers (the
+/// driver, the command) take this struct as it is rather than copying its fields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// Lease TTL: takeover latency after an ungraceful death. Heartbeats run at a third of it.
+    /// Lower means faster failover, more store traffic, more sensitivity to pauses. Whole
+    /// seconds, at least 1 s.
     pub lease_duration: Duration,
-    /// Splits held (and lanes run) at once.
+    /// The working set: splits held (and lanes run) at once. Size it like a thread pool.
     pub max_in_flight: u32,
-    /// Failed tenancies before a split is quarantined.
+    /// Consecutive failing tenancies before a split is quarantined (P12).
     pub max_attempts: u32,
-    /// How often the leader re-runs an open plan.
+    /// How often the leader re-runs an open plan (growing inputs); final plans stop re-planning.
     pub replan_interval: Duration,
-    /// How long lanes get to commit when draining before splits are released anyway.
+    /// How long lanes get to commit when draining before their splits are released anyway.
     pub drain_timeout: Duration,
 }
 
@@ -53,13 +63,9 @@ pub mod defaults {
     pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 }
 
-impl Config {
-    /// A configuration with the documented defaults.
-    pub fn new(instance_id: InstanceId, incarnation: Incarnation, fingerprint: impl Into<String>) -> Self {
-        Config {
-            instance_id,
-            incarnation,
-            fingerprint: fingerprint.into(),
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
             lease_duration: defaults::LEASE_DURATION,
             max_in_flight: defaults::MAX_IN_FLIGHT,
             max_attempts: defaults::MAX_ATTEMPTS,
@@ -67,8 +73,10 @@ impl Config {
             drain_timeout: defaults::DRAIN_TIMEOUT,
         }
     }
+}
 
-    /// Checks every field; the error names the first offending one.
+impl Tuning {
+    /// Checks every knob; the error names the first offending one.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let err = |field, value: String, rule| Err(ConfigError { field, value, rule });
         let lease = self.lease_duration;
@@ -94,9 +102,6 @@ impl Config {
         if self.drain_timeout > Duration::from_secs(24 * 3600) {
             return err("drain_timeout", format!("{:?}", self.drain_timeout), "must be at most 24h");
         }
-        if self.fingerprint.is_empty() || self.fingerprint.len() > 1024 {
-            return err("fingerprint", format!("{:?}", self.fingerprint), "must be 1 to 1024 bytes");
-        }
         Ok(())
     }
 
@@ -119,6 +124,26 @@ impl Config {
     }
 }
 
+impl Config {
+    /// A configuration with the documented defaults.
+    pub fn new(instance_id: InstanceId, incarnation: Incarnation, fingerprint: impl Into<String>) -> Self {
+        Config { instance_id, incarnation, fingerprint: fingerprint.into(), tuning: Tuning::default() }
+    }
+
+    /// Checks every field; the error names the first offending one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.tuning.validate()?;
+        if self.fingerprint.is_empty() || self.fingerprint.len() > 1024 {
+            return Err(ConfigError {
+                field: "fingerprint",
+                value: format!("{:?}", self.fingerprint),
+                rule: "must be 1 to 1024 bytes",
+            });
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,16 +156,16 @@ mod tests {
     fn defaults_are_valid_and_match_the_seed() {
         let c = cfg();
         c.validate().unwrap();
-        assert_eq!(c.lease_duration, Duration::from_secs(30));
-        assert_eq!((c.max_in_flight, c.max_attempts), (8, 4));
-        assert_eq!(c.replan_interval, Duration::from_secs(60));
-        assert_eq!(c.heartbeat_interval(), Duration::from_secs(10));
+        assert_eq!(c.tuning.lease_duration, Duration::from_secs(30));
+        assert_eq!((c.tuning.max_in_flight, c.tuning.max_attempts), (8, 4));
+        assert_eq!(c.tuning.replan_interval, Duration::from_secs(60));
+        assert_eq!(c.tuning.heartbeat_interval(), Duration::from_secs(10));
     }
 
     #[test]
     fn sub_second_leases_are_rejected_naming_the_field() {
         let mut c = cfg();
-        c.lease_duration = Duration::from_millis(1500);
+        c.tuning.lease_duration = Duration::from_millis(1500);
         let e = c.validate().unwrap_err();
         assert_eq!(e.field, "lease_duration");
         assert!(e.to_string().contains("whole number of seconds"), "{e}");
@@ -149,10 +174,10 @@ mod tests {
     #[test]
     fn zero_capacity_and_attempts_are_rejected() {
         let mut c = cfg();
-        c.max_in_flight = 0;
+        c.tuning.max_in_flight = 0;
         assert_eq!(c.validate().unwrap_err().field, "max_in_flight");
         let mut c = cfg();
-        c.max_attempts = 0;
+        c.tuning.max_attempts = 0;
         assert_eq!(c.validate().unwrap_err().field, "max_attempts");
     }
 }

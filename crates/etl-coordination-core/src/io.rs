@@ -162,6 +162,10 @@ pub enum AcquisitionReason {
 }
 
 impl AcquisitionReason {
+    /// Every reason, in the order of the metric's label values.
+    pub const ALL: [AcquisitionReason; 5] =
+        [Self::Create, Self::Released, Self::Expired, Self::Reclaimed, Self::Stolen];
+
     /// The metric label.
     pub fn label(self) -> &'static str {
         match self {
@@ -187,6 +191,9 @@ pub enum StopReason {
 }
 
 impl StopReason {
+    /// Every reason.
+    pub const ALL: [StopReason; 3] = [Self::Fenced, Self::Starved, Self::Draining];
+
     /// The `reason` label of `revocations_total`, for revocations.
     pub fn revocation_label(self) -> Option<&'static str> {
         match self {

@@ -23,7 +23,7 @@ mod time;
 mod view;
 mod worker;
 
-pub use config::{Config, ConfigError, defaults};
+pub use config::{Config, ConfigError, Tuning, defaults};
 pub use ids::{
     Epoch, Incarnation, InstanceId, JobName, MAX_NAME_LEN, NameError, OpId, Owner, Revision, SplitId,
 };

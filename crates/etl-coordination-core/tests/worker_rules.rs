@@ -464,7 +464,7 @@ fn p13_completion_is_observed_by_an_idle_standby() {
 fn p9_steals_one_split_from_an_owner_holding_two_more_and_then_stops() {
     // w2 planned 4 splits and holds the 3 largest (its max_in_flight is 3).
     let mut c2 = cfg("w2", 2);
-    c2.max_in_flight = 3;
+    c2.tuning.max_in_flight = 3;
     let mut w2 = Rig::new(c2);
     w2.plan = Some(plan(4, PlanKind::Final));
     w2.feed(Input::Start);

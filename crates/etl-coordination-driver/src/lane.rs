@@ -1,11 +1,23 @@
-//! [`Lane`]: one split held by this worker, as the embedding source sees it.
+//! [`Lane`]: one split held by this worker, as the embedding source sees it, and the messages
+//! a lane sends to the driver task ([`LaneMsg`]).
 
 use bytes::Bytes;
 use etl_coordination_core::{AcquisitionReason, CommitOutcome, Epoch, SplitId, StopReason};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use crate::driver::Msg;
+/// What a lane tells the driver task; each maps to one input of the core.
+#[derive(Debug)]
+pub(crate) enum LaneMsg {
+    /// `Input::Commit`, answered through `reply`.
+    Commit { split: SplitId, epoch: Epoch, progress: Bytes, reply: oneshot::Sender<CommitOutcome> },
+    /// `Input::Finish`, answered through `reply`.
+    Finish { split: SplitId, epoch: Epoch, progress: Bytes, reply: oneshot::Sender<CommitOutcome> },
+    /// `Input::Fail`.
+    Fail { split: SplitId, epoch: Epoch, error: String, unprocessable: bool },
+    /// `Input::LaneStopped`.
+    Stopped { split: SplitId, epoch: Epoch },
+}
 
 /// Why and by when a lane must stop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,9 +44,11 @@ pub struct Lane {
     pub(crate) weight: u64,
     pub(crate) progress: Option<Bytes>,
     pub(crate) reason: Option<AcquisitionReason>,
-    pub(crate) tx: mpsc::UnboundedSender<Msg>,
+    pub(crate) tx: mpsc::UnboundedSender<LaneMsg>,
     pub(crate) stop: watch::Receiver<Option<Stop>>,
     pub(crate) ended: bool,
+    /// The answer to a commit whose future was dropped before it came.
+    pub(crate) in_flight: Option<oneshot::Receiver<CommitOutcome>>,
 }
 
 impl Lane {
@@ -86,21 +100,33 @@ impl Lane {
         }
     }
 
-    async fn request(&self, make: impl FnOnce(oneshot::Sender<CommitOutcome>) -> Msg) -> CommitOutcome {
+    /// Sends a commit or finish and waits for its answer. One commit per lane is in flight at a
+    /// time: if an earlier commit's future was dropped before its answer came, that answer is
+    /// awaited first (the core answers a second concurrent commit `Retryable`, and the answer
+    /// could not be told apart from the first's).
+    async fn request(
+        &mut self,
+        make: impl FnOnce(SplitId, Epoch, oneshot::Sender<CommitOutcome>) -> LaneMsg,
+    ) -> CommitOutcome {
+        if let Some(earlier) = self.in_flight.take() {
+            let _ = earlier.await;
+        }
         let (tx, rx) = oneshot::channel();
-        if self.tx.send(make(tx)).is_err() {
+        if self.tx.send(make(self.split.clone(), self.epoch, tx)).is_err() {
             return CommitOutcome::Lost;
         }
-        rx.await.unwrap_or(CommitOutcome::Lost)
+        let answer = self.in_flight.insert(rx);
+        let outcome = answer.await.unwrap_or(CommitOutcome::Lost);
+        self.in_flight = None;
+        outcome
     }
 
     /// Commits progress (P8): `Ok` once durable, `Lost` if the split is no longer ours (stop
     /// at once; nothing was written), `Retryable` if nothing was written for now (store
     /// unavailable): keep the progress and commit again later.
     pub async fn commit(&mut self, progress: Bytes) -> CommitOutcome {
-        let (split, epoch) = (self.split.clone(), self.epoch);
         let outcome =
-            self.request(|reply| Msg::Commit { split, epoch, progress, terminal: false, reply }).await;
+            self.request(|split, epoch, reply| LaneMsg::Commit { split, epoch, progress, reply }).await;
         if outcome == CommitOutcome::Lost {
             self.ended = true;
         }
@@ -110,9 +136,8 @@ impl Lane {
     /// Commits the final progress and marks the split Done. On `Retryable`, the lane is handed
     /// back so the source can try again.
     pub async fn finish(mut self, progress: Bytes) -> Result<(), (Lane, CommitOutcome)> {
-        let (split, epoch) = (self.split.clone(), self.epoch);
         let outcome =
-            self.request(|reply| Msg::Commit { split, epoch, progress, terminal: true, reply }).await;
+            self.request(|split, epoch, reply| LaneMsg::Finish { split, epoch, progress, reply }).await;
         match outcome {
             CommitOutcome::Ok => {
                 self.ended = true;
@@ -138,14 +163,18 @@ impl Lane {
 
     fn end_with_failure(&mut self, error: String, unprocessable: bool) {
         self.ended = true;
-        let _ =
-            self.tx.send(Msg::Fail { split: self.split.clone(), epoch: self.epoch, error, unprocessable });
+        let _ = self.tx.send(LaneMsg::Fail {
+            split: self.split.clone(),
+            epoch: self.epoch,
+            error,
+            unprocessable,
+        });
     }
 
     /// Acknowledges a stop (after the final commit when draining): the split is released.
     pub fn stopped(mut self) {
         self.ended = true;
-        let _ = self.tx.send(Msg::LaneStopped { split: self.split.clone(), epoch: self.epoch });
+        let _ = self.tx.send(LaneMsg::Stopped { split: self.split.clone(), epoch: self.epoch });
     }
 }
 
@@ -156,11 +185,11 @@ impl Drop for Lane {
         }
         match *self.stop.borrow() {
             Some(Stop { reason: StopReason::Draining, .. }) => {
-                let _ = self.tx.send(Msg::LaneStopped { split: self.split.clone(), epoch: self.epoch });
+                let _ = self.tx.send(LaneMsg::Stopped { split: self.split.clone(), epoch: self.epoch });
             }
             Some(_) => {}
             None => {
-                let _ = self.tx.send(Msg::Fail {
+                let _ = self.tx.send(LaneMsg::Fail {
                     split: self.split.clone(),
                     epoch: self.epoch,
                     error: "the source dropped the lane without finishing, failing or stopping it".into(),

@@ -1,4 +1,5 @@
-//! Runs the etl-coordination protocol against any [`Store`] with tokio.
+//! Runs the etl-coordination protocol against any [`Store`](etl_coordination_store::Store) with
+//! tokio.
 //!
 //! [`CoordinationDriver::start`] spawns one task that owns a protocol
 //! [`Worker`](etl_coordination_core::Worker): it executes the worker's store requests
@@ -11,14 +12,19 @@
 //! What it does not do: read or write records (the source does), or decide anything about
 //! ownership (the core does, by CAS).
 
-mod driver;
+mod config;
+mod handle;
 mod lane;
+mod outcome;
+mod planner;
+mod task;
 
-pub use driver::{
-    CoordinationDriver, DriverConfig, DriverError, DriverHandle, JobOutcome, JobStores, OnStall, PlanError,
-    Planner,
-};
+pub use config::{DriverConfig, JobStores, OnStall};
 pub use etl_coordination_core::{
     AcquisitionReason, CommitOutcome, Epoch, InstanceId, Plan, PlanKind, PlannedSplit, SplitId, StopReason,
+    Tuning,
 };
+pub use handle::{CoordinationDriver, DriverHandle};
 pub use lane::{Lane, Lanes, Stop};
+pub use outcome::{DriverError, JobOutcome};
+pub use planner::{PlanError, Planner};

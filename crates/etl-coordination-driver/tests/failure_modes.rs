@@ -211,10 +211,13 @@ impl Source {
 fn config(id: &str) -> DriverConfig {
     DriverConfig {
         instance_id: Some(InstanceId::new(id).unwrap()),
-        lease_duration: Duration::from_secs(3),
-        max_in_flight: 4,
-        max_attempts: 3,
-        drain_timeout: Duration::from_secs(2),
+        tuning: Tuning {
+            lease_duration: Duration::from_secs(3),
+            max_in_flight: 4,
+            max_attempts: 3,
+            drain_timeout: Duration::from_secs(2),
+            ..Tuning::default()
+        },
         ..DriverConfig::default()
     }
 }
@@ -303,7 +306,7 @@ async fn a_drained_worker_hands_its_splits_over_at_once_without_consuming_attemp
     let stores = fresh_stores();
     let oracle = Oracle::default();
     let mut one = config("a");
-    one.max_attempts = 1; // any consumed attempt would quarantine: the job could not complete
+    one.tuning.max_attempts = 1; // any consumed attempt would quarantine: the job could not complete
     let monitor = ProgressMonitor::spawn(&stores);
     let a = start(&stores, "a", planner(4, 300), source(&oracle), one.clone());
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -431,11 +434,26 @@ async fn a_worker_with_another_planner_fingerprint_is_refused_naming_both() {
 #[tokio::test(start_paused = true)]
 async fn invalid_knobs_are_rejected_naming_the_field() {
     let mut c = config("a");
-    c.lease_duration = Duration::from_millis(2500);
+    c.tuning.lease_duration = Duration::from_millis(2500);
     let err = CoordinationDriver::start(fresh_stores(), planner(1, 1), c).unwrap_err().to_string();
     assert!(err.contains("lease_duration"), "{err}");
     let mut c = config("a");
-    c.max_in_flight = 0;
+    c.tuning.max_in_flight = 0;
     let err = CoordinationDriver::start(fresh_stores(), planner(1, 1), c).unwrap_err().to_string();
     assert!(err.contains("max_in_flight"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_commit_whose_future_was_dropped_does_not_fail_the_next_one() {
+    let stores = fresh_stores();
+    let (handle, mut lanes) =
+        CoordinationDriver::start(stores.clone(), planner(1, 10), config("a")).expect("valid config");
+    let mut lane = lanes.next().await.expect("a lane");
+    // The first commit is sent, then its future is dropped before the answer comes (a source
+    // that gave up waiting). The next commit must wait for that answer, not collide with it.
+    let cancelled = tokio::time::timeout(Duration::ZERO, lane.commit(progress(3))).await;
+    assert!(cancelled.is_err(), "the first commit was still in flight");
+    assert_eq!(lane.commit(progress(5)).await, CommitOutcome::Ok);
+    lane.finish(progress(10)).await.expect("finished");
+    assert_eq!(handle.outcome().await.unwrap(), JobOutcome::Complete);
 }

@@ -9,7 +9,7 @@ use etl_coordination_core::records::{self, PlanHead, SplitRecord, keys};
 use etl_coordination_core::{
     AcquisitionReason, Action, Bucket, CommitOutcome, Config, Epoch, Event, FatalError, Incarnation, Input,
     InstanceId, OpId, Outcome, Owner, Plan, PlanKind, PlannedSplit, SplitId, StopReason, StoreError,
-    StoreReply, StoreRequest, StoreResult, Timestamp, WatchEvent, WatchId, Worker,
+    StoreReply, StoreRequest, StoreResult, Timestamp, Tuning, WatchEvent, WatchId, Worker,
 };
 use etl_coordination_memory::MemoryKv;
 
@@ -432,11 +432,13 @@ impl World {
         s.life += 1;
         s.owner = Owner { instance: s.instance.clone(), incarnation };
         let mut cfg = Config::new(s.instance.clone(), incarnation, "sim-planner-v1");
-        cfg.lease_duration = Duration::from_secs(self.opts.lease_secs);
-        cfg.max_in_flight = self.opts.max_in_flight;
-        cfg.max_attempts = self.opts.max_attempts;
-        cfg.replan_interval = Duration::from_secs(2);
-        cfg.drain_timeout = Duration::from_secs(2);
+        cfg.tuning = Tuning {
+            lease_duration: Duration::from_secs(self.opts.lease_secs),
+            max_in_flight: self.opts.max_in_flight,
+            max_attempts: self.opts.max_attempts,
+            replan_interval: Duration::from_secs(2),
+            drain_timeout: Duration::from_secs(2),
+        };
         cfg.validate().expect("sim config is valid");
         s.core = Some(Worker::new(cfg));
         s.status = Status::Running;

@@ -17,7 +17,7 @@ impl Worker {
         if self.view.manifest.is_none() {
             return;
         }
-        let max = self.cfg.max_in_flight as usize;
+        let max = self.cfg.tuning.max_in_flight as usize;
         // P3: reclaim what our previous incarnation held, at once, up to capacity.
         let reclaim: Vec<SplitId> = self
             .view
@@ -61,7 +61,7 @@ impl Worker {
     pub(super) fn fair_target(&self) -> usize {
         let live = self.view.live_workers().max(1);
         let fair = self.view.active().div_ceil(live);
-        fair.min(self.cfg.max_in_flight as usize)
+        fair.min(self.cfg.tuning.max_in_flight as usize)
     }
 
     /// P6: why a claimable split is being acquired, from its record.
@@ -132,7 +132,7 @@ impl Worker {
                 record: base,
                 record_rev: base_rev,
                 lease_rev: None,
-                trusted_until: now + self.cfg.lease_trust(),
+                trusted_until: now + self.cfg.tuning.lease_trust(),
                 renewing: None,
                 stage: Stage::AcquiringLease,
                 op: None,
@@ -205,7 +205,7 @@ impl Worker {
         let me = self.me.clone();
         let h = self.held.get_mut(id).expect("held");
         h.lease_rev = Some(rev);
-        h.trusted_until = sent + self.cfg.lease_trust();
+        h.trusted_until = sent + self.cfg.tuning.lease_trust();
         let (epoch, reason) = (h.epoch, h.reason);
         self.view.put_lease(id, rev, LeaseRecord { owner: me, epoch });
         let displaced = matches!(reason, AcquisitionReason::Stolen | AcquisitionReason::Reclaimed);
@@ -236,7 +236,7 @@ impl Worker {
         } else {
             base.last_error.clone()
         };
-        if attempts >= self.cfg.max_attempts && h.consumes_attempt {
+        if attempts >= self.cfg.tuning.max_attempts && h.consumes_attempt {
             // P12: quarantine instead of claiming.
             return SplitRecord {
                 epoch: h.epoch,

@@ -49,7 +49,7 @@ impl Worker {
     /// released at once.
     pub(super) fn leave(&mut self, now: Timestamp, outcome: Outcome) {
         self.phase = Phase::Leaving;
-        let deadline = now + self.cfg.drain_timeout;
+        let deadline = now + self.cfg.tuning.drain_timeout;
         self.leaving = Some(Leaving {
             outcome,
             deadline,
@@ -108,7 +108,7 @@ impl Worker {
             l.cleanup_outstanding += n;
             return;
         }
-        if l.cleanup_outstanding == 0 || now >= l.deadline + self.cfg.lease_duration {
+        if l.cleanup_outstanding == 0 || now >= l.deadline + self.cfg.tuning.lease_duration {
             let outcome = self.leaving.take().expect("leaving").outcome;
             self.out.push(Action::Finished(outcome));
             self.phase = Phase::Stopped;
@@ -143,7 +143,7 @@ impl Worker {
             && now >= l.deadline
         {
             l.deadline_passed = true;
-            if now >= l.deadline + self.cfg.lease_duration {
+            if now >= l.deadline + self.cfg.tuning.lease_duration {
                 self.held.clear();
             }
         }

@@ -160,7 +160,7 @@ fn end_record(cfg: &Config, current: &SplitRecord, end: &End) -> SplitRecord {
             record.attempts += 1;
             record.last_error = Some(error.clone());
             record.last_end = Some(if *unprocessable { EndReason::Unprocessable } else { EndReason::Failed });
-            record.state = if record.attempts >= cfg.max_attempts {
+            record.state = if record.attempts >= cfg.tuning.max_attempts {
                 SplitState::Quarantined
             } else {
                 SplitState::Unleased

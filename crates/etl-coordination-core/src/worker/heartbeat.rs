@@ -120,7 +120,7 @@ impl Worker {
         let me = self.me.clone();
         let h = self.held.get_mut(id).expect("held");
         h.lease_rev = Some(rev);
-        h.trusted_until = h.trusted_until.max(sent + self.cfg.lease_trust());
+        h.trusted_until = h.trusted_until.max(sent + self.cfg.tuning.lease_trust());
         let epoch = h.epoch;
         self.view.put_lease(id, rev, LeaseRecord { owner: me, epoch });
         let h = self.held.get_mut(id).expect("held");

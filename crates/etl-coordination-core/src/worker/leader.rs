@@ -116,7 +116,7 @@ impl Worker {
             (Some(rev), _) => {
                 if rev != l.rev {
                     l.rev = rev;
-                    l.trusted_until = sent + self.cfg.lease_trust();
+                    l.trusted_until = sent + self.cfg.tuning.lease_trust();
                 }
             }
             (None, Read::Failed(_)) => {}
@@ -129,7 +129,7 @@ impl Worker {
         self.leader = Some(Box::new(Leading {
             rev,
             renewing: None,
-            trusted_until: sent + self.cfg.lease_trust(),
+            trusted_until: sent + self.cfg.tuning.lease_trust(),
             head: None,
             stage: PlanStage::Bumping,
             replan_at: None,
@@ -166,7 +166,7 @@ impl Worker {
         match Written::of(result) {
             Written::Applied(rev) => {
                 l.rev = rev;
-                l.trusted_until = sent + self.cfg.lease_trust();
+                l.trusted_until = sent + self.cfg.tuning.lease_trust();
             }
             Written::Conflict | Written::InDoubt => {
                 let op = self.send(
@@ -275,7 +275,7 @@ impl Worker {
             l.stage = PlanStage::Idle;
             l.gc_for = Some(m);
             if m.kind == PlanKind::Open {
-                l.replan_at = Some(now + self.cfg.replan_interval);
+                l.replan_at = Some(now + self.cfg.tuning.replan_interval);
             }
             self.event(Event::PlanPublished { term: m.term, version: m.version, splits: m.split_count });
         } else {

@@ -187,7 +187,7 @@ impl Worker {
 
     /// The TTL every lease-bucket write carries.
     fn ttl(&self) -> Option<Duration> {
-        Some(self.cfg.lease_duration)
+        Some(self.cfg.tuning.lease_duration)
     }
 
     /// Routes a store answer to the rule that sent the request.

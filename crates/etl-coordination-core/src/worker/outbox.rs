@@ -12,7 +12,6 @@ use crate::time::Timestamp;
 
 use bytes::Bytes;
 
-use super::tenancy::Stage;
 use super::{Phase, Worker};
 
 /// What an in-flight store request is for: the table [`Worker::on_store_result`] dispatches
@@ -163,7 +162,7 @@ impl Worker {
     }
 
     pub(super) fn retry_backoff(&self) -> Duration {
-        (self.cfg.heartbeat_interval() / 3).clamp(Duration::from_millis(50), Duration::from_secs(2))
+        (self.cfg.tuning.heartbeat_interval() / 3).clamp(Duration::from_millis(50), Duration::from_secs(2))
     }
 
     /// Sends the delayed retries that are due and still wanted.
@@ -177,32 +176,6 @@ impl Worker {
             }
             let op = self.send(r.bucket, r.request, r.pending.clone());
             self.rebind_retry(op, &r.pending);
-        }
-    }
-
-    /// Whether a delayed retry still belongs to a live step: the split may have been lost and
-    /// re-acquired meanwhile (a new tenancy runs its own reads), or already moved on.
-    fn retry_wanted(&self, pending: &Pending) -> bool {
-        match pending {
-            Pending::DescRead { split } => {
-                self.held.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::ReadingDesc)
-            }
-            Pending::RecordClaimRead { split } => {
-                self.held.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::WritingRecord)
-            }
-            _ => true,
-        }
-    }
-
-    /// A retried op is the new current op of whatever it belongs to.
-    fn rebind_retry(&mut self, op: OpId, pending: &Pending) {
-        match pending {
-            Pending::DescRead { split } | Pending::RecordClaimRead { split } => {
-                if let Some(h) = self.held.get_mut(split) {
-                    h.op = Some(op);
-                }
-            }
-            _ => {}
         }
     }
 

@@ -152,7 +152,7 @@ impl Worker {
         let plan = match result.and_then(|p| validate_plan(&p).map(|()| p)) {
             Ok(p) => p,
             Err(error) => {
-                l.stage = PlanStage::RetryAt(now + self.cfg.heartbeat_interval());
+                l.stage = PlanStage::RetryAt(now + self.cfg.tuning.heartbeat_interval());
                 return self.event(Event::PlanFailed { error });
             }
         };
@@ -183,7 +183,7 @@ impl Worker {
         if unchanged {
             l.stage = PlanStage::Idle;
             if plan.kind == PlanKind::Open {
-                l.replan_at = Some(now + self.cfg.replan_interval);
+                l.replan_at = Some(now + self.cfg.tuning.replan_interval);
             }
             return;
         }

@@ -43,7 +43,7 @@ impl Worker {
         PresenceRecord {
             incarnation: self.me.incarnation,
             held: self.held.len() as u32,
-            capacity: self.cfg.max_in_flight,
+            capacity: self.cfg.tuning.max_in_flight,
         }
     }
 
@@ -80,13 +80,13 @@ impl Worker {
 
     fn presence_joined(&mut self, now: Timestamp, rev: Revision, sent: Timestamp) {
         self.presence.rev = Some(rev);
-        self.presence.trusted_until = sent + self.cfg.lease_trust();
+        self.presence.trusted_until = sent + self.cfg.tuning.lease_trust();
         if self.presence.join != Join::Joined {
             self.presence.join = Join::Joined;
             if self.phase == Phase::Joining {
                 self.phase = Phase::Running;
-                self.heartbeat_at = Some(now + self.cfg.heartbeat_interval());
-                self.resync_at = Some(now + self.cfg.resync_interval());
+                self.heartbeat_at = Some(now + self.cfg.tuning.heartbeat_interval());
+                self.resync_at = Some(now + self.cfg.tuning.resync_interval());
             }
         }
     }
@@ -123,7 +123,7 @@ impl Worker {
         };
         if rec.incarnation == self.me.incarnation {
             // Our own create landed despite the error.
-            return self.presence_joined(now, entry.revision, now - self.cfg.heartbeat_interval());
+            return self.presence_joined(now, entry.revision, now - self.cfg.tuning.heartbeat_interval());
         }
         match self.presence.join {
             Join::Rechecking { rev, incarnation } => {
@@ -140,7 +140,7 @@ impl Worker {
             _ => {
                 // P3: wait a heartbeat interval (and a half, for scheduling jitter) to see whether
                 // the holder is alive.
-                let wait = self.cfg.heartbeat_interval() + self.cfg.heartbeat_interval() / 2;
+                let wait = self.cfg.tuning.heartbeat_interval() + self.cfg.tuning.heartbeat_interval() / 2;
                 self.presence.join = Join::Observing {
                     rev: entry.revision,
                     incarnation: rec.incarnation.0,
@@ -200,7 +200,7 @@ impl Worker {
         match Written::of(result) {
             Written::Applied(rev) => {
                 self.presence.rev = Some(rev);
-                self.presence.trusted_until = sent + self.cfg.lease_trust();
+                self.presence.trusted_until = sent + self.cfg.tuning.lease_trust();
             }
             Written::Conflict | Written::InDoubt => {
                 let key = keys::worker(&self.me.instance);
@@ -223,7 +223,7 @@ impl Worker {
                     let applied = Some(entry.revision) != self.presence.rev;
                     self.presence.rev = Some(entry.revision);
                     if applied {
-                        self.presence.trusted_until = sent + self.cfg.lease_trust();
+                        self.presence.trusted_until = sent + self.cfg.tuning.lease_trust();
                     }
                 }
                 Ok(rec) => self.duplicate(rec.incarnation.0),

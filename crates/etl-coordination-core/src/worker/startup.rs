@@ -15,7 +15,7 @@ impl Worker {
         Meta {
             protocol_version: records::PROTOCOL_VERSION,
             fingerprint: self.cfg.fingerprint.clone(),
-            max_attempts: self.cfg.max_attempts,
+            max_attempts: self.cfg.tuning.max_attempts,
         }
     }
 

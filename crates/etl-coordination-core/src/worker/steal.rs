@@ -21,7 +21,7 @@ impl Worker {
         }) {
             return;
         }
-        if self.last_steal_at.is_some_and(|t| now < t + self.cfg.heartbeat_interval()) {
+        if self.last_steal_at.is_some_and(|t| now < t + self.cfg.tuning.heartbeat_interval()) {
             return;
         }
         let mine = self.held.len() as u32;

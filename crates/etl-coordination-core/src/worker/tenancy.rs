@@ -106,6 +106,32 @@ impl Worker {
         self.blocked.insert(id.clone());
     }
 
+    /// Whether a delayed retry still belongs to a live step: the split may have been lost and
+    /// re-acquired meanwhile (a new tenancy runs its own reads), or already moved on.
+    pub(super) fn retry_wanted(&self, pending: &Pending) -> bool {
+        match pending {
+            Pending::DescRead { split } => {
+                self.held.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::ReadingDesc)
+            }
+            Pending::RecordClaimRead { split } => {
+                self.held.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::WritingRecord)
+            }
+            _ => true,
+        }
+    }
+
+    /// A retried op is the new current op of whatever it belongs to.
+    pub(super) fn rebind_retry(&mut self, op: OpId, pending: &Pending) {
+        match pending {
+            Pending::DescRead { split } | Pending::RecordClaimRead { split } => {
+                if let Some(h) = self.held.get_mut(split) {
+                    h.op = Some(op);
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// Whether `op` is the current step of the tenancy of `id` (older answers are stale).
     pub(super) fn is_current(&self, id: &SplitId, op: OpId) -> bool {
         self.held.get(id).is_some_and(|h| h.op == Some(op))

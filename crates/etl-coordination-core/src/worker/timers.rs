@@ -75,7 +75,7 @@ impl Worker {
             }
         }
         if let Some(l) = &self.leaving {
-            let at = if l.deadline_passed { l.deadline + self.cfg.lease_duration } else { l.deadline };
+            let at = if l.deadline_passed { l.deadline + self.cfg.tuning.lease_duration } else { l.deadline };
             f(Timer::DrainDeadline, at);
         }
     }
@@ -99,11 +99,11 @@ impl Worker {
             Timer::Retry => self.send_due_retries(now),
             Timer::PresenceObservation => self.observation_ended(now),
             Timer::Heartbeat => {
-                self.heartbeat_at = Some(now + self.cfg.heartbeat_interval());
+                self.heartbeat_at = Some(now + self.cfg.tuning.heartbeat_interval());
                 self.heartbeat(now);
             }
             Timer::Resync => {
-                self.resync_at = Some(now + self.cfg.resync_interval());
+                self.resync_at = Some(now + self.cfg.tuning.resync_interval());
                 self.resync();
             }
             Timer::LeaseTrust(id) => self.starve(now, &id),

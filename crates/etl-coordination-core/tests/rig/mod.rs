@@ -21,9 +21,9 @@ pub fn sid(s: &str) -> SplitId {
 
 pub fn cfg(name: &str, incarnation: u64) -> Config {
     let mut c = Config::new(id(name), Incarnation(incarnation), "fp-1");
-    c.lease_duration = Duration::from_secs(3);
-    c.max_in_flight = 4;
-    c.max_attempts = 2;
+    c.tuning.lease_duration = Duration::from_secs(3);
+    c.tuning.max_in_flight = 4;
+    c.tuning.max_attempts = 2;
     c
 }
 

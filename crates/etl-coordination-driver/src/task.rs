@@ -1,16 +1,14 @@
-//! The driver task: the core's actions executed with tokio.
+//! The driver task: one tokio task owns the protocol core, turns messages (store answers,
+//! watch events, the planner, lanes, control) into inputs, and executes the core's actions.
+//! It never blocks on a store call: each request runs in its own task and reports back.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use etl_coordination_core::defaults;
 use etl_coordination_core::{
-    Action, Bucket, CommitOutcome, Config, ConfigError, Epoch, Event, FatalError, Incarnation, Input,
-    InstanceId, OpId, Outcome, Plan, SplitId, StopReason, StoreError, StoreResult, Timestamp, WatchEvent,
-    WatchId, Worker,
+    Action, Bucket, CommitOutcome, Config, Epoch, Event, Input, OpId, Outcome, Plan, SplitId, StopReason,
+    StoreError, StoreResult, Timestamp, WatchEvent, WatchId, Worker,
 };
 use etl_coordination_metrics::{Metrics, WriteOutcome};
 use etl_coordination_store::{Store, execute};
@@ -20,279 +18,26 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use crate::lane::{Lane, Lanes, Stop};
+use crate::config::{DriverConfig, JobStores, OnStall};
+use crate::lane::{Lane, LaneMsg, Lanes, Stop};
+use crate::outcome::{DriverError, JobOutcome, describe};
+use crate::planner::Planner;
 
-/// Enumerates a source's work as splits. Runs only on the fleet's leader (P4).
-pub trait Planner: Send + Sync + 'static {
-    /// Identifies the planner and its configuration (source kind, input location, split
-    /// sizing): every replica of a job must report the same value, or it is refused at startup
-    /// with both fingerprints in the error (P2).
-    fn fingerprint(&self) -> String;
-
-    /// Lists the work. Split ids must be deterministic (re-planning the same input yields the
-    /// same ids) and unique.
-    fn plan(&self) -> impl Future<Output = Result<Plan, PlanError>> + Send;
-}
-
-/// A planner failure; the leader retries after a heartbeat interval.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{0}")]
-pub struct PlanError(pub String);
-
-/// What a stalled job (quarantined splits, P13) means for the process.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum OnStall {
-    /// [`DriverHandle::outcome`] returns [`DriverError::Stalled`] (the default).
-    #[default]
-    Fatal,
-    /// The outcome is [`JobOutcome::Stalled`], logged as a warning.
-    Warn,
-}
-
-/// Tuning knobs (SPEC section 7) and driver settings.
-#[derive(Clone, Debug)]
-pub struct DriverConfig {
-    /// The job's name, used as the `coordination_job` metric label.
-    pub job: String,
-    /// Stable identity (e.g. the pod name with dots substituted); `None`: random.
-    pub instance_id: Option<InstanceId>,
-    /// Lease TTL: takeover latency after an ungraceful death. Whole seconds, at least 1 s.
-    pub lease_duration: Duration,
-    /// Splits (and lanes) held at once.
-    pub max_in_flight: u32,
-    /// Failing tenancies before a split is quarantined.
-    pub max_attempts: u32,
-    /// How often the leader re-runs an open plan.
-    pub replan_interval: Duration,
-    /// How long lanes get to commit when draining.
-    pub drain_timeout: Duration,
-    /// Stalled jobs: fatal or warn.
-    pub on_stall: OnStall,
-    /// Timeout of one store request; a timed-out write is treated as in doubt.
-    pub op_timeout: Duration,
-}
-
-impl Default for DriverConfig {
-    fn default() -> Self {
-        DriverConfig {
-            job: "default".into(),
-            instance_id: None,
-            lease_duration: defaults::LEASE_DURATION,
-            max_in_flight: defaults::MAX_IN_FLIGHT,
-            max_attempts: defaults::MAX_ATTEMPTS,
-            replan_interval: defaults::REPLAN_INTERVAL,
-            drain_timeout: defaults::DRAIN_TIMEOUT,
-            on_stall: OnStall::Fatal,
-            op_timeout: Duration::from_secs(5),
-        }
-    }
-}
-
-/// The two key spaces of a job (NATS: two buckets).
-#[derive(Clone, Debug)]
-pub struct JobStores<S> {
-    /// Durable records.
-    pub state: S,
-    /// TTL'd leases.
-    pub lease: S,
-}
-
-/// How the job ended for this worker.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum JobOutcome {
-    /// Every split is Done.
-    Complete,
-    /// Some splits are quarantined (with [`OnStall::Warn`]).
-    Stalled {
-        /// Quarantined splits and their last errors.
-        quarantined: Vec<(SplitId, Option<String>)>,
-    },
-    /// This worker left on request before the job ended.
-    Drained,
-}
-
-/// Why the driver could not run or finish.
-#[derive(Clone, Debug, thiserror::Error)]
-pub enum DriverError {
-    /// A configuration value is invalid.
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// The protocol stopped with a fatal condition (divergence, duplicate id, store setup).
-    #[error(transparent)]
-    Fatal(#[from] FatalError),
-    /// The job stalled on quarantined splits ([`OnStall::Fatal`]).
-    #[error("the job stalled: {} split(s) quarantined after max_attempts failing tenancies: {}; fix the cause, then requeue them", quarantined.len(), describe(quarantined))]
-    Stalled {
-        /// Quarantined splits and their last errors.
-        quarantined: Vec<(SplitId, Option<String>)>,
-    },
-    /// The worker was killed on request ([`DriverHandle::kill`]).
-    #[error("killed")]
-    Killed,
-    /// The driver task ended without an outcome (it panicked or the runtime shut down).
-    #[error("the coordination driver stopped without an outcome")]
-    Gone,
-}
-
-fn describe(q: &[(SplitId, Option<String>)]) -> String {
-    q.iter()
-        .map(|(id, e)| format!("{id} ({})", e.as_deref().unwrap_or("no error recorded")))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// Messages into the driver task.
+/// Control messages from the [`DriverHandle`](crate::DriverHandle).
 #[derive(Debug)]
-pub(crate) enum Msg {
-    StoreDone {
-        op: OpId,
-        result: StoreResult,
-    },
-    Watch {
-        watch: WatchId,
-        generation: u64,
-        event: WatchEvent,
-    },
-    WatchFailed {
-        watch: WatchId,
-        generation: u64,
-        error: String,
-    },
-    PlanReady {
-        request: u64,
-        result: Result<Plan, String>,
-    },
-    Commit {
-        split: SplitId,
-        epoch: Epoch,
-        progress: Bytes,
-        terminal: bool,
-        reply: oneshot::Sender<CommitOutcome>,
-    },
-    Fail {
-        split: SplitId,
-        epoch: Epoch,
-        error: String,
-        unprocessable: bool,
-    },
-    LaneStopped {
-        split: SplitId,
-        epoch: Epoch,
-    },
+pub(crate) enum Control {
     Drain,
     Kill,
     Freeze(Duration),
 }
 
-/// Controls a running driver.
-#[derive(Clone, Debug)]
-pub struct DriverHandle {
-    tx: mpsc::UnboundedSender<Msg>,
-    outcome: watch::Receiver<Option<Result<JobOutcome, DriverError>>>,
-    instance_id: InstanceId,
-}
-
-impl DriverHandle {
-    /// Starts a graceful shutdown (P10): lanes get `drain_timeout` to commit, splits are
-    /// released, presence is removed; no attempts are consumed.
-    pub fn drain(&self) {
-        let _ = self.tx.send(Msg::Drain);
-    }
-
-    /// Stops the worker at once without releasing anything, as a crash would: its leases
-    /// expire and peers take over. For tests and chaos experiments.
-    pub fn kill(&self) {
-        let _ = self.tx.send(Msg::Kill);
-    }
-
-    /// Freezes the worker's coordination for `duration`, as a stop-the-world pause would
-    /// (SIGSTOP, a long GC): no renewals, no watch events, no timers. For tests and chaos.
-    pub fn freeze(&self, duration: Duration) {
-        let _ = self.tx.send(Msg::Freeze(duration));
-    }
-
-    /// Waits for the job's outcome for this worker.
-    pub async fn outcome(&self) -> Result<JobOutcome, DriverError> {
-        let mut rx = self.outcome.clone();
-        loop {
-            if let Some(result) = rx.borrow_and_update().clone() {
-                return result;
-            }
-            if rx.changed().await.is_err() {
-                return rx.borrow().clone().unwrap_or(Err(DriverError::Gone));
-            }
-        }
-    }
-
-    /// This worker's instance id.
-    pub fn instance_id(&self) -> &InstanceId {
-        &self.instance_id
-    }
-}
-
-/// Entry point: see the crate documentation.
+/// Reports of the tasks the driver task spawned.
 #[derive(Debug)]
-pub struct CoordinationDriver;
-
-impl CoordinationDriver {
-    /// Validates the configuration and spawns the driver on the current tokio runtime.
-    pub fn start<S: Store, P: Planner>(
-        stores: JobStores<S>,
-        planner: P,
-        config: DriverConfig,
-    ) -> Result<(DriverHandle, Lanes), DriverError> {
-        let instance_id = match config.instance_id.clone() {
-            Some(id) => id,
-            None => InstanceId::new(format!("w-{:016x}", random_u64())).expect("generated ids are valid"),
-        };
-        let mut cfg = Config::new(instance_id.clone(), Incarnation(random_u64()), planner.fingerprint());
-        cfg.lease_duration = config.lease_duration;
-        cfg.max_in_flight = config.max_in_flight;
-        cfg.max_attempts = config.max_attempts;
-        cfg.replan_interval = config.replan_interval;
-        cfg.drain_timeout = config.drain_timeout;
-        cfg.validate()?;
-        if config.op_timeout.is_zero() {
-            return Err(
-                ConfigError { field: "op_timeout", value: "0s".into(), rule: "must be positive" }.into()
-            );
-        }
-        let (tx, rx) = mpsc::unbounded_channel();
-        let (lanes_tx, lanes_rx) = mpsc::unbounded_channel();
-        let (outcome_tx, outcome_rx) = watch::channel(None);
-        info!(instance = %instance_id, incarnation = %format!("{:x}", cfg.incarnation.0), "coordination worker starting");
-        let task = Task {
-            worker: Worker::new(cfg),
-            state: Arc::new(stores.state),
-            lease: Arc::new(stores.lease),
-            planner: Arc::new(planner),
-            tx: tx.clone(),
-            rx,
-            lanes: lanes_tx,
-            outcome: outcome_tx,
-            on_stall: config.on_stall,
-            op_timeout: config.op_timeout,
-            origin: Instant::now(),
-            watches: BTreeMap::new(),
-            stops: BTreeMap::new(),
-            waiters: BTreeMap::new(),
-            done: false,
-            metrics: Metrics::new(config.job.clone(), instance_id.to_string()),
-        };
-        tokio::spawn(task.run());
-        Ok((DriverHandle { tx, outcome: outcome_rx, instance_id }, Lanes { rx: lanes_rx }))
-    }
-}
-
-/// Randomness for ids and incarnations (the core owns none).
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(std::process::id() as u64);
-    h.write_u128(
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
-    );
-    h.finish()
+enum Msg {
+    StoreDone { op: OpId, result: StoreResult },
+    Watch { watch: WatchId, generation: u64, event: WatchEvent },
+    WatchFailed { watch: WatchId, generation: u64, error: String },
+    PlanReady { request: u64, result: Result<Plan, String> },
 }
 
 struct WatchTask {
@@ -301,13 +46,16 @@ struct WatchTask {
     handle: Option<JoinHandle<()>>,
 }
 
-struct Task<S, P> {
+pub(crate) struct Task<S, P> {
     worker: Worker,
     state: Arc<S>,
     lease: Arc<S>,
     planner: Arc<P>,
     tx: mpsc::UnboundedSender<Msg>,
     rx: mpsc::UnboundedReceiver<Msg>,
+    control: mpsc::UnboundedReceiver<Control>,
+    lane_tx: mpsc::UnboundedSender<LaneMsg>,
+    lane_rx: mpsc::UnboundedReceiver<LaneMsg>,
     lanes: mpsc::UnboundedSender<Lane>,
     outcome: watch::Sender<Option<Result<JobOutcome, DriverError>>>,
     on_stall: OnStall,
@@ -321,6 +69,43 @@ struct Task<S, P> {
 }
 
 impl<S: Store, P: Planner> Task<S, P> {
+    /// The task, the sender of its control messages and the lanes it hands out.
+    pub(crate) fn new(
+        cfg: Config,
+        stores: JobStores<S>,
+        planner: P,
+        config: &DriverConfig,
+        outcome: watch::Sender<Option<Result<JobOutcome, DriverError>>>,
+    ) -> (Self, mpsc::UnboundedSender<Control>, Lanes) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (control_tx, control) = mpsc::unbounded_channel();
+        let (lane_tx, lane_rx) = mpsc::unbounded_channel();
+        let (lanes_tx, lanes_rx) = mpsc::unbounded_channel();
+        let metrics = Metrics::new(config.job.clone(), cfg.instance_id.to_string());
+        let task = Task {
+            worker: Worker::new(cfg),
+            state: Arc::new(stores.state),
+            lease: Arc::new(stores.lease),
+            planner: Arc::new(planner),
+            tx,
+            rx,
+            control,
+            lane_tx,
+            lane_rx,
+            lanes: lanes_tx,
+            outcome,
+            on_stall: config.on_stall,
+            op_timeout: config.op_timeout,
+            origin: Instant::now(),
+            watches: BTreeMap::new(),
+            stops: BTreeMap::new(),
+            waiters: BTreeMap::new(),
+            done: false,
+            metrics,
+        };
+        (task, control_tx, Lanes { rx: lanes_rx })
+    }
+
     fn now(&self) -> Timestamp {
         Timestamp::from_micros(u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX))
     }
@@ -329,23 +114,41 @@ impl<S: Store, P: Planner> Task<S, P> {
         self.origin + t.since_origin()
     }
 
-    async fn run(mut self) {
+    pub(crate) async fn run(mut self) {
         self.handle(Input::Start);
+        // Without handles nobody can drain any more, but the worker goes on to its outcome.
+        let mut controlled = true;
         while !self.done {
             let deadline = self.worker.next_deadline().map(|t| self.instant(t));
             let input = tokio::select! {
-                msg = self.rx.recv() => match msg {
-                    Some(Msg::Freeze(d)) => {
+                msg = self.control.recv(), if controlled => match msg {
+                    Some(Control::Freeze(d)) => {
                         warn!(?d, "frozen");
                         // Block the whole loop, timers included, like a stopped process.
                         tokio::time::sleep(d).await;
                         continue;
                     }
-                    Some(msg) => match self.on_msg(msg) {
-                        Some(input) => input,
-                        None => continue,
-                    },
-                    None => break,
+                    Some(Control::Drain) => {
+                        info!("draining: committing, releasing splits and leaving");
+                        Input::Drain
+                    }
+                    Some(Control::Kill) => {
+                        warn!("killed: leaving without releasing anything");
+                        self.finish(Err(DriverError::Killed));
+                        continue;
+                    }
+                    None => {
+                        controlled = false;
+                        continue;
+                    }
+                },
+                msg = self.rx.recv() => match msg.and_then(|m| self.on_msg(m)) {
+                    Some(input) => input,
+                    None => continue,
+                },
+                msg = self.lane_rx.recv() => match msg {
+                    Some(m) => self.on_lane(m),
+                    None => continue,
                 },
                 () = sleep_until(deadline) => Input::Tick,
             };
@@ -384,34 +187,32 @@ impl<S: Store, P: Planner> Task<S, P> {
                 Input::WatchFailed { watch }
             }
             Msg::PlanReady { request, result } => Input::PlanReady { request, result },
-            Msg::Commit { split, epoch, progress, terminal, reply } => {
-                if self.waiters.contains_key(&(split.clone(), epoch)) {
-                    let _ = reply.send(CommitOutcome::Retryable);
-                    return None;
-                }
-                self.waiters.insert((split.clone(), epoch), reply);
-                if terminal {
-                    Input::Finish { split, epoch, progress }
-                } else {
-                    Input::Commit { split, epoch, progress }
-                }
+        })
+    }
+
+    /// A lane's message as the core's input; a commit's answer is routed back by
+    /// `Action::CommitDone` (a lane has at most one commit in flight, see `Lane::commit`).
+    fn on_lane(&mut self, msg: LaneMsg) -> Input {
+        match msg {
+            LaneMsg::Commit { split, epoch, progress, reply } => {
+                self.wait_for_commit(&split, epoch, reply);
+                Input::Commit { split, epoch, progress }
             }
-            Msg::Fail { split, epoch, error, unprocessable } => {
+            LaneMsg::Finish { split, epoch, progress, reply } => {
+                self.wait_for_commit(&split, epoch, reply);
+                Input::Finish { split, epoch, progress }
+            }
+            LaneMsg::Fail { split, epoch, error, unprocessable } => {
                 warn!(%split, %epoch, %error, unprocessable, "source reported the split failed");
                 Input::Fail { split, epoch, error, unprocessable }
             }
-            Msg::LaneStopped { split, epoch } => Input::LaneStopped { split, epoch },
-            Msg::Drain => {
-                info!("draining: committing, releasing splits and leaving");
-                Input::Drain
-            }
-            Msg::Kill => {
-                warn!("killed: leaving without releasing anything");
-                self.finish(Err(DriverError::Killed));
-                return None;
-            }
-            Msg::Freeze(_) => return None,
-        })
+            LaneMsg::Stopped { split, epoch } => Input::LaneStopped { split, epoch },
+        }
+    }
+
+    fn wait_for_commit(&mut self, split: &SplitId, epoch: Epoch, reply: oneshot::Sender<CommitOutcome>) {
+        let earlier = self.waiters.insert((split.clone(), epoch), reply);
+        debug_assert!(earlier.is_none(), "a lane sent a second commit while one was in flight");
     }
 
     fn handle(&mut self, input: Input) {
@@ -479,9 +280,10 @@ impl<S: Store, P: Planner> Task<S, P> {
                     weight,
                     progress,
                     reason,
-                    tx: self.tx.clone(),
+                    tx: self.lane_tx.clone(),
                     stop: stop_rx,
                     ended: false,
+                    in_flight: None,
                 };
                 let _ = self.lanes.send(lane);
             }
@@ -641,5 +443,20 @@ fn log_event(e: &Event) {
             debug!(owned, live_workers, quarantined, "gauges")
         }
         Event::Undecodable { key, error } => warn!(%key, %error, "ignored an undecodable record"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use etl_coordination_core::{AcquisitionReason, StopReason};
+    use etl_coordination_metrics::{ACQUISITION_REASONS, REVOCATION_REASONS};
+
+    /// The metrics crate does not depend on the protocol, so its label lists are tied to the
+    /// core's enums here, where both meet: a new reason cannot miss its counter.
+    #[test]
+    fn metric_label_values_are_the_cores_reasons() {
+        assert_eq!(AcquisitionReason::ALL.map(|r| r.label()), ACQUISITION_REASONS);
+        let revocations: Vec<&str> = StopReason::ALL.iter().filter_map(|r| r.revocation_label()).collect();
+        assert_eq!(revocations, REVOCATION_REASONS);
     }
 }

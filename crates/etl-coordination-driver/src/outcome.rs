@@ -1,0 +1,48 @@
+//! How a job ends for one worker: [`JobOutcome`], or a [`DriverError`].
+
+use etl_coordination_core::{ConfigError, FatalError, SplitId};
+
+/// How the job ended for this worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobOutcome {
+    /// Every split is Done.
+    Complete,
+    /// Some splits are quarantined (with [`OnStall::Warn`](crate::OnStall::Warn)).
+    Stalled {
+        /// Quarantined splits and their last errors.
+        quarantined: Vec<(SplitId, Option<String>)>,
+    },
+    /// This worker left on request before the job ended.
+    Drained,
+}
+
+/// Why the driver could not run or finish.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum DriverError {
+    /// A configuration value is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The protocol stopped with a fatal condition (divergence, duplicate id, store setup).
+    #[error(transparent)]
+    Fatal(#[from] FatalError),
+    /// The job stalled on quarantined splits ([`OnStall::Fatal`](crate::OnStall::Fatal)).
+    #[error("the job stalled: {} split(s) quarantined after max_attempts failing tenancies: {}; fix the cause, then requeue them", quarantined.len(), describe(quarantined))]
+    Stalled {
+        /// Quarantined splits and their last errors.
+        quarantined: Vec<(SplitId, Option<String>)>,
+    },
+    /// The worker was killed on request ([`DriverHandle::kill`](crate::DriverHandle::kill)).
+    #[error("killed")]
+    Killed,
+    /// The driver task ended without an outcome (it panicked or the runtime shut down).
+    #[error("the coordination driver stopped without an outcome")]
+    Gone,
+}
+
+/// `id (last error), ...` for logs and errors.
+pub(crate) fn describe(q: &[(SplitId, Option<String>)]) -> String {
+    q.iter()
+        .map(|(id, e)| format!("{id} ({})", e.as_deref().unwrap_or("no error recorded")))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
