@@ -46,6 +46,10 @@ pub struct Tuning {
     pub replan_interval: Duration,
     /// How long lanes get to commit when draining before their splits are released anyway.
     pub drain_timeout: Duration,
+    /// How long the leader waits for the planner before giving up on that call (an error is
+    /// recorded and the planner is called again after a backoff). A planner that hangs must not
+    /// wedge the job.
+    pub plan_timeout: Duration,
 }
 
 /// Defaults from the product document.
@@ -61,6 +65,8 @@ pub mod defaults {
     pub const REPLAN_INTERVAL: Duration = Duration::from_secs(60);
     /// 30 s.
     pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+    /// 10 min.
+    pub const PLAN_TIMEOUT: Duration = Duration::from_secs(600);
 }
 
 impl Default for Tuning {
@@ -71,6 +77,7 @@ impl Default for Tuning {
             max_attempts: defaults::MAX_ATTEMPTS,
             replan_interval: defaults::REPLAN_INTERVAL,
             drain_timeout: defaults::DRAIN_TIMEOUT,
+            plan_timeout: defaults::PLAN_TIMEOUT,
         }
     }
 }
@@ -101,6 +108,9 @@ impl Tuning {
         }
         if self.drain_timeout > Duration::from_secs(24 * 3600) {
             return err("drain_timeout", format!("{:?}", self.drain_timeout), "must be at most 24h");
+        }
+        if self.plan_timeout < Duration::from_secs(1) || self.plan_timeout > Duration::from_secs(24 * 3600) {
+            return err("plan_timeout", format!("{:?}", self.plan_timeout), "must be between 1s and 24h");
         }
         Ok(())
     }

@@ -17,11 +17,14 @@ use crate::ids::{Epoch, Incarnation, InstanceId, Owner, SplitId};
 use crate::io::PlanKind;
 use crate::store::{Key, Prefix};
 
-/// The format-version byte in front of every stored record.
-pub const FORMAT_VERSION: u8 = 1;
+/// The format-version byte in front of every stored record. Version 2 added
+/// [`SplitRecord::progressed`].
+pub const FORMAT_VERSION: u8 = 2;
 
 /// The protocol version recorded in `meta`; workers of another protocol version are refused (P2).
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Version 2: attempts count only failing tenancies that committed no progress (P12), and a
+/// starved tenancy resumes under a new epoch (P11).
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// How many split ids one manifest chunk holds. Keeps each chunk far below NATS's default
 /// 1 MiB message limit even with 128-character ids.
@@ -196,12 +199,15 @@ pub struct SplitRecord {
     pub state: SplitState,
     /// Committed progress (opaque to the core), `None` before the first commit.
     pub progress: Option<Bytes>,
-    /// Failed tenancies so far.
+    /// Consecutive failing tenancies that committed no progress (P12).
     pub attempts: u32,
     /// How the previous tenancy ended.
     pub last_end: Option<EndReason>,
     /// The last error recorded for a failed tenancy.
     pub last_error: Option<String>,
+    /// Whether the current tenancy committed progress beyond what it started from (P12: such a
+    /// tenancy is not evidence against the data, whatever its end).
+    pub progressed: bool,
 }
 
 impl SplitRecord {
@@ -215,6 +221,7 @@ impl SplitRecord {
             attempts: 0,
             last_end: None,
             last_error: None,
+            progressed: false,
         }
     }
 
@@ -345,6 +352,7 @@ mod tests {
             attempts: 1,
             last_end: Some(EndReason::Expired),
             last_error: Some("boom".into()),
+            progressed: true,
         };
         let bytes = encode(&rec);
         assert_eq!(bytes[0], FORMAT_VERSION);

@@ -198,6 +198,15 @@ impl MemoryKv {
         true
     }
 
+    /// Keys whose TTL ran out by `now` but that are still present (explicit expiry: the expiry
+    /// timer has not removed them yet), with their deadlines.
+    pub fn overdue(&self, now: Timestamp) -> Vec<(Key, Timestamp)> {
+        self.slots
+            .iter()
+            .filter_map(|(k, s)| s.expires_at.filter(|t| *t <= now).map(|t| (k.clone(), t)))
+            .collect()
+    }
+
     /// The TTL deadline of a live key, if any (for the simulator's checks).
     pub fn expires_at(&self, key: &Key) -> Option<Timestamp> {
         self.slots.get(key).and_then(|s| s.expires_at)

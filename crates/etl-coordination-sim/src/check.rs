@@ -5,9 +5,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 use etl_coordination_core::records::{
-    self, LeaseRecord, ManifestChunk, PlanHead, PlanStatus, SplitRecord, SplitState, keys,
+    self, EndReason, LeaderRecord, LeaseRecord, ManifestChunk, PlanHead, PlanStatus, PresenceRecord,
+    SplitRecord, SplitState, keys,
 };
-use etl_coordination_core::{Epoch, Key, Owner, PlanKind, SplitId, Timestamp, WatchEvent};
+use etl_coordination_core::{
+    AcquisitionReason, Entry, Epoch, Key, Owner, PlanKind, SplitId, Timestamp, WatchEvent,
+};
 use etl_coordination_memory::MemoryKv;
 
 /// A broken invariant.
@@ -54,6 +57,42 @@ pub(crate) struct Checker {
     /// Records emitted by lanes that no longer own their split (per lane), for the I4 bound.
     pub stale_emits: BTreeMap<(SplitId, Epoch, Owner), u64>,
     pub stale_bound: u64,
+    /// P11: per tenancy (split, epoch, holder), when its lease dies in the store's time: the TTL
+    /// deadline of the latest lease write of that holder at that epoch that landed, or the
+    /// holder's own delete.
+    lease_deadline: BTreeMap<(SplitId, Epoch, Owner), Timestamp>,
+    /// How the lease of (split, epoch) came to be: created over nothing, or written over a live
+    /// lease (displaced holder), or a renewal of the holder's own lease at the epoch before.
+    lease_origin: BTreeMap<(SplitId, Epoch), LeaseOrigin>,
+    /// The tenancy each split record currently describes (P12: did it advance progress?).
+    tenancy: BTreeMap<SplitId, Tenancy>,
+    /// Claims by (split, new epoch): the acquisition reason the store's state implies.
+    claims: BTreeMap<(SplitId, Epoch), Option<AcquisitionReason>>,
+    /// Every split of every manifest ever published.
+    pub published: BTreeSet<SplitId>,
+    /// Process lifetimes that finished cleanly, and when.
+    pub finished: BTreeMap<Owner, Timestamp>,
+}
+
+/// How the lease of a tenancy was taken.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum LeaseOrigin {
+    /// Created: no live lease was there (it expired or was deleted).
+    Created,
+    /// Written by CAS over a live lease held by someone else (steal, reclaim).
+    Displaced(Owner),
+    /// The holder moved its own lease to the next epoch (a starved tenancy resumed).
+    Resumed,
+}
+
+/// What the checker knows of the tenancy a split record describes.
+#[derive(Clone, Debug)]
+struct Tenancy {
+    epoch: Epoch,
+    /// Progress when the tenancy began.
+    base: u64,
+    /// Whether it committed progress beyond `base` (P12: resets the attempt count).
+    progressed: bool,
 }
 
 impl Checker {
@@ -70,6 +109,12 @@ impl Checker {
             failed: BTreeSet::new(),
             stale_emits: BTreeMap::new(),
             stale_bound,
+            lease_deadline: BTreeMap::new(),
+            lease_origin: BTreeMap::new(),
+            tenancy: BTreeMap::new(),
+            claims: BTreeMap::new(),
+            published: BTreeSet::new(),
+            finished: BTreeMap::new(),
         }
     }
 
@@ -166,39 +211,197 @@ impl Checker {
                 )
             });
         }
-        // I5: attempts grow by one, and only on a non-graceful end.
-        let grew = new.attempts > old.attempts;
-        self.ensure(at, "I5", new.attempts <= old.attempts + 1, || {
-            format!("split {id}: attempts jumped {} -> {}", old.attempts, new.attempts)
-        });
-        if grew {
-            let justified = if new.epoch == old.epoch {
-                // The owner ended its own tenancy: only a reported failure counts.
-                self.failed.contains(&(id.clone(), old.epoch))
-            } else {
-                // A new tenancy: the previous one must have ended without a release. That
-                // includes a half-started tenancy (lease of the next epoch taken, record not yet
-                // written) whose holder died.
-                let next = Epoch(old.epoch.0 + 1);
+        self.check_attempts(at, writer, id, old, new);
+    }
+
+    /// P12 in both directions: every failing tenancy that committed no progress consumes one
+    /// attempt, a tenancy that advanced progress resets the count, no graceful end consumes
+    /// one, and quarantine happens exactly at `max_attempts`. Also P6: the acquisition reason
+    /// the store's state implies, and P4: no claim outside a published manifest.
+    fn check_attempts(
+        &mut self,
+        at: Timestamp,
+        writer: &Owner,
+        id: &SplitId,
+        old: &SplitRecord,
+        new: &SplitRecord,
+    ) {
+        let p_new = progress_of(&new.progress);
+        let t = self.tenancy.get(id).filter(|t| t.epoch == old.epoch).cloned();
+        let progressed =
+            t.as_ref().is_some_and(|t| t.progressed || p_new != t.base && new.epoch == old.epoch);
+        let expected = if new.epoch == old.epoch.next() {
+            // A new tenancy replaces the one `old` describes.
+            let origin = self.lease_origin.get(&(id.clone(), new.epoch)).cloned();
+            let continuation = old.owner.as_ref() == Some(writer);
+            let stolen = matches!(&origin, Some(LeaseOrigin::Displaced(v))
+                if old.owner.as_ref() == Some(v) && v.instance != writer.instance);
+            let failing = old.state == SplitState::Owned && !continuation && !stolen;
+            let prev_progressed = t.as_ref().is_some_and(|t| t.progressed);
+            let expected = old.attempts + u32::from(failing && !prev_progressed);
+            if failing && !prev_progressed {
+                // Growth must match ground truth: the tenancy's lease expired or its holder
+                // crashed (a half-started next tenancy included).
+                let next = new.epoch;
                 let crashed = |o: Option<&Owner>| o.is_some_and(|o| self.crashed.contains(o));
-                self.expired.contains(&(id.clone(), old.epoch))
+                let justified = self.expired.contains(&(id.clone(), old.epoch))
                     || self.expired.contains(&(id.clone(), next))
                     || crashed(old.owner.as_ref())
                     || crashed(self.lease_holders.get(&(id.clone(), next)))
-            };
-            self.ensure(at, "I5", justified, || {
-                format!(
-                    "split {id}: attempt consumed ({} -> {}) by {writer} although tenancy {} of {:?} ended gracefully",
-                    old.attempts, new.attempts, old.epoch, old.owner
-                )
-            });
-        }
+                    || matches!(&origin, Some(LeaseOrigin::Displaced(v)) if v.instance == writer.instance);
+                self.ensure(at, "I5", justified, || {
+                    format!("split {id}: tenancy {} of {:?} charged an attempt by {writer} although it ended gracefully", old.epoch, old.owner)
+                });
+            }
+            if new.owner.as_ref() == Some(writer) || new.state == SplitState::Quarantined {
+                self.ensure(at, "P4", self.published.contains(id), || {
+                    format!("split {id}: claimed by {writer} but not in any published manifest")
+                });
+                let reason = if continuation
+                    && old.state == SplitState::Owned
+                    && origin == Some(LeaseOrigin::Resumed)
+                {
+                    None
+                } else if stolen {
+                    Some(AcquisitionReason::Stolen)
+                } else if matches!(&origin, Some(LeaseOrigin::Displaced(v)) if v.instance == writer.instance)
+                {
+                    Some(AcquisitionReason::Reclaimed)
+                } else if old.epoch == Epoch(0) {
+                    Some(AcquisitionReason::Create)
+                } else if old.state == SplitState::Unleased {
+                    Some(AcquisitionReason::Released)
+                } else if old
+                    .owner
+                    .as_ref()
+                    .is_some_and(|o| o.instance == writer.instance && o.incarnation != writer.incarnation)
+                {
+                    Some(AcquisitionReason::Reclaimed)
+                } else {
+                    Some(AcquisitionReason::Expired)
+                };
+                self.claims.insert((id.clone(), new.epoch), reason);
+            }
+            self.tenancy.insert(id.clone(), Tenancy { epoch: new.epoch, base: p_new, progressed: false });
+            expected
+        } else {
+            // The owner writes its own tenancy: a commit, a release, a failure, the end.
+            let failed = self.failed.contains(&(id.clone(), old.epoch))
+                && matches!(new.last_end, Some(EndReason::Failed | EndReason::Unprocessable))
+                && new.owner.is_none();
+            if let Some(t) = self.tenancy.get_mut(id).filter(|t| t.epoch == new.epoch) {
+                t.progressed = progressed;
+            }
+            if progressed {
+                0
+            } else if failed {
+                old.attempts + 1
+            } else {
+                old.attempts
+            }
+        };
+        self.ensure(at, "I5", new.attempts == expected, || {
+            format!(
+                "split {id}: attempts {} -> {} in a write by {writer}, expected {expected} (P12: failing tenancies without progress count, progress resets)",
+                old.attempts, new.attempts
+            )
+        });
         let max = self.max_attempts;
         self.ensure(at, "I5", (new.state == SplitState::Quarantined) == (new.attempts >= max), || {
             format!(
                 "split {id}: state {:?} with {} attempts (max_attempts {max}): quarantine must happen exactly at the cap",
                 new.state, new.attempts
             )
+        });
+    }
+
+    /// A worker announced an acquisition (P6): its reason must be what the store's state
+    /// implied when its claim landed.
+    pub fn on_acquired(
+        &mut self,
+        at: Timestamp,
+        id: &SplitId,
+        epoch: Epoch,
+        reason: AcquisitionReason,
+        who: &Owner,
+    ) {
+        let expected = self.claims.get(&(id.clone(), epoch)).cloned();
+        self.ensure(at, "P6", expected == Some(Some(reason)), || {
+            format!(
+                "split {id}: {who} announced acquisition {} at epoch {epoch}, the claim implies {expected:?}",
+                reason.label()
+            )
+        });
+    }
+
+    /// A lease write landed (P11 deadlines; how each tenancy's lease was taken).
+    pub fn on_lease_write(
+        &mut self,
+        at: Timestamp,
+        id: &SplitId,
+        prev: Option<&LeaseRecord>,
+        new: &LeaseRecord,
+        deadline: Timestamp,
+    ) {
+        let key = (id.clone(), new.epoch, new.owner.clone());
+        let d = self.lease_deadline.entry(key).or_insert(deadline);
+        *d = (*d).max(deadline);
+        let origin = match prev {
+            None => LeaseOrigin::Created,
+            Some(p) if p.owner == new.owner && p.epoch == new.epoch => return,
+            Some(p) if p.owner == new.owner => LeaseOrigin::Resumed,
+            Some(p) => LeaseOrigin::Displaced(p.owner.clone()),
+        };
+        self.lease_origin.insert((id.clone(), new.epoch), origin);
+        let _ = at;
+    }
+
+    /// The holder deleted its lease: the tenancy's lease is dead from now on.
+    pub fn on_lease_deleted(&mut self, at: Timestamp, id: &SplitId) {
+        if let Some(l) = self.lease_mirror.get(id)
+            && let Some(d) = self.lease_deadline.get_mut(&(id.clone(), l.epoch, l.owner.clone()))
+        {
+            *d = (*d).min(at);
+        }
+    }
+
+    /// P11: a lane the core keeps running must not outlive its lease in the store's time.
+    pub fn lane_running(&mut self, at: Timestamp, id: &SplitId, epoch: Epoch, owner: &Owner) {
+        let deadline = self.lease_deadline.get(&(id.clone(), epoch, owner.clone())).copied();
+        self.ensure(at, "P11", deadline.is_some_and(|d| at <= d), || match deadline {
+            None => format!("split {id}: {owner} runs a lane at epoch {epoch} without ever having written its lease"),
+            Some(d) => format!(
+                "split {id}: {owner} still runs its lane at epoch {epoch} {:.3}s after the lease died in the store (trust outlived the TTL)",
+                at.saturating_since(d).as_secs_f64()
+            ),
+        });
+    }
+
+    /// P4: a split record deleted (garbage collection) must not belong to a published manifest.
+    pub fn on_record_deleted(&mut self, at: Timestamp, id: &SplitId, writer: &Owner) {
+        self.ensure(at, "P4", !self.published.contains(id), || {
+            format!("split {id}: record deleted by {writer} although a published manifest lists it")
+        });
+    }
+
+    /// After every worker finished: a key left by a cleanly finished process (written before
+    /// it finished) is a leak.
+    pub fn on_leftover_key(&mut self, at: Timestamp, entry: &Entry, written_at: Timestamp) {
+        let owner = if let Some(_id) = keys::parse_split(&entry.key) {
+            records::decode::<LeaseRecord>(&entry.value).ok().map(|l| l.owner)
+        } else if let Some(inst) = keys::parse_worker(&entry.key) {
+            records::decode::<PresenceRecord>(&entry.value)
+                .ok()
+                .map(|p| Owner { instance: inst, incarnation: p.incarnation })
+        } else if entry.key == keys::leader() {
+            records::decode::<LeaderRecord>(&entry.value).ok().map(|l| l.owner)
+        } else {
+            None
+        };
+        let Some(owner) = owner else { return };
+        let leaked = self.finished.get(&owner).is_some_and(|f| written_at < *f);
+        self.ensure(at, "P10", !leaked, || {
+            format!("key {} of {owner} is left although that worker finished cleanly", entry.key)
         });
     }
 
@@ -240,6 +443,7 @@ impl Checker {
             });
             // Every split of a published manifest has its descriptor and record (P4).
             let ids = manifest_ids(state, at, m.term, m.version, m.chunks);
+            self.published.extend(ids.iter().cloned());
             let missing = ids.iter().find(|id| {
                 state.get(at, &keys::split(id)).is_none() || state.get(at, &keys::desc(id)).is_none()
             });

@@ -1,193 +1,70 @@
-//! The simulated world: workers, lanes, the store model, the fault injector and the event loop.
+//! The simulated world: workers (each a real core on its own clock), the event loop, the
+//! planner, scenario probes and the report. The store model is in `net`, the fault injector in
+//! `faults`, the lanes in `lanes`, the checkers in `check`.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::time::Duration;
 
 use bytes::Bytes;
-use etl_coordination_core::records::{self, PlanHead, SplitRecord, keys};
+use etl_coordination_core::records::{self, PlanHead, PlanStatus, keys};
 use etl_coordination_core::{
-    AcquisitionReason, Action, Bucket, CommitOutcome, Config, Epoch, Event, FatalError, Incarnation, Input,
-    InstanceId, OpId, Outcome, Owner, Plan, PlanKind, PlannedSplit, SplitId, StopReason, StoreError,
-    StoreReply, StoreRequest, StoreResult, Timestamp, Tuning, WatchEvent, WatchId, Worker,
+    AcquisitionReason, Action, Bucket, Config, Epoch, Event, FatalError, Incarnation, Input, InstanceId,
+    OpId, Outcome, Owner, Plan, PlanKind, PlannedSplit, SplitId, StoreRequest, Timestamp, Tuning, WatchId,
+    Worker,
 };
 use etl_coordination_memory::MemoryKv;
 
-use crate::check::{Checker, Violation, progress_of};
+use crate::check::Checker;
+use crate::clock::Clock;
+use crate::lanes::Lane;
+use crate::net::{History, Link, Sub};
+use crate::options::{Options, Report, Scenario};
 use crate::rng::Rng;
 
-/// What a run sets out to show.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scenario {
-    /// Random faults in a safety phase, then a fault-free liveness phase.
-    Random,
-    /// One worker, then scale-up to three: converges to +-1 and steals stop (I7, T4).
-    Balance,
-    /// One of two workers drains: its splits are picked up without a lease wait (P10, I8).
-    DrainPickup,
-    /// A second live process with the same instance id: fatal, no ping-pong (P3).
-    DuplicateId,
+/// A run that needs more events than this is livelocked.
+const MAX_EVENTS: u64 = 6_000_000;
+
+pub(crate) fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
 }
 
-/// Parameters of one run.
-#[derive(Clone, Debug)]
-pub struct Options {
-    /// What to run.
-    pub scenario: Scenario,
-    /// Workers at start.
-    pub initial_workers: usize,
-    /// Upper bound for scale-up.
-    pub max_workers: usize,
-    /// Splits in the full plan.
-    pub splits: usize,
-    /// Records per split are drawn from `1..=max_records`.
-    pub max_records: u64,
-    /// Every split has exactly `max_records` records.
-    pub uniform_records: bool,
-    /// Virtual milliseconds between two records of a lane.
-    pub step_ms: u64,
-    /// Lease duration in whole seconds.
-    pub lease_secs: u64,
-    /// Knob.
-    pub max_in_flight: u32,
-    /// Knob.
-    pub max_attempts: u32,
-    /// Records between two commits of a lane.
-    pub commit_every: u64,
-    /// Inject faults in the safety phase.
-    pub faults: bool,
-    /// Length of the safety phase.
-    pub safety: Duration,
-    /// How long the liveness phase may take before I8 is declared violated.
-    pub liveness_limit: Duration,
-    /// Start with an open plan that grows, then turns final.
-    pub open_plan: bool,
-    /// Splits whose processing crashes the owner every time.
-    pub poison_crash: usize,
-    /// Splits the source reports unprocessable every time.
-    pub poison_unprocessable: usize,
+pub(crate) fn us(n: u64) -> Duration {
+    Duration::from_micros(n)
 }
 
-impl Options {
-    /// The randomized options the sweep uses for `seed`.
-    pub fn for_seed(seed: u64) -> Self {
-        let mut r = Rng::new(seed ^ 0x5eed);
-        let splits = r.range(1, 24) as usize;
-        Options {
-            scenario: Scenario::Random,
-            initial_workers: r.range(1, 4) as usize,
-            max_workers: 6,
-            splits,
-            max_records: r.range(20, 600),
-            uniform_records: false,
-            step_ms: r.range(5, 40),
-            lease_secs: r.range(2, 5),
-            max_in_flight: r.range(1, 6) as u32,
-            max_attempts: r.range(2, 5) as u32,
-            commit_every: r.range(1, 12),
-            faults: true,
-            safety: Duration::from_secs(r.range(10, 40)),
-            liveness_limit: Duration::from_secs(900),
-            open_plan: r.chance(0.3),
-            poison_crash: if r.chance(0.2) { 1 } else { 0 },
-            poison_unprocessable: if r.chance(0.2) { 1 } else { 0 },
-        }
-    }
-
-    /// A small fault-free configuration for a named scenario.
-    pub fn scenario(scenario: Scenario) -> Self {
-        let base = Options {
-            scenario,
-            initial_workers: 2,
-            max_workers: 3,
-            splits: 12,
-            max_records: 40,
-            uniform_records: true,
-            step_ms: 10,
-            lease_secs: 3,
-            max_in_flight: 8,
-            max_attempts: 4,
-            commit_every: 5,
-            faults: false,
-            safety: Duration::ZERO,
-            liveness_limit: Duration::from_secs(900),
-            open_plan: false,
-            poison_crash: 0,
-            poison_unprocessable: 0,
-        };
-        match scenario {
-            Scenario::Random => base,
-            // 13 splits over 3 workers: fair share 5, so balance is 5/4/4, the case where a
-            // steal rule without the +2 margin oscillates.
-            Scenario::Balance => Options { initial_workers: 1, splits: 13, max_records: 6000, ..base },
-            Scenario::DrainPickup => Options { splits: 4, max_in_flight: 4, max_records: 600, ..base },
-            Scenario::DuplicateId => Options { max_records: 800, ..base },
-        }
-    }
+/// Runs one simulation.
+pub fn run(seed: u64, opts: &Options) -> Report {
+    let mut w = World::new(seed, opts.clone());
+    w.run();
+    w.finish()
 }
 
-/// What a run did.
-#[derive(Clone, Debug, Default)]
-pub struct Report {
-    /// The seed.
-    pub seed: u64,
-    /// Events processed.
-    pub events: u64,
-    /// Virtual time at the end.
-    pub virtual_time: Duration,
-    /// Faults injected, by kind.
-    pub faults: BTreeMap<&'static str, u64>,
-    /// Invariant checks executed, by rule.
-    pub checks: BTreeMap<&'static str, u64>,
-    /// Acquisitions by reason.
-    pub acquisitions: BTreeMap<&'static str, u64>,
-    /// `complete`, `stalled`, or `none`.
-    pub outcome: &'static str,
-    /// Records in the input.
-    pub records_total: u64,
-    /// Records emitted, replays included.
-    pub records_emitted: u64,
-    /// Steals after the last fault (liveness phase).
-    pub steals_after_faults: u64,
-    /// Splits planted as poison (crash or unprocessable).
-    pub poison_splits: usize,
-    /// Splits quarantined at the end.
-    pub quarantined: usize,
-    /// Fatal errors reported by workers.
-    pub fatal: Vec<String>,
-    /// Balance scenario: steals until the convergence probe (T4).
-    pub steals_to_converge: u64,
-    /// Balance scenario: splits owned per worker after convergence.
-    pub owned_after_convergence: Vec<u32>,
-    /// Drain scenario: slowest release-to-pickup, in milliseconds.
-    pub max_pickup_ms: Option<f64>,
-    /// A hash over the whole event sequence: equal seeds give equal hashes.
-    pub trace_hash: u64,
-    /// The first broken invariant, if any.
-    pub violation: Option<Violation>,
+/// How the answer to a store request is delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// The result, this long after the request is applied.
+    After(Duration),
+    /// The worker already got (or will get) an in-doubt or unavailable answer at its timeout.
+    Dropped,
 }
 
 #[derive(Debug)]
-enum Ev {
+pub(crate) enum Ev {
     ToWorker { slot: usize, life: u32, input: Input },
     Tick { slot: usize, life: u32 },
-    StoreOp { slot: usize, life: u32, op: OpId, bucket: Bucket, request: StoreRequest, fate: Fate },
+    StoreApply { slot: usize, op: OpId, bucket: Bucket, request: StoreRequest, writer: Owner, answer: Answer },
     OpenWatch { slot: usize, life: u32, watch: WatchId },
     LaneStep { slot: usize, life: u32, split: SplitId, epoch: Epoch },
     ExpiryTick,
+    Erase { key: etl_coordination_core::Key, revision: etl_coordination_core::Revision },
     FaultTick,
     Restart { slot: usize },
     Crash { slot: usize, life: u32 },
     Resume { slot: usize },
     EndSafety,
     Probe,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fate {
-    Normal,
-    LostRequest,
-    LostResponse,
+    BalanceProbe,
 }
 
 struct Scheduled {
@@ -214,102 +91,78 @@ impl Ord for Scheduled {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Status {
+pub(crate) enum Status {
     Running,
     Paused,
     Crashed { restart: bool },
     Finished,
 }
 
-struct Lane {
-    epoch: Epoch,
-    next: u64,
-    total: u64,
-    since_commit: u64,
-    committing: bool,
-    draining: bool,
-}
-
-struct Slot {
-    instance: InstanceId,
-    life: u32,
-    owner: Owner,
-    core: Option<Worker>,
-    status: Status,
-    inbox: Vec<Ev>,
-    tick_at: Option<Timestamp>,
-    lanes: BTreeMap<SplitId, Lane>,
+pub(crate) struct Slot {
+    pub instance: InstanceId,
+    pub life: u32,
+    pub owner: Owner,
+    pub core: Option<Worker>,
+    pub status: Status,
+    pub inbox: Vec<Ev>,
+    pub tick_at: Option<Timestamp>,
+    /// The source's lanes, by split and epoch (a stopped lane may still finish its record).
+    pub lanes: BTreeMap<(SplitId, Epoch), Lane>,
+    /// Lanes the core considers running (started and not stopped), with their epochs.
+    pub core_lanes: BTreeMap<SplitId, Epoch>,
     /// The id to restart with (a crash may switch to a new id).
-    restart_as: Option<InstanceId>,
+    pub restart_as: Option<InstanceId>,
     /// Asked to drain (scale-down): no longer counts as a live worker for fault decisions.
-    draining: bool,
-    outcome: Option<Outcome>,
+    pub draining: bool,
+    pub outcome: Option<Outcome>,
+    pub clock: Clock,
+    pub link: Link,
+    pub max_in_flight: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Poison {
+pub(crate) enum Poison {
     None,
     Crash(u64),
     Unprocessable(u64),
 }
 
-struct SplitSpec {
-    id: SplitId,
-    weight: u64,
-    total: u64,
-    poison: Poison,
-    discovered_at: Timestamp,
+pub(crate) struct SplitSpec {
+    pub id: SplitId,
+    pub weight: u64,
+    pub total: u64,
+    pub poison: Poison,
+    pub discovered_at: Timestamp,
 }
 
-struct Sub {
-    slot: usize,
-    life: u32,
-    watch: WatchId,
-    last_at: Timestamp,
-}
-
-struct World {
-    opts: Options,
-    seed: u64,
-    rng: Rng,
-    now: Timestamp,
+pub(crate) struct World {
+    pub opts: Options,
+    pub rng: Rng,
+    pub now: Timestamp,
     seq: u64,
     queue: BinaryHeap<Reverse<Scheduled>>,
-    state: MemoryKv,
-    lease: MemoryKv,
-    subs: Vec<Sub>,
-    slots: Vec<Slot>,
-    splits: Vec<SplitSpec>,
-    split_index: BTreeMap<SplitId, usize>,
-    checker: Checker,
-    report: Report,
-    faults_on: bool,
-    outage_until: Timestamp,
+    pub state: MemoryKv,
+    pub lease: MemoryKv,
+    pub history: [History; 2],
+    pub subs: Vec<Sub>,
+    pub slots: Vec<Slot>,
+    pub splits: Vec<SplitSpec>,
+    pub split_index: BTreeMap<SplitId, usize>,
+    pub checker: Checker,
+    pub report: Report,
+    pub faults_on: bool,
+    pub outage_until: Timestamp,
     open_until: Timestamp,
     next_instance: u32,
-    safety_over: bool,
+    pub safety_over: bool,
     released_at: BTreeMap<SplitId, Timestamp>,
     hash: u64,
-    trace: bool,
+    pub trace: bool,
     balance_window_closed: bool,
-}
-
-/// A run that needs more events than this is livelocked.
-const MAX_EVENTS: u64 = 3_000_000;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn us(n: u64) -> Duration {
-    Duration::from_micros(n)
-}
-
-/// Runs one simulation.
-pub fn run(seed: u64, opts: &Options) -> Report {
-    let mut w = World::new(seed, opts.clone());
-    w.run();
-    w.finish()
+    /// Successful Final listings per plan term (P4: one listing per Final plan per term).
+    final_listings: BTreeMap<u64, u32>,
+    /// Random runs: consecutive balance probes with an imbalance that did not shrink.
+    imbalance: (u32, u32),
 }
 
 impl World {
@@ -357,13 +210,13 @@ impl World {
         World {
             faults_on: opts.faults,
             opts,
-            seed,
             rng,
             now: Timestamp::ZERO,
             seq: 0,
             queue: BinaryHeap::new(),
-            state: MemoryKv::new(),
-            lease: MemoryKv::new(),
+            state: MemoryKv::with_explicit_expiry(),
+            lease: MemoryKv::with_explicit_expiry(),
+            history: Default::default(),
             subs: Vec::new(),
             slots: Vec::new(),
             splits,
@@ -378,14 +231,16 @@ impl World {
             hash: 0xcbf2_9ce4_8422_2325,
             trace: std::env::var_os("SIM_TRACE").is_some(),
             balance_window_closed: false,
+            final_listings: BTreeMap::new(),
+            imbalance: (0, 0),
         }
     }
 
-    fn schedule(&mut self, after: Duration, ev: Ev) {
+    pub(crate) fn schedule(&mut self, after: Duration, ev: Ev) {
         self.schedule_at(self.now + after, ev);
     }
 
-    fn schedule_at(&mut self, at: Timestamp, ev: Ev) {
+    pub(crate) fn schedule_at(&mut self, at: Timestamp, ev: Ev) {
         self.seq += 1;
         self.queue.push(Reverse(Scheduled { at: at.max(self.now), seq: self.seq, ev }));
     }
@@ -395,16 +250,21 @@ impl World {
         self.hash = self.hash.wrapping_mul(0x0100_0000_01b3);
     }
 
-    fn fault(&mut self, kind: &'static str) {
+    pub(crate) fn fault(&mut self, kind: &'static str) {
         *self.report.faults.entry(kind).or_default() += 1;
     }
 
-    fn new_instance_id(&mut self) -> InstanceId {
+    pub(crate) fn new_instance_id(&mut self) -> InstanceId {
         self.next_instance += 1;
         InstanceId::new(format!("w{}", self.next_instance)).expect("valid id")
     }
 
-    fn add_worker(&mut self, instance: InstanceId) -> usize {
+    pub(crate) fn add_worker(&mut self, instance: InstanceId) -> usize {
+        let max_in_flight = if self.opts.mixed_capacity {
+            self.rng.range(1, self.opts.max_in_flight as u64) as u32
+        } else {
+            self.opts.max_in_flight
+        };
         self.slots.push(Slot {
             instance: instance.clone(),
             life: 0,
@@ -414,30 +274,41 @@ impl World {
             inbox: Vec::new(),
             tick_at: None,
             lanes: BTreeMap::new(),
+            core_lanes: BTreeMap::new(),
             restart_as: None,
             outcome: None,
             draining: false,
+            clock: Clock::new(0, 0),
+            link: Link::default(),
+            max_in_flight,
         });
         let slot = self.slots.len() - 1;
         self.start_worker(slot);
         slot
     }
 
-    fn start_worker(&mut self, slot: usize) {
+    pub(crate) fn start_worker(&mut self, slot: usize) {
         let incarnation = Incarnation(self.rng.next_u64());
+        let drift = self.opts.clock_drift_ppm as i64;
+        let drift_ppm = if drift == 0 { 0 } else { self.rng.range(0, 2 * drift as u64) as i64 - drift };
+        let offset = self.rng.range(0, 1_000_000_000);
         let s = &mut self.slots[slot];
         if let Some(id) = s.restart_as.take() {
             s.instance = id;
         }
         s.life += 1;
         s.owner = Owner { instance: s.instance.clone(), incarnation };
+        // A new process: a monotonic clock with an origin and a rate of its own.
+        s.clock = Clock::new(offset, drift_ppm);
+        s.link = Link::default();
         let mut cfg = Config::new(s.instance.clone(), incarnation, "sim-planner-v1");
         cfg.tuning = Tuning {
             lease_duration: Duration::from_secs(self.opts.lease_secs),
-            max_in_flight: self.opts.max_in_flight,
+            max_in_flight: s.max_in_flight,
             max_attempts: self.opts.max_attempts,
             replan_interval: Duration::from_secs(2),
             drain_timeout: Duration::from_secs(2),
+            plan_timeout: Duration::from_secs(5),
         };
         cfg.validate().expect("sim config is valid");
         s.core = Some(Worker::new(cfg));
@@ -446,6 +317,7 @@ impl World {
         s.tick_at = None;
         s.inbox.clear();
         s.lanes.clear();
+        s.core_lanes.clear();
         self.deliver(slot, Input::Start);
     }
 
@@ -519,13 +391,33 @@ impl World {
                 break;
             }
         }
+        if self.checker.violation.is_none() && self.safety_over && self.all_done() {
+            self.settle();
+        }
     }
 
     fn all_done(&self) -> bool {
         self.slots.iter().all(|s| matches!(s.status, Status::Finished | Status::Crashed { restart: false }))
     }
 
-    fn dispatch(&mut self, ev: Ev) {
+    /// After every worker finished: let what is still in flight land, then check that finished
+    /// workers left no lease, presence or leader key behind.
+    fn settle(&mut self) {
+        while let Some(Reverse(s)) = self.queue.pop() {
+            if let Ev::StoreApply { .. } | Ev::Erase { .. } = s.ev {
+                self.now = s.at;
+                self.dispatch(s.ev);
+            }
+        }
+        let now = self.now;
+        let left = self.lease.list(now, &etl_coordination_core::Prefix::all());
+        for e in left {
+            let written_at = self.history[1].get(&e.key).and_then(|v| v.back()).map_or(now, |(t, _)| *t);
+            self.checker.on_leftover_key(now, &e, written_at);
+        }
+    }
+
+    pub(crate) fn dispatch(&mut self, ev: Ev) {
         match ev {
             Ev::ToWorker { slot, life, input } => {
                 if self.slots[slot].life != life {
@@ -547,8 +439,8 @@ impl World {
                 self.slots[slot].tick_at = None;
                 self.deliver(slot, Input::Tick);
             }
-            Ev::StoreOp { slot, life, op, bucket, request, fate } => {
-                self.store_op(slot, life, op, bucket, request, fate)
+            Ev::StoreApply { slot, op, bucket, request, writer, answer } => {
+                self.store_apply(slot, op, bucket, request, writer, answer)
             }
             Ev::OpenWatch { slot, life, watch } => self.open_watch(slot, life, watch),
             Ev::LaneStep { slot, life, split, epoch } => {
@@ -561,13 +453,10 @@ impl World {
                 self.lane_step(slot, split, epoch);
             }
             Ev::ExpiryTick => {
-                // NATS's expiry timer fires every 250 ms: expiries are 0-250 ms late, never early.
-                self.state.expire(self.now);
-                self.lease.expire(self.now);
-                self.distribute(Bucket::State);
-                self.distribute(Bucket::Lease);
+                self.expiry_tick();
                 self.schedule(ms(250), Ev::ExpiryTick);
             }
+            Ev::Erase { key, revision } => self.erase(key, revision),
             Ev::FaultTick => {
                 if self.faults_on {
                     self.inject_fault();
@@ -588,13 +477,14 @@ impl World {
             }
             Ev::EndSafety => self.end_safety(),
             Ev::Probe => self.probe(),
+            Ev::BalanceProbe => self.balance_probe(),
         }
     }
 
     // ----- workers -----
 
-    fn deliver(&mut self, slot: usize, input: Input) {
-        let now = self.now;
+    pub(crate) fn deliver(&mut self, slot: usize, input: Input) {
+        let now = self.slots[slot].clock.local(self.now);
         let Some(core) = self.slots[slot].core.as_mut() else { return };
         if core.is_stopped() {
             return;
@@ -608,13 +498,26 @@ impl World {
                 return; // crashed while acting (poison)
             }
         }
+        self.check_running_lanes(slot);
         let s = &mut self.slots[slot];
-        if let Some(d) = deadline
-            && s.tick_at.is_none_or(|t| t != d)
-        {
-            s.tick_at = Some(d.max(now));
-            let life = s.life;
-            self.schedule_at(d.max(now), Ev::Tick { slot, life });
+        if let Some(d) = deadline {
+            let at = s.clock.global(d).max(self.now);
+            if s.tick_at.is_none_or(|t| t != at) {
+                s.tick_at = Some(at);
+                let life = s.life;
+                self.schedule_at(at, Ev::Tick { slot, life });
+            }
+        }
+    }
+
+    /// P11: after every input, no lane the core keeps running may be past the TTL of the lease
+    /// writes that landed for it (the store's time).
+    fn check_running_lanes(&mut self, slot: usize) {
+        let owner = self.slots[slot].owner.clone();
+        let lanes: Vec<(SplitId, Epoch)> =
+            self.slots[slot].core_lanes.iter().map(|(s, e)| (s.clone(), *e)).collect();
+        for (split, epoch) in lanes {
+            self.checker.lane_running(self.now, &split, epoch, &owner);
         }
     }
 
@@ -624,37 +527,22 @@ impl World {
             eprintln!("{:>12}   {} -> {:?}", self.now.0, self.slots[slot].owner, action);
         }
         match action {
-            Action::Store { op, bucket, request } => {
-                let fate = if self.faults_on && self.rng.chance(0.01) {
-                    if self.rng.chance(0.5) { Fate::LostRequest } else { Fate::LostResponse }
-                } else {
-                    Fate::Normal
-                };
-                let lat = us(self.rng.range(100, 1500));
-                self.schedule(lat, Ev::StoreOp { slot, life, op, bucket, request, fate });
-            }
+            Action::Store { op, bucket, request } => self.send_request(slot, op, bucket, request),
             Action::Watch { watch } => {
                 let lat = us(self.rng.range(100, 1500));
                 self.schedule(lat, Ev::OpenWatch { slot, life, watch });
             }
-            Action::Plan { request } => {
-                let plan = self.plan();
-                let delay = ms(self.rng.range(1, 40));
-                self.schedule(
-                    delay,
-                    Ev::ToWorker { slot, life, input: Input::PlanReady { request, result: Ok(plan) } },
-                );
-                if self.faults_on && self.rng.chance(0.25) {
-                    // Leader death mid-plan.
-                    let when = ms(self.rng.range(0, 60));
-                    self.fault("leader_killed_mid_plan");
-                    self.schedule(when, Ev::Crash { slot, life });
-                }
-            }
+            Action::Plan { request } => self.run_planner(slot, request),
             Action::StartLane { split, epoch, descriptor, progress, .. } => {
+                self.slots[slot].core_lanes.insert(split.clone(), epoch);
                 self.start_lane(slot, split, epoch, descriptor, progress)
             }
-            Action::StopLane { split, epoch, reason, .. } => self.stop_lane(slot, split, epoch, reason),
+            Action::StopLane { split, epoch, reason, .. } => {
+                if self.slots[slot].core_lanes.get(&split) == Some(&epoch) {
+                    self.slots[slot].core_lanes.remove(&split);
+                }
+                self.stop_lane(slot, split, epoch, reason)
+            }
             Action::CommitDone { split, epoch, outcome } => self.commit_done(slot, split, epoch, outcome),
             Action::Event(e) => self.on_event(slot, e),
             Action::Finished(outcome) => {
@@ -665,14 +553,11 @@ impl World {
                     self.checker.on_outcome(self.now, &who, complete, stalled, &mut self.state);
                     let name = if complete { "complete" } else { "stalled" };
                     if self.report.outcome != "none" && self.report.outcome != name {
-                        self.checker.fail(
-                            self.now,
-                            "I6",
-                            format!(
-                                "{who} declared {name} but another worker declared {}",
-                                self.report.outcome
-                            ),
+                        let msg = format!(
+                            "{who} declared {name} but another worker declared {}",
+                            self.report.outcome
                         );
+                        self.checker.fail(self.now, "I6", msg);
                     }
                     self.report.outcome = name;
                     let poison = self.opts.poison_crash + self.opts.poison_unprocessable > 0;
@@ -684,26 +569,30 @@ impl World {
                         );
                     }
                 }
+                self.checker.finished.insert(who, self.now);
                 let s = &mut self.slots[slot];
                 s.status = Status::Finished;
                 s.outcome = Some(outcome);
                 s.lanes.clear();
+                s.core_lanes.clear();
             }
             Action::Fatal(e) => {
                 let msg = e.to_string();
                 let expected = self.opts.scenario == Scenario::DuplicateId
                     && matches!(e, FatalError::DuplicateInstance { .. });
                 if !expected {
+                    let who = self.slots[slot].owner.clone();
                     self.checker.fail(
                         self.now,
                         "fatal",
-                        format!("{} stopped with an unexpected fatal error: {msg}", self.slots[slot].owner),
+                        format!("{who} stopped with an unexpected fatal error: {msg}"),
                     );
                 }
                 self.report.fatal.push(msg);
                 let s = &mut self.slots[slot];
                 s.status = Status::Finished;
                 s.lanes.clear();
+                s.core_lanes.clear();
                 self.subs.retain(|x| x.slot != slot);
             }
         }
@@ -711,8 +600,10 @@ impl World {
 
     fn on_event(&mut self, slot: usize, e: Event) {
         match e {
-            Event::Acquired { split, reason, .. } => {
+            Event::Acquired { split, reason, epoch } => {
                 *self.report.acquisitions.entry(reason.label()).or_default() += 1;
+                let who = self.slots[slot].owner.clone();
+                self.checker.on_acquired(self.now, &split, epoch, reason, &who);
                 let balance_window =
                     !self.report.owned_after_convergence.is_empty() && !self.balance_window_closed;
                 if reason == AcquisitionReason::Stolen
@@ -732,7 +623,82 @@ impl World {
             }
             _ => {}
         }
-        let _ = slot;
+    }
+
+    // ----- the planner -----
+
+    /// The planner: lists the splits discovered so far (Open until every split is discovered,
+    /// then Final). With planner faults it errs, hangs or panics (the driver reports a panic
+    /// as an error).
+    fn run_planner(&mut self, slot: usize, request: u64) {
+        let life = self.slots[slot].life;
+        let head = self.current_head();
+        if let Some(h) = &head
+            && h.status == PlanStatus::Published
+            && h.manifest.is_some_and(|m| m.kind == PlanKind::Final)
+        {
+            let who = self.slots[slot].owner.clone();
+            self.checker.fail(
+                self.now,
+                "P4",
+                format!("{who} ran the planner although a Final plan is published (one listing per plan)"),
+            );
+        }
+        if self.faults_on && self.opts.planner_faults {
+            match self.rng.range(0, 99) {
+                0..=9 => {
+                    self.fault("planner_error");
+                    let input =
+                        Input::PlanReady { request, result: Err("listing failed: connection reset".into()) };
+                    let delay = ms(self.rng.range(1, 300));
+                    return self.schedule(delay, Ev::ToWorker { slot, life, input });
+                }
+                10..=14 => {
+                    self.fault("planner_hang");
+                    return;
+                }
+                15..=19 => {
+                    self.fault("planner_panic");
+                    let input = Input::PlanReady {
+                        request,
+                        result: Err("the planner panicked: index out of bounds".into()),
+                    };
+                    let delay = ms(self.rng.range(1, 50));
+                    return self.schedule(delay, Ev::ToWorker { slot, life, input });
+                }
+                _ => {}
+            }
+        }
+        let plan = self.plan();
+        if plan.kind == PlanKind::Final
+            && let Some(h) = head
+        {
+            let n = self.final_listings.entry(h.term).or_default();
+            *n += 1;
+            if *n > 1 {
+                let msg = format!(
+                    "a Final plan was listed {n} times in term {} (one listing per Final plan per term)",
+                    h.term
+                );
+                self.checker.fail(self.now, "P4", msg);
+            }
+        }
+        let delay = ms(self.rng.range(1, 40));
+        self.schedule(
+            delay,
+            Ev::ToWorker { slot, life, input: Input::PlanReady { request, result: Ok(plan) } },
+        );
+        if self.faults_on && self.rng.chance(0.25) {
+            // Leader death mid-plan.
+            let when = ms(self.rng.range(0, 60));
+            self.fault("leader_killed_mid_plan");
+            self.schedule(when, Ev::Crash { slot, life });
+        }
+    }
+
+    fn current_head(&mut self) -> Option<PlanHead> {
+        let now = self.now;
+        self.state.get(now, &keys::plan_head()).and_then(|e| records::decode::<PlanHead>(&e.value).ok())
     }
 
     fn plan(&self) -> Plan {
@@ -750,463 +716,14 @@ impl World {
         Plan { kind: if open { PlanKind::Open } else { PlanKind::Final }, splits }
     }
 
-    // ----- lanes -----
-
-    fn current_record(&mut self, id: &SplitId) -> Option<SplitRecord> {
-        self.state.get(self.now, &keys::split(id)).and_then(|e| records::decode::<SplitRecord>(&e.value).ok())
-    }
-
-    fn start_lane(
-        &mut self,
-        slot: usize,
-        split: SplitId,
-        epoch: Epoch,
-        descriptor: Bytes,
-        progress: Option<Bytes>,
-    ) {
-        let total = u64::from_le_bytes(descriptor[..8].try_into().expect("sim descriptor"));
-        let others: Vec<Epoch> = self
-            .slots
-            .iter()
-            .filter(|s| matches!(s.status, Status::Running | Status::Paused))
-            .filter_map(|s| s.lanes.get(&split).map(|l| l.epoch))
-            .collect();
-        let current = self.current_record(&split);
-        self.checker.on_lane_start(self.now, &split, epoch, &others, current.as_ref());
-        let next = progress_of(&progress);
-        self.slots[slot].lanes.insert(
-            split.clone(),
-            Lane { epoch, next, total, since_commit: 0, committing: false, draining: false },
-        );
-        let life = self.slots[slot].life;
-        let step = ms(self.opts.step_ms);
-        self.schedule(step, Ev::LaneStep { slot, life, split, epoch });
-    }
-
-    fn lane_step(&mut self, slot: usize, split: SplitId, epoch: Epoch) {
-        let Some(lane) = self.slots[slot].lanes.get(&split) else { return };
-        if lane.epoch != epoch || lane.committing || lane.draining {
-            return;
-        }
-        let (next, total) = (lane.next, lane.total);
-        if next >= total {
-            self.slots[slot].lanes.get_mut(&split).expect("lane").committing = true;
-            return self.deliver(
-                slot,
-                Input::Finish { split, epoch, progress: Bytes::copy_from_slice(&total.to_le_bytes()) },
-            );
-        }
-        let spec = &self.splits[self.split_index[&split]];
-        match spec.poison {
-            Poison::Crash(at) if at == next => {
-                self.fault("poison_crash");
-                // A crash is a fault: steals that rebalance after it are not oscillation (I7).
-                if self.opts.scenario == Scenario::Random {
-                    self.report.steals_after_faults = 0;
-                }
-                return self.crash(slot, true);
-            }
-            Poison::Unprocessable(at) if at == next => {
-                self.slots[slot].lanes.remove(&split);
-                self.checker.failed.insert((split.clone(), epoch));
-                let error = format!("record {next} of {split} cannot be parsed");
-                return self.deliver(slot, Input::Fail { split, epoch, error, unprocessable: true });
-            }
-            _ => {}
-        }
-        let owner = self.slots[slot].owner.clone();
-        let current = self.current_record(&split);
-        self.checker.on_emit(self.now, &split, next, epoch, &owner, current.as_ref());
-        self.report.records_emitted += 1;
-        let lane = self.slots[slot].lanes.get_mut(&split).expect("lane");
-        lane.next += 1;
-        lane.since_commit += 1;
-        if lane.next >= lane.total {
-            lane.committing = true;
-            let total = lane.total;
-            return self.deliver(
-                slot,
-                Input::Finish { split, epoch, progress: Bytes::copy_from_slice(&total.to_le_bytes()) },
-            );
-        }
-        if lane.since_commit >= self.opts.commit_every {
-            lane.committing = true;
-            let p = lane.next;
-            return self.deliver(
-                slot,
-                Input::Commit { split, epoch, progress: Bytes::copy_from_slice(&p.to_le_bytes()) },
-            );
-        }
-        let life = self.slots[slot].life;
-        self.schedule(ms(self.opts.step_ms), Ev::LaneStep { slot, life, split, epoch });
-    }
-
-    fn stop_lane(&mut self, slot: usize, split: SplitId, epoch: Epoch, reason: StopReason) {
-        let Some(lane) = self.slots[slot].lanes.get_mut(&split) else { return };
-        if lane.epoch != epoch {
-            return;
-        }
-        match reason {
-            StopReason::Draining => {
-                if lane.draining {
-                    return;
-                }
-                lane.draining = true;
-                if lane.committing {
-                    return; // acknowledged when the commit resolves
-                }
-                if lane.since_commit > 0 {
-                    lane.committing = true;
-                    let p = lane.next;
-                    self.deliver(
-                        slot,
-                        Input::Commit { split, epoch, progress: Bytes::copy_from_slice(&p.to_le_bytes()) },
-                    );
-                } else {
-                    self.slots[slot].lanes.remove(&split);
-                    self.deliver(slot, Input::LaneStopped { split, epoch });
-                }
-            }
-            StopReason::Fenced | StopReason::Starved => {
-                self.slots[slot].lanes.remove(&split);
-            }
-        }
-    }
-
-    fn commit_done(&mut self, slot: usize, split: SplitId, epoch: Epoch, outcome: CommitOutcome) {
-        let life = self.slots[slot].life;
-        let Some(lane) = self.slots[slot].lanes.get_mut(&split) else { return };
-        if lane.epoch != epoch {
-            return;
-        }
-        lane.committing = false;
-        match outcome {
-            CommitOutcome::Ok => {
-                lane.since_commit = 0;
-                if lane.next >= lane.total && !lane.draining {
-                    self.slots[slot].lanes.remove(&split);
-                } else if lane.draining {
-                    self.slots[slot].lanes.remove(&split);
-                    self.deliver(slot, Input::LaneStopped { split, epoch });
-                } else {
-                    self.schedule(ms(self.opts.step_ms), Ev::LaneStep { slot, life, split, epoch });
-                }
-            }
-            CommitOutcome::Lost => {
-                self.slots[slot].lanes.remove(&split);
-            }
-            CommitOutcome::Retryable => {
-                if lane.draining {
-                    self.slots[slot].lanes.remove(&split);
-                    self.deliver(slot, Input::LaneStopped { split, epoch });
-                } else {
-                    self.schedule(ms(self.opts.step_ms.max(50)), Ev::LaneStep { slot, life, split, epoch });
-                }
-            }
-        }
-    }
-
-    // ----- the store -----
-
-    fn kv(&mut self, bucket: Bucket) -> &mut MemoryKv {
-        match bucket {
-            Bucket::State => &mut self.state,
-            Bucket::Lease => &mut self.lease,
-        }
-    }
-
-    fn respond(&mut self, slot: usize, life: u32, op: OpId, result: StoreResult, after: Duration) {
-        self.schedule(after, Ev::ToWorker { slot, life, input: Input::StoreResult { op, result } });
-    }
-
-    fn op_timeout(&self) -> Duration {
-        ms(500)
-    }
-
-    fn store_op(
-        &mut self,
-        slot: usize,
-        life: u32,
-        op: OpId,
-        bucket: Bucket,
-        request: StoreRequest,
-        fate: Fate,
-    ) {
-        if self.now < self.outage_until {
-            let indeterminate = self.rng.chance(0.5);
-            let (result, after) = if indeterminate {
-                (Err(StoreError::Indeterminate("request timed out".into())), self.op_timeout())
-            } else {
-                (Err(StoreError::Unavailable("connection refused".into())), us(self.rng.range(100, 1000)))
-            };
-            return self.respond(slot, life, op, result, after);
-        }
-        if fate == Fate::LostRequest {
-            let t = self.op_timeout();
-            return self.respond(
-                slot,
-                life,
-                op,
-                Err(StoreError::Indeterminate("request timed out".into())),
-                t,
-            );
-        }
-        let writer = self.slots[slot].owner.clone();
-        let result = self.apply(&writer, bucket, request);
-        self.distribute(Bucket::State);
-        self.distribute(Bucket::Lease);
-        if fate == Fate::LostResponse {
-            let t = self.op_timeout();
-            return self.respond(slot, life, op, Err(StoreError::Indeterminate("response lost".into())), t);
-        }
-        let lat = us(self.rng.range(100, 1500));
-        self.respond(slot, life, op, result, lat);
-    }
-
-    fn apply(&mut self, writer: &Owner, bucket: Bucket, request: StoreRequest) -> StoreResult {
-        let now = self.now;
-        let split_key = match &request {
-            StoreRequest::Create { key, .. }
-            | StoreRequest::CompareAndSwap { key, .. }
-            | StoreRequest::Delete { key, .. } => Some(key.clone()),
-            _ => None,
-        };
-        let old = split_key.as_ref().and_then(|k| self.kv(bucket).get(now, k));
-        // NATS trap: a renewal landing within ~10 ms of the old revision's expiry can be acked
-        // and then erased by that expiry.
-        let erase = bucket == Bucket::Lease
-            && self.faults_on
-            && matches!(request, StoreRequest::CompareAndSwap { .. })
-            && split_key
-                .as_ref()
-                .and_then(|k| self.lease.expires_at(k))
-                .is_some_and(|t| t.saturating_since(now) <= ms(10))
-            && self.rng.chance(0.5);
-        let result = self.kv(bucket).execute(now, request);
-        if let (Ok(StoreReply::Written(_)), Some(key)) = (&result, &split_key) {
-            if bucket == Bucket::State {
-                let new = self.state.get(now, key).expect("just written");
-                if let Some(id) = keys::parse_split(key) {
-                    let old = old.as_ref().and_then(|e| records::decode::<SplitRecord>(&e.value).ok());
-                    let new = records::decode::<SplitRecord>(&new.value)
-                        .expect("protocol writes decodable records");
-                    self.checker.on_split_write(now, writer, &id, old.as_ref(), &new);
-                } else if *key == keys::plan_head() {
-                    let old = old.as_ref().and_then(|e| records::decode::<PlanHead>(&e.value).ok());
-                    let new = records::decode::<PlanHead>(&new.value).expect("decodable head");
-                    self.checker.on_head_write(now, writer, old.as_ref(), &new, &mut self.state);
-                }
-            } else if erase {
-                self.fault("renewal_erased_by_expiry");
-                self.lease.erase_as_expired(key);
-            }
-        }
-        result
-    }
-
-    fn distribute(&mut self, bucket: Bucket) {
-        let events = self.kv(bucket).take_events();
-        for ev in events {
-            if bucket == Bucket::Lease {
-                self.checker.on_lease_event(&ev);
-            }
-            let Some(key) = ev.key().cloned() else { continue };
-            for i in 0..self.subs.len() {
-                let sub = &self.subs[i];
-                if sub.watch.bucket() != bucket || !sub.watch.prefix().matches(&key) {
-                    continue;
-                }
-                let mut delay = us(self.rng.range(200, 3000));
-                if self.faults_on && self.rng.chance(0.01) {
-                    delay += ms(self.rng.range(50, 500));
-                }
-                let at = (self.now + delay).max(Timestamp(self.subs[i].last_at.0 + 1));
-                self.subs[i].last_at = at;
-                let (slot, life, watch) = (self.subs[i].slot, self.subs[i].life, self.subs[i].watch);
-                self.schedule_at(
-                    at,
-                    Ev::ToWorker { slot, life, input: Input::Watch { watch, event: ev.clone() } },
-                );
-            }
-        }
-    }
-
-    fn open_watch(&mut self, slot: usize, life: u32, watch: WatchId) {
-        if self.slots[slot].life != life {
-            return;
-        }
-        self.subs.retain(|s| !(s.slot == slot && s.watch == watch));
-        if self.now < self.outage_until {
-            return self.schedule(ms(300), Ev::ToWorker { slot, life, input: Input::WatchFailed { watch } });
-        }
-        let now = self.now;
-        let entries = self.kv(watch.bucket()).list(now, &watch.prefix());
-        let mut at = self.now;
-        for e in entries {
-            at = at + us(self.rng.range(1, 50));
-            self.schedule_at(
-                at,
-                Ev::ToWorker { slot, life, input: Input::Watch { watch, event: WatchEvent::Put(e) } },
-            );
-        }
-        at = at + us(1);
-        self.schedule_at(
-            at,
-            Ev::ToWorker { slot, life, input: Input::Watch { watch, event: WatchEvent::SnapshotComplete } },
-        );
-        self.subs.push(Sub { slot, life, watch, last_at: at });
-    }
-
-    // ----- faults -----
-
-    fn live_slots(&self) -> Vec<usize> {
-        (0..self.slots.len())
-            .filter(|&i| self.slots[i].status == Status::Running && !self.slots[i].draining)
-            .collect()
-    }
-
-    fn crash(&mut self, slot: usize, restart: bool) {
-        let s = &mut self.slots[slot];
-        if !matches!(s.status, Status::Running | Status::Paused) {
-            return;
-        }
-        self.checker.crashed.insert(s.owner.clone());
-        s.core = None;
-        s.lanes.clear();
-        s.inbox.clear();
-        s.tick_at = None;
-        s.status = Status::Crashed { restart };
-        s.life += 1;
-        self.subs.retain(|x| x.slot != slot);
-        if restart {
-            let delay = ms(self.rng.range(200, self.opts.lease_secs * 2000));
-            self.schedule(delay, Ev::Restart { slot });
-        }
-    }
-
-    fn inject_fault(&mut self) {
-        let live = self.live_slots();
-        let roll = self.rng.range(0, 99);
-        let lease = self.opts.lease_secs * 1000;
-        match roll {
-            0..=19 if !live.is_empty() => {
-                let slot = live[self.rng.range(0, live.len() as u64 - 1) as usize];
-                let r = self.rng.range(0, 9);
-                if r < 7 {
-                    self.fault("crash_restart_same_id");
-                    self.crash(slot, true);
-                } else if r < 9 || live.len() == 1 {
-                    self.fault("crash_restart_new_id");
-                    let id = self.new_instance_id();
-                    self.slots[slot].restart_as = Some(id);
-                    self.crash(slot, true);
-                } else {
-                    self.fault("crash_for_good");
-                    self.crash(slot, false);
-                }
-            }
-            20..=34 if !live.is_empty() => {
-                let slot = live[self.rng.range(0, live.len() as u64 - 1) as usize];
-                let (kind, dur) = if self.rng.chance(0.6) {
-                    ("pause_longer_than_lease", ms(self.rng.range(lease * 12 / 10, lease * 3)))
-                } else {
-                    ("pause_short", ms(self.rng.range(50, lease / 2)))
-                };
-                self.fault(kind);
-                self.slots[slot].status = Status::Paused;
-                self.schedule(dur, Ev::Resume { slot });
-            }
-            35..=44 if self.now >= self.outage_until => {
-                let (kind, dur) = if self.rng.chance(0.5) {
-                    ("store_outage_short", ms(self.rng.range(100, lease / 2)))
-                } else {
-                    ("store_outage_long", ms(self.rng.range(lease * 12 / 10, lease * 5 / 2)))
-                };
-                self.fault(kind);
-                self.outage_until = self.now + dur;
-                // Every watch breaks with the connection.
-                let subs = std::mem::take(&mut self.subs);
-                for s in subs {
-                    let d = ms(self.rng.range(1, 100));
-                    self.schedule(
-                        d,
-                        Ev::ToWorker {
-                            slot: s.slot,
-                            life: s.life,
-                            input: Input::WatchFailed { watch: s.watch },
-                        },
-                    );
-                }
-            }
-            45..=59 if !self.subs.is_empty() => {
-                self.fault("watch_dropped");
-                let i = self.rng.range(0, self.subs.len() as u64 - 1) as usize;
-                let s = self.subs.remove(i);
-                let d = ms(self.rng.range(1, 50));
-                self.schedule(
-                    d,
-                    Ev::ToWorker { slot: s.slot, life: s.life, input: Input::WatchFailed { watch: s.watch } },
-                );
-            }
-            60..=72
-                if self.slots.iter().filter(|s| s.status != Status::Finished).count()
-                    < self.opts.max_workers =>
-            {
-                self.fault("scale_up");
-                let id = self.new_instance_id();
-                self.add_worker(id);
-            }
-            73..=82 if live.len() > 1 => {
-                self.fault("scale_down_drain");
-                let slot = live[self.rng.range(0, live.len() as u64 - 1) as usize];
-                self.slots[slot].draining = true;
-                self.deliver(slot, Input::Drain);
-            }
-            83..=92 => {
-                let leader = live
-                    .iter()
-                    .copied()
-                    .find(|&i| self.slots[i].core.as_ref().is_some_and(|c| c.is_leader()));
-                if let Some(slot) = leader {
-                    self.fault("leader_killed");
-                    self.crash(slot, true);
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn resume(&mut self, slot: usize) {
-        if self.slots[slot].status != Status::Paused {
-            return;
-        }
-        self.slots[slot].status = Status::Running;
-        let inbox = std::mem::take(&mut self.slots[slot].inbox);
-        for ev in inbox {
-            if self.slots[slot].status != Status::Running {
-                break;
-            }
-            match ev {
-                Ev::Tick { slot, life } => {
-                    if self.slots[slot].life == life {
-                        self.slots[slot].tick_at = None;
-                        self.deliver(slot, Input::Tick);
-                    }
-                }
-                other => self.dispatch(other),
-            }
-        }
-        // Make sure the worker gets a tick for whatever is overdue.
-        let life = self.slots[slot].life;
-        self.slots[slot].tick_at = Some(self.now);
-        self.schedule(Duration::ZERO, Ev::Tick { slot, life });
-    }
+    // ----- phases and probes -----
 
     fn end_safety(&mut self) {
         self.safety_over = true;
         self.faults_on = false;
         self.outage_until = self.now;
         for slot in 0..self.slots.len() {
+            self.slots[slot].link.heal(self.now);
             if self.slots[slot].status == Status::Paused {
                 self.resume(slot);
             }
@@ -1217,6 +734,47 @@ impl World {
         if !alive {
             let id = self.new_instance_id();
             self.add_worker(id);
+        }
+        if self.opts.scenario == Scenario::Random {
+            let hb = Duration::from_secs(self.opts.lease_secs) / 3;
+            self.schedule(hb, Ev::BalanceProbe);
+        }
+    }
+
+    /// I7 in random runs: once faults stop, an imbalance of two or more between live workers
+    /// with spare capacity must shrink within a few heartbeats (steals converge, P9).
+    fn balance_probe(&mut self) {
+        let hb = Duration::from_secs(self.opts.lease_secs) / 3;
+        let mut counts = Vec::new();
+        for s in &self.slots {
+            if s.status != Status::Running || s.draining {
+                continue;
+            }
+            if let Some(c) = &s.core
+                && !c.is_stopped()
+            {
+                counts.push((c.held().count() as u32, s.max_in_flight));
+            }
+        }
+        let spare: Vec<u32> = counts.iter().filter(|(h, cap)| h < cap).map(|(h, _)| *h).collect();
+        let max = counts.iter().map(|(h, _)| *h).max().unwrap_or(0);
+        let min = spare.iter().copied().min().unwrap_or(max);
+        let gap = max.saturating_sub(min);
+        if gap >= 2 {
+            let (n, last) = self.imbalance;
+            self.imbalance = if gap >= last { (n + 1, gap) } else { (1, gap) };
+            *self.checker.checks.entry("I7").or_default() += 1;
+            if self.imbalance.0 >= 12 {
+                let msg = format!(
+                    "owned counts {counts:?} kept a gap of {gap} for 12 heartbeats after the faults stopped"
+                );
+                self.checker.fail(self.now, "I7", msg);
+            }
+        } else {
+            self.imbalance = (0, 0);
+        }
+        if !self.all_done() {
+            self.schedule(hb, Ev::BalanceProbe);
         }
     }
 
@@ -1284,14 +842,11 @@ impl World {
             && self.report.steals_after_faults > self.splits.len() as u64
         {
             let n = self.report.steals_after_faults;
-            self.checker.fail(
-                self.now,
-                "I7",
-                format!(
-                    "{n} steals after the faults stopped, for {} splits: ownership oscillates",
-                    self.splits.len()
-                ),
+            let msg = format!(
+                "{n} steals after the faults stopped, for {} splits: ownership oscillates",
+                self.splits.len()
             );
+            self.checker.fail(self.now, "I7", msg);
         }
         if self.checker.violation.is_none()
             && self.report.outcome == "none"
@@ -1308,7 +863,6 @@ impl World {
         self.report.checks = std::mem::take(&mut self.checker.checks);
         self.report.virtual_time = self.now.since_origin();
         self.report.trace_hash = self.hash;
-        let _ = self.seed;
         self.report
     }
 }

@@ -220,42 +220,35 @@ impl Worker {
     }
 
     /// The record a claim writes: owned by us at the next epoch, or (P12) quarantined when the
-    /// attempt it charges reaches `max_attempts`.
+    /// attempt it charges reaches `max_attempts`. The previous tenancy is charged an attempt if
+    /// it ended without a release (expired, reclaimed) and committed no progress.
     fn claim_record(&self, h: &Held) -> SplitRecord {
         let base = &h.base;
-        let attempts = base.attempts + u32::from(h.consumes_attempt);
+        let charged = h.consumes_attempt && !base.progressed;
+        let attempts = base.attempts + u32::from(charged);
         let last_end = match h.reason {
             AcquisitionReason::Expired if h.consumes_attempt => Some(EndReason::Expired),
             AcquisitionReason::Reclaimed => Some(EndReason::Reclaimed),
             AcquisitionReason::Stolen => Some(EndReason::Stolen),
             _ => base.last_end,
         };
-        let last_error = if h.consumes_attempt {
+        let last_error = if charged {
             let who = base.owner.as_ref().map_or_else(|| "unknown owner".to_owned(), |o| o.to_string());
             Some(format!("tenancy of {who} ended without a release ({})", h.reason.label()))
         } else {
             base.last_error.clone()
         };
-        if attempts >= self.cfg.tuning.max_attempts && h.consumes_attempt {
-            // P12: quarantine instead of claiming.
-            return SplitRecord {
-                epoch: h.epoch,
-                owner: None,
-                state: SplitState::Quarantined,
-                progress: base.progress.clone(),
-                attempts,
-                last_end,
-                last_error,
-            };
-        }
+        let quarantine = charged && attempts >= self.cfg.tuning.max_attempts;
         SplitRecord {
             epoch: h.epoch,
-            owner: Some(self.me.clone()),
-            state: SplitState::Owned,
+            // P12: quarantine instead of claiming.
+            owner: (!quarantine).then(|| self.me.clone()),
+            state: if quarantine { SplitState::Quarantined } else { SplitState::Owned },
             progress: base.progress.clone(),
             attempts,
             last_end,
             last_error,
+            progressed: false,
         }
     }
 

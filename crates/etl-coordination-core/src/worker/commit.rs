@@ -14,10 +14,15 @@ use super::outbox::{Pending, Read, Written};
 use super::tenancy::{CommitInFlight, Stage};
 
 /// The record a commit writes: `current` with the new progress; a terminal commit marks it
-/// Done and clears the owner at the same epoch (P8).
-fn committed(current: &SplitRecord, progress: &Bytes, terminal: bool) -> SplitRecord {
+/// Done and clears the owner at the same epoch (P8). Progress beyond `base` (where the tenancy
+/// started) resets the attempt count (P12): a tenancy that advances is no evidence of poison.
+fn committed(current: &SplitRecord, base: &Option<Bytes>, progress: &Bytes, terminal: bool) -> SplitRecord {
     let mut record = current.clone();
     record.progress = Some(progress.clone());
+    if base.as_ref() != Some(progress) {
+        record.progressed = true;
+        record.attempts = 0;
+    }
     if terminal {
         record.state = SplitState::Done;
         record.owner = None;
@@ -43,7 +48,7 @@ impl Worker {
         if !matches!(h.stage, Stage::Running | Stage::Stopping { .. }) || h.commit.is_some() {
             return reply(self, CommitOutcome::Retryable);
         }
-        let record = committed(&h.record, &progress, terminal);
+        let record = committed(&h.record, &h.base.progress, &progress, terminal);
         let request = StoreRequest::CompareAndSwap {
             key: keys::split(&id),
             expected: h.record_rev,
@@ -89,7 +94,7 @@ impl Worker {
         };
         let Ok(rec) = records::decode::<SplitRecord>(&entry.value) else { return self.commit_lost(&id) };
         let h = &self.held[&id];
-        if rec == committed(&h.record, &c.progress, c.terminal) {
+        if rec == committed(&h.record, &h.base.progress, &c.progress, c.terminal) {
             // Our write landed.
             return self.commit_applied(&id, entry.revision);
         }
@@ -107,7 +112,7 @@ impl Worker {
     fn commit_applied(&mut self, id: &SplitId, rev: Revision) {
         let h = self.held.get_mut(id).expect("held");
         let c = h.commit.clone().expect("commit in flight");
-        let record = committed(&h.record, &c.progress, c.terminal);
+        let record = committed(&h.record, &h.base.progress, &c.progress, c.terminal);
         h.record = record.clone();
         h.record_rev = rev;
         self.view.put_record(id, rev, record);

@@ -157,7 +157,8 @@ fn end_record(cfg: &Config, current: &SplitRecord, end: &End) -> SplitRecord {
             record.last_end = Some(EndReason::Released);
         }
         End::Fail { error, unprocessable } => {
-            record.attempts += 1;
+            // P12: a failing tenancy counts only if it committed no progress.
+            record.attempts += u32::from(!current.progressed);
             record.last_error = Some(error.clone());
             record.last_end = Some(if *unprocessable { EndReason::Unprocessable } else { EndReason::Failed });
             record.state = if record.attempts >= cfg.tuning.max_attempts {

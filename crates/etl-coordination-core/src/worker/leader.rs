@@ -31,6 +31,8 @@ pub(super) struct Leading {
     pub(super) last_version: u64,
     /// Which leadership stint of this worker this is (results of older stints are ignored).
     pub(super) stint: u64,
+    /// Consecutive planner failures (backoff).
+    pub(super) plan_failures: u32,
 }
 
 impl Worker {
@@ -136,6 +138,7 @@ impl Worker {
             gc_for: None,
             last_version: 0,
             stint: self.next_plan_request,
+            plan_failures: 0,
         }));
         self.next_plan_request += 1;
         self.bump_term(self.view.plan_head.clone());

@@ -27,8 +27,8 @@ pub(super) enum PlanStage {
     WaitManifest,
     /// Nothing to do until `replan_at` (Open) or ever (Final).
     Idle,
-    /// The planner was asked (request id); its answer is awaited.
-    Requested(u64),
+    /// The planner was asked (request id); its answer is awaited until `deadline`.
+    Requested { request: u64, deadline: Timestamp },
     /// The round's records and manifest are being written.
     Writing(Box<RoundWrites>),
     /// The publishing head CAS is in flight.
@@ -77,7 +77,7 @@ impl Worker {
                 }
                 let request = self.next_plan_request;
                 self.next_plan_request += 1;
-                l.stage = PlanStage::Requested(request);
+                l.stage = PlanStage::Requested { request, deadline: now + self.cfg.tuning.plan_timeout };
                 self.out.push(Action::Plan { request });
             }
             PlanStage::Writing(_) => self.pump_plan_writes(now),
@@ -114,6 +114,29 @@ impl Worker {
         }
     }
 
+    /// The planner failed (an error, a panic the embedding layer caught, or no answer within
+    /// `plan_timeout`): record it and call the planner again after a backoff that doubles with
+    /// each consecutive failure (a heartbeat interval, up to 32 of them).
+    fn plan_failed(&mut self, now: Timestamp, error: String) {
+        let hb = self.cfg.tuning.heartbeat_interval();
+        let Some(l) = self.leader.as_mut() else { return };
+        let backoff = hb * 2u32.pow(l.plan_failures.min(5));
+        l.plan_failures += 1;
+        l.stage = PlanStage::RetryAt(now + backoff);
+        self.event(Event::PlanFailed { error });
+    }
+
+    /// P4: the planner did not answer in time; its late answer will be ignored.
+    pub(super) fn plan_timed_out(&mut self, now: Timestamp) {
+        let timeout = self.cfg.tuning.plan_timeout;
+        if let Some(l) = &self.leader
+            && let PlanStage::Requested { deadline, .. } = l.stage
+            && now >= deadline
+        {
+            self.plan_failed(now, format!("the planner did not answer within {timeout:?}"));
+        }
+    }
+
     /// P4: an Open plan is due for re-planning.
     pub(super) fn replan_due(&mut self, now: Timestamp) {
         let Some(l) = &mut self.leader else { return };
@@ -146,16 +169,15 @@ impl Worker {
     /// current one and the new enumeration), or retry after a planner error.
     pub(super) fn on_plan_ready(&mut self, now: Timestamp, request: u64, result: Result<Plan, String>) {
         let Some(l) = self.leader.as_mut() else { return };
-        if !matches!(l.stage, PlanStage::Requested(r) if r == request) {
+        if !matches!(l.stage, PlanStage::Requested { request: r, .. } if r == request) {
             return;
         }
         let plan = match result.and_then(|p| validate_plan(&p).map(|()| p)) {
             Ok(p) => p,
-            Err(error) => {
-                l.stage = PlanStage::RetryAt(now + self.cfg.tuning.heartbeat_interval());
-                return self.event(Event::PlanFailed { error });
-            }
+            Err(error) => return self.plan_failed(now, error),
         };
+        self.leader.as_mut().expect("leader").plan_failures = 0;
+        let Some(l) = self.leader.as_mut() else { return };
         let Some((_, head)) = l.head.clone() else { return };
         // The published manifest is the union of the current one and the new enumeration.
         let mut entries: BTreeMap<SplitId, u64> = BTreeMap::new();

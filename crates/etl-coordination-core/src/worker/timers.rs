@@ -35,6 +35,8 @@ pub(super) enum Timer {
     Replan,
     /// P4: a failed planning step is retried.
     PlanRetry,
+    /// P4: the planner did not answer within `plan_timeout`.
+    PlanTimeout,
 }
 
 impl Worker {
@@ -70,8 +72,10 @@ impl Worker {
             if let Some(at) = l.replan_at {
                 f(Timer::Replan, at);
             }
-            if let PlanStage::RetryAt(at) = l.stage {
-                f(Timer::PlanRetry, at);
+            match l.stage {
+                PlanStage::RetryAt(at) => f(Timer::PlanRetry, at),
+                PlanStage::Requested { deadline, .. } => f(Timer::PlanTimeout, deadline),
+                _ => {}
             }
         }
         if let Some(l) = &self.leaving {
@@ -112,6 +116,7 @@ impl Worker {
             Timer::DrainDeadline => self.drain_deadline_passed(now),
             Timer::Replan => self.replan_due(now),
             Timer::PlanRetry => self.plan_retry_due(now),
+            Timer::PlanTimeout => self.plan_timed_out(now),
         }
     }
 }

@@ -1,0 +1,201 @@
+//! Lanes as a source runs them: each split is a range of records; a lane emits them one per
+//! step, commits progress every `commit_every` records (the number of records done), and
+//! finishes. Poison splits crash the owner or are reported unprocessable. With `slow_stop`, a
+//! lane told to stop (fenced, starved) finishes the record in hand and commits late.
+
+use bytes::Bytes;
+use etl_coordination_core::records::{self, SplitRecord, keys};
+use etl_coordination_core::{CommitOutcome, Epoch, Input, SplitId, StopReason};
+
+use crate::check::progress_of;
+use crate::options::Scenario;
+use crate::world::{Ev, Poison, Status, World, ms};
+
+pub(crate) struct Lane {
+    pub epoch: Epoch,
+    pub next: u64,
+    pub total: u64,
+    pub since_commit: u64,
+    pub committing: bool,
+    pub draining: bool,
+    /// Told to stop (fenced or starved) but still finishing the record in hand.
+    pub stopping: bool,
+}
+
+fn le(n: u64) -> Bytes {
+    Bytes::copy_from_slice(&n.to_le_bytes())
+}
+
+impl World {
+    /// The lane ended on its side (finished, failed, acknowledged a stop, told it lost the
+    /// split): the core no longer runs it.
+    fn lane_ended(&mut self, slot: usize, split: &SplitId, epoch: Epoch) {
+        if self.slots[slot].core_lanes.get(split) == Some(&epoch) {
+            self.slots[slot].core_lanes.remove(split);
+        }
+    }
+
+    pub(crate) fn current_record(&mut self, id: &SplitId) -> Option<SplitRecord> {
+        let now = self.now;
+        self.state.get(now, &keys::split(id)).and_then(|e| records::decode::<SplitRecord>(&e.value).ok())
+    }
+
+    pub(crate) fn start_lane(
+        &mut self,
+        slot: usize,
+        split: SplitId,
+        epoch: Epoch,
+        descriptor: Bytes,
+        progress: Option<Bytes>,
+    ) {
+        let total = u64::from_le_bytes(descriptor[..8].try_into().expect("sim descriptor"));
+        let others: Vec<Epoch> = self
+            .slots
+            .iter()
+            .filter(|s| matches!(s.status, Status::Running | Status::Paused))
+            .flat_map(|s| {
+                s.lanes.iter().filter(|((id, _), l)| *id == split && !l.stopping).map(|(_, l)| l.epoch)
+            })
+            .collect();
+        let current = self.current_record(&split);
+        self.checker.on_lane_start(self.now, &split, epoch, &others, current.as_ref());
+        let next = progress_of(&progress);
+        let lane =
+            Lane { epoch, next, total, since_commit: 0, committing: false, draining: false, stopping: false };
+        self.slots[slot].lanes.insert((split.clone(), epoch), lane);
+        let life = self.slots[slot].life;
+        let step = ms(self.opts.step_ms);
+        self.schedule(step, Ev::LaneStep { slot, life, split, epoch });
+    }
+
+    pub(crate) fn lane_step(&mut self, slot: usize, split: SplitId, epoch: Epoch) {
+        let Some(lane) = self.slots[slot].lanes.get(&(split.clone(), epoch)) else { return };
+        if lane.committing || lane.draining {
+            return;
+        }
+        let (next, total, stopping) = (lane.next, lane.total, lane.stopping);
+        if next >= total {
+            self.slots[slot].lanes.get_mut(&(split.clone(), epoch)).expect("lane").committing = true;
+            return self.deliver(slot, Input::Finish { split, epoch, progress: le(total) });
+        }
+        let spec = &self.splits[self.split_index[&split]];
+        match spec.poison {
+            Poison::Crash(at) if at == next => {
+                self.fault("poison_crash");
+                // A crash is a fault: steals that rebalance after it are not oscillation (I7).
+                if self.opts.scenario == Scenario::Random {
+                    self.report.steals_after_faults = 0;
+                }
+                return self.crash(slot, true);
+            }
+            Poison::Unprocessable(at) if at == next && !stopping => {
+                self.slots[slot].lanes.remove(&(split.clone(), epoch));
+                self.checker.failed.insert((split.clone(), epoch));
+                self.lane_ended(slot, &split, epoch);
+                let error = format!("record {next} of {split} cannot be parsed");
+                return self.deliver(slot, Input::Fail { split, epoch, error, unprocessable: true });
+            }
+            _ => {}
+        }
+        let owner = self.slots[slot].owner.clone();
+        let current = self.current_record(&split);
+        self.checker.on_emit(self.now, &split, next, epoch, &owner, current.as_ref());
+        self.report.records_emitted += 1;
+        let lane = self.slots[slot].lanes.get_mut(&(split.clone(), epoch)).expect("lane");
+        lane.next += 1;
+        lane.since_commit += 1;
+        if stopping {
+            // The record in hand is out; the lane tries to commit it, late (it will be told Lost).
+            lane.committing = true;
+            let p = lane.next;
+            return self.deliver(slot, Input::Commit { split, epoch, progress: le(p) });
+        }
+        if lane.next >= lane.total {
+            lane.committing = true;
+            let total = lane.total;
+            return self.deliver(slot, Input::Finish { split, epoch, progress: le(total) });
+        }
+        if lane.since_commit >= self.opts.commit_every {
+            lane.committing = true;
+            let p = lane.next;
+            return self.deliver(slot, Input::Commit { split, epoch, progress: le(p) });
+        }
+        let life = self.slots[slot].life;
+        self.schedule(ms(self.opts.step_ms), Ev::LaneStep { slot, life, split, epoch });
+    }
+
+    pub(crate) fn stop_lane(&mut self, slot: usize, split: SplitId, epoch: Epoch, reason: StopReason) {
+        let slow = self.faults_on && self.opts.slow_stop && self.rng.chance(0.5);
+        let life = self.slots[slot].life;
+        let step = ms(self.opts.step_ms.min(30));
+        let Some(lane) = self.slots[slot].lanes.get_mut(&(split.clone(), epoch)) else { return };
+        match reason {
+            StopReason::Draining => {
+                if lane.draining {
+                    return;
+                }
+                lane.draining = true;
+                if lane.committing {
+                    return; // acknowledged when the commit resolves
+                }
+                if lane.since_commit > 0 {
+                    lane.committing = true;
+                    let p = lane.next;
+                    self.deliver(slot, Input::Commit { split, epoch, progress: le(p) });
+                } else {
+                    self.slots[slot].lanes.remove(&(split.clone(), epoch));
+                    self.lane_ended(slot, &split, epoch);
+                    self.deliver(slot, Input::LaneStopped { split, epoch });
+                }
+            }
+            StopReason::Fenced | StopReason::Starved => {
+                if slow && !lane.committing && !lane.draining && lane.next < lane.total {
+                    // Slow to stop: the record in hand is finished and committed late.
+                    lane.stopping = true;
+                    self.fault("lane_slow_to_stop");
+                    self.schedule(step, Ev::LaneStep { slot, life, split, epoch });
+                } else {
+                    self.slots[slot].lanes.remove(&(split.clone(), epoch));
+                }
+            }
+        }
+    }
+
+    pub(crate) fn commit_done(&mut self, slot: usize, split: SplitId, epoch: Epoch, outcome: CommitOutcome) {
+        let life = self.slots[slot].life;
+        let Some(lane) = self.slots[slot].lanes.get_mut(&(split.clone(), epoch)) else { return };
+        lane.committing = false;
+        if lane.stopping {
+            self.slots[slot].lanes.remove(&(split.clone(), epoch));
+            return;
+        }
+        match outcome {
+            CommitOutcome::Ok => {
+                lane.since_commit = 0;
+                if lane.next >= lane.total && !lane.draining {
+                    self.slots[slot].lanes.remove(&(split.clone(), epoch));
+                    self.lane_ended(slot, &split, epoch);
+                } else if lane.draining {
+                    self.slots[slot].lanes.remove(&(split.clone(), epoch));
+                    self.lane_ended(slot, &split, epoch);
+                    self.deliver(slot, Input::LaneStopped { split, epoch });
+                } else {
+                    self.schedule(ms(self.opts.step_ms), Ev::LaneStep { slot, life, split, epoch });
+                }
+            }
+            CommitOutcome::Lost => {
+                self.slots[slot].lanes.remove(&(split.clone(), epoch));
+                self.lane_ended(slot, &split, epoch);
+            }
+            CommitOutcome::Retryable => {
+                if lane.draining {
+                    self.slots[slot].lanes.remove(&(split.clone(), epoch));
+                    self.lane_ended(slot, &split, epoch);
+                    self.deliver(slot, Input::LaneStopped { split, epoch });
+                } else {
+                    self.schedule(ms(self.opts.step_ms.max(50)), Ev::LaneStep { slot, life, split, epoch });
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! The store as NATS behaves (NATS-NOTES), on the memory store's semantics:
+//!
+//! - each worker talks to the store over its own link: requests are applied in the order it
+//!   sent them; a stalled link holds them (and the answers and watch events) and delivers them
+//!   late; a cut link refuses them; a link can also fail only its writes, or one bucket;
+//! - an answer that does not come within the worker's op timeout becomes in doubt (write) or
+//!   unavailable (read), while the request may still land later;
+//! - reads (gets and listings) may be answered by a replica that lags (history lookups);
+//! - TTL expiry runs on a 250 ms timer and fires up to `expiry_late_max` late; until it fires
+//!   an overdue key is live and CAS-able; a renewal that lands just before the old revision's
+//!   expiry can be acknowledged and then erased by it;
+//! - watches deliver events in order with small delays and rare lag spikes.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use etl_coordination_core::records::{self, LeaseRecord, PlanHead, SplitRecord, keys};
+use etl_coordination_core::{
+    Bucket, Entry, Key, OpId, Owner, Prefix, Revision, StoreError, StoreReply, StoreRequest, StoreResult,
+    Timestamp, WatchEvent, WatchId,
+};
+use etl_coordination_memory::MemoryKv;
+
+use crate::world::{Answer, Ev, World, ms, us};
+
+/// Every version of every key, with the time it was applied, back to the longest replica lag.
+pub(crate) type History = BTreeMap<Key, VecDeque<(Timestamp, Option<Entry>)>>;
+
+/// One worker's connection to the store.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Link {
+    /// Stalled: requests, answers and watch events are held until then, then delivered in order.
+    pub hold_until: Timestamp,
+    /// When the last request of this link is applied (requests land in the order they were sent).
+    pub last_apply: Timestamp,
+    /// Cut: connections are refused or reset; nothing goes through.
+    pub cut_until: Timestamp,
+    /// Writes fail (nothing applied), reads succeed.
+    pub writes_fail_until: Timestamp,
+    /// One bucket is unreachable (state, lease).
+    pub bucket_down: [Timestamp; 2],
+}
+
+impl Link {
+    /// Ends every link fault (the liveness phase).
+    pub(crate) fn heal(&mut self, now: Timestamp) {
+        self.cut_until = now;
+        self.writes_fail_until = now;
+        self.bucket_down = [now, now];
+        self.hold_until = self.hold_until.min(now);
+    }
+
+    fn refuses(&self, now: Timestamp, bucket: Bucket, write: bool) -> bool {
+        now < self.cut_until || now < self.bucket_down[bi(bucket)] || (write && now < self.writes_fail_until)
+    }
+}
+
+/// A watch subscription of one worker.
+pub(crate) struct Sub {
+    pub slot: usize,
+    pub life: u32,
+    pub watch: WatchId,
+    pub last_at: Timestamp,
+}
+
+pub(crate) fn bi(b: Bucket) -> usize {
+    match b {
+        Bucket::State => 0,
+        Bucket::Lease => 1,
+    }
+}
+
+fn no_answer(write: bool, timeout: Duration) -> StoreResult {
+    let msg = format!("no answer within {timeout:?}");
+    if write { Err(StoreError::Indeterminate(msg)) } else { Err(StoreError::Unavailable(msg)) }
+}
+
+impl World {
+    pub(crate) fn kv(&mut self, bucket: Bucket) -> &mut MemoryKv {
+        match bucket {
+            Bucket::State => &mut self.state,
+            Bucket::Lease => &mut self.lease,
+        }
+    }
+
+    fn respond(&mut self, slot: usize, life: u32, op: OpId, result: StoreResult, after: Duration) {
+        self.schedule(
+            after,
+            Ev::ToWorker { slot, life, input: etl_coordination_core::Input::StoreResult { op, result } },
+        );
+    }
+
+    /// A worker sends a request: decide now whether it is refused, lost, late or normal.
+    pub(crate) fn send_request(&mut self, slot: usize, op: OpId, bucket: Bucket, request: StoreRequest) {
+        let now = self.now;
+        let life = self.slots[slot].life;
+        let writer = self.slots[slot].owner.clone();
+        let timeout = self.opts.op_timeout;
+        let write = request.is_write();
+        let link = self.slots[slot].link;
+        if now < self.outage_until || link.refuses(now, bucket, write) {
+            // Nothing is applied: refused at once, or the connection died mid-request.
+            let (result, after) = if self.rng.chance(0.5) {
+                (Err(StoreError::Unavailable("connection refused".into())), us(self.rng.range(100, 1000)))
+            } else {
+                (no_answer(write, timeout), timeout)
+            };
+            return self.respond(slot, life, op, result, after);
+        }
+        let roll = if self.faults_on { self.rng.range(0, 999) } else { 999 };
+        if roll < 10 {
+            // The request is lost on the way: never applied.
+            self.fault("request_lost");
+            return self.respond(slot, life, op, no_answer(write, timeout), timeout);
+        }
+        let mut lost_response = roll < 20;
+        if (20..30).contains(&roll) {
+            // The link stalls: this request and everything after it lands late, in order.
+            self.fault("link_stalled_briefly");
+            let hold = now
+                + ms(self.rng.range(timeout.as_millis() as u64 / 2, timeout.as_millis() as u64 * 3 + 500));
+            let l = &mut self.slots[slot].link;
+            l.hold_until = l.hold_until.max(hold);
+        }
+        let latency = us(self.rng.range(100, 1500));
+        let answer_after = us(self.rng.range(100, 1500));
+        let link = &mut self.slots[slot].link;
+        let apply_at = (now + latency).max(link.hold_until).max(link.last_apply + us(1));
+        link.last_apply = apply_at;
+        let answered_at = (apply_at + answer_after).max(self.slots[slot].link.hold_until);
+        if lost_response || answered_at > now + timeout {
+            if lost_response {
+                self.fault("response_lost");
+            }
+            lost_response = true;
+            self.respond(slot, life, op, no_answer(write, timeout), timeout);
+        }
+        let answer = if lost_response {
+            Answer::Dropped
+        } else {
+            Answer::After(answered_at.saturating_since(apply_at))
+        };
+        self.schedule_at(apply_at, Ev::StoreApply { slot, op, bucket, request, writer, answer });
+    }
+
+    /// A request reaches the store.
+    pub(crate) fn store_apply(
+        &mut self,
+        slot: usize,
+        op: OpId,
+        bucket: Bucket,
+        request: StoreRequest,
+        writer: Owner,
+        answer: Answer,
+    ) {
+        let write = request.is_write();
+        let life = self.slots[slot].life;
+        let link = self.slots[slot].link;
+        if self.now < self.outage_until || self.now < link.cut_until {
+            // The server went down, or the connection was reset, with the request in flight.
+            if let Answer::After(_) = answer {
+                let timeout = self.opts.op_timeout;
+                self.respond(slot, life, op, no_answer(write, timeout), timeout);
+            }
+            return;
+        }
+        let result =
+            if write { self.apply_write(&writer, bucket, request) } else { self.read(bucket, request) };
+        self.distribute(Bucket::State);
+        self.distribute(Bucket::Lease);
+        if let Answer::After(d) = answer {
+            self.respond(slot, life, op, result, d);
+        }
+    }
+
+    /// A read, possibly answered by a replica that lags behind (history as of an earlier time).
+    fn read(&mut self, bucket: Bucket, request: StoreRequest) -> StoreResult {
+        let now = self.now;
+        if !(self.faults_on && self.opts.stale_reads > 0.0 && self.rng.chance(self.opts.stale_reads)) {
+            return self.kv(bucket).execute(now, request);
+        }
+        let lag = ms(self.rng.range(0, self.opts.max_lag.as_millis() as u64));
+        let as_of = Timestamp(now.0.saturating_sub(lag.as_micros() as u64));
+        self.fault("stale_read");
+        let h = &self.history[bi(bucket)];
+        match request {
+            StoreRequest::Get { key } => Ok(StoreReply::Value(as_of_entry(h, &key, as_of))),
+            StoreRequest::List { prefix } => Ok(StoreReply::Entries(as_of_list(h, &prefix, as_of))),
+            other => unreachable!("not a read: {other:?}"),
+        }
+    }
+
+    fn apply_write(&mut self, writer: &Owner, bucket: Bucket, request: StoreRequest) -> StoreResult {
+        let now = self.now;
+        let key = match &request {
+            StoreRequest::Create { key, .. }
+            | StoreRequest::CompareAndSwap { key, .. }
+            | StoreRequest::Delete { key, .. } => key.clone(),
+            other => unreachable!("not a write: {other:?}"),
+        };
+        let old = self.kv(bucket).get(now, &key);
+        let old_deadline = self.kv(bucket).expires_at(&key);
+        let is_cas = matches!(request, StoreRequest::CompareAndSwap { .. });
+        let is_delete = matches!(request, StoreRequest::Delete { .. });
+        let result = self.kv(bucket).execute(now, request);
+        let Ok(reply) = &result else { return result };
+        let split = keys::parse_split(&key);
+        match bucket {
+            Bucket::State => {
+                if is_delete {
+                    if let Some(id) = &split {
+                        self.checker.on_record_deleted(now, id, writer);
+                    }
+                    return result;
+                }
+                let new = self.state.get(now, &key).expect("just written");
+                if let Some(id) = &split {
+                    let old = old.as_ref().and_then(|e| records::decode::<SplitRecord>(&e.value).ok());
+                    let new = records::decode::<SplitRecord>(&new.value)
+                        .expect("protocol writes decodable records");
+                    self.checker.on_split_write(now, writer, id, old.as_ref(), &new);
+                } else if key == keys::plan_head() {
+                    let old = old.as_ref().and_then(|e| records::decode::<PlanHead>(&e.value).ok());
+                    let new = records::decode::<PlanHead>(&new.value).expect("decodable head");
+                    self.checker.on_head_write(now, writer, old.as_ref(), &new, &mut self.state);
+                }
+            }
+            Bucket::Lease => {
+                let Some(id) = split else { return result };
+                if is_delete {
+                    self.checker.on_lease_deleted(now, &id);
+                    return result;
+                }
+                let StoreReply::Written(rev) = reply else { return result };
+                let new = self.lease.get(now, &key).expect("just written");
+                let lease = records::decode::<LeaseRecord>(&new.value).expect("decodable lease");
+                let prev = old.as_ref().and_then(|e| records::decode::<LeaseRecord>(&e.value).ok());
+                let deadline = self.lease.expires_at(&key).unwrap_or(now);
+                self.checker.on_lease_write(now, &id, prev.as_ref(), &lease, deadline);
+                // NATS trap: a renewal that lands within ~10 ms of the previous revision's expiry
+                // can be acknowledged and then erased by that expiry.
+                if is_cas
+                    && self.faults_on
+                    && let Some(d) = old_deadline
+                    && now + ms(10) >= d
+                    && self.rng.chance(0.5)
+                {
+                    let fires = (d + self.expiry_lateness(&key, d)).max(now);
+                    self.schedule_at(fires, Ev::Erase { key, revision: *rev });
+                }
+            }
+        }
+        result
+    }
+
+    /// An acknowledged renewal erased by the expiry decided for the revision before it.
+    pub(crate) fn erase(&mut self, key: Key, revision: Revision) {
+        let now = self.now;
+        if self.lease.get(now, &key).is_some_and(|e| e.revision == revision) {
+            self.fault("renewal_erased_by_expiry");
+            self.lease.erase_as_expired(&key);
+            self.distribute(Bucket::Lease);
+        }
+    }
+
+    /// How late the expiry of `key` due at `deadline` fires, beyond the 250 ms timer:
+    /// deterministic per key and deadline, up to `expiry_late_max`.
+    pub(crate) fn expiry_lateness(&self, key: &Key, deadline: Timestamp) -> Duration {
+        let max = self.opts.expiry_late_max.as_millis() as u64;
+        if max == 0 {
+            return Duration::ZERO;
+        }
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ deadline.0 ^ self.report.seed;
+        for b in key.as_str().bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= h >> 29;
+        ms(h % (max + 1))
+    }
+
+    /// The expiry timer: overdue keys expire once their lateness has passed.
+    pub(crate) fn expiry_tick(&mut self) {
+        let now = self.now;
+        let due: Vec<Key> = self
+            .lease
+            .overdue(now)
+            .into_iter()
+            .filter(|(k, d)| *d + self.expiry_lateness(k, *d) <= now)
+            .map(|(k, _)| k)
+            .collect();
+        for key in due {
+            self.lease.erase_as_expired(&key);
+        }
+        self.distribute(Bucket::State);
+        self.distribute(Bucket::Lease);
+    }
+
+    /// Feeds the store's new events to the history, the checker and the watches.
+    pub(crate) fn distribute(&mut self, bucket: Bucket) {
+        let now = self.now;
+        let events = self.kv(bucket).take_events();
+        let horizon = Timestamp(now.0.saturating_sub(self.opts.max_lag.as_micros() as u64));
+        for ev in events {
+            if bucket == Bucket::Lease {
+                self.checker.on_lease_event(&ev);
+            }
+            let Some(key) = ev.key().cloned() else { continue };
+            let versions = self.history[bi(bucket)].entry(key.clone()).or_default();
+            versions.push_back((now, if let WatchEvent::Put(e) = &ev { Some(e.clone()) } else { None }));
+            while versions.len() > 1 && versions[1].0 <= horizon {
+                versions.pop_front();
+            }
+            for i in 0..self.subs.len() {
+                let sub = &self.subs[i];
+                if sub.watch.bucket() != bucket || !sub.watch.prefix().matches(&key) {
+                    continue;
+                }
+                let mut delay = us(self.rng.range(200, 3000));
+                if self.faults_on && self.rng.chance(0.01) {
+                    delay += ms(self.rng.range(50, 500));
+                }
+                let held = self.slots[self.subs[i].slot].link.hold_until;
+                let at = (self.now + delay).max(held).max(Timestamp(self.subs[i].last_at.0 + 1));
+                self.subs[i].last_at = at;
+                let (slot, life, watch) = (self.subs[i].slot, self.subs[i].life, self.subs[i].watch);
+                let input = etl_coordination_core::Input::Watch { watch, event: ev.clone() };
+                self.schedule_at(at, Ev::ToWorker { slot, life, input });
+            }
+        }
+    }
+
+    pub(crate) fn open_watch(&mut self, slot: usize, life: u32, watch: WatchId) {
+        if self.slots[slot].life != life {
+            return;
+        }
+        self.subs.retain(|s| !(s.slot == slot && s.watch == watch));
+        let link = self.slots[slot].link;
+        if self.now < self.outage_until || link.refuses(self.now, watch.bucket(), false) {
+            let input = etl_coordination_core::Input::WatchFailed { watch };
+            return self.schedule(ms(300), Ev::ToWorker { slot, life, input });
+        }
+        let now = self.now;
+        let entries = self.kv(watch.bucket()).list(now, &watch.prefix());
+        let mut at = self.now.max(link.hold_until);
+        for e in entries {
+            at = at + us(self.rng.range(1, 50));
+            let input = etl_coordination_core::Input::Watch { watch, event: WatchEvent::Put(e) };
+            self.schedule_at(at, Ev::ToWorker { slot, life, input });
+        }
+        at = at + us(1);
+        let input = etl_coordination_core::Input::Watch { watch, event: WatchEvent::SnapshotComplete };
+        self.schedule_at(at, Ev::ToWorker { slot, life, input });
+        self.subs.push(Sub { slot, life, watch, last_at: at });
+    }
+
+    /// Breaks the watches of `slot` (all, or one bucket's) as a broken connection does.
+    pub(crate) fn break_watches(&mut self, slot: usize, bucket: Option<Bucket>) {
+        let (gone, keep): (Vec<Sub>, Vec<Sub>) = std::mem::take(&mut self.subs)
+            .into_iter()
+            .partition(|s| s.slot == slot && bucket.is_none_or(|b| s.watch.bucket() == b));
+        self.subs = keep;
+        for s in gone {
+            let d = ms(self.rng.range(1, 100));
+            let input = etl_coordination_core::Input::WatchFailed { watch: s.watch };
+            self.schedule(d, Ev::ToWorker { slot: s.slot, life: s.life, input });
+        }
+    }
+}
+
+fn as_of_entry(h: &History, key: &Key, t: Timestamp) -> Option<Entry> {
+    h.get(key)?.iter().rev().find(|(at, _)| *at <= t).and_then(|(_, e)| e.clone())
+}
+
+fn as_of_list(h: &History, prefix: &Prefix, t: Timestamp) -> Vec<Entry> {
+    h.iter().filter(|(k, _)| prefix.matches(k)).filter_map(|(k, _)| as_of_entry(h, k, t)).collect()
+}

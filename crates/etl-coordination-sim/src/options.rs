@@ -1,0 +1,200 @@
+//! What a run simulates ([`Options`], [`Scenario`]) and what it reports ([`Report`]).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::check::Violation;
+use crate::rng::Rng;
+
+/// What a run sets out to show.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// Random faults in a safety phase, then a fault-free liveness phase.
+    Random,
+    /// One worker, then scale-up to three: converges to +-1 and steals stop (I7, T4).
+    Balance,
+    /// One of two workers drains: its splits are picked up without a lease wait (P10, I8).
+    DrainPickup,
+    /// A second live process with the same instance id: fatal, no ping-pong (P3).
+    DuplicateId,
+}
+
+/// Parameters of one run.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// What to run.
+    pub scenario: Scenario,
+    /// Workers at start.
+    pub initial_workers: usize,
+    /// Upper bound for scale-up.
+    pub max_workers: usize,
+    /// Splits in the full plan (more than 1,024 gives a manifest of several chunks).
+    pub splits: usize,
+    /// Records per split are drawn from `1..=max_records`.
+    pub max_records: u64,
+    /// Every split has exactly `max_records` records.
+    pub uniform_records: bool,
+    /// Virtual milliseconds between two records of a lane.
+    pub step_ms: u64,
+    /// Lease duration in whole seconds.
+    pub lease_secs: u64,
+    /// Knob (every worker's, unless `mixed_capacity`).
+    pub max_in_flight: u32,
+    /// Each worker draws its own `max_in_flight` from `1..=max_in_flight`.
+    pub mixed_capacity: bool,
+    /// Knob.
+    pub max_attempts: u32,
+    /// Records between two commits of a lane.
+    pub commit_every: u64,
+    /// Inject faults in the safety phase.
+    pub faults: bool,
+    /// Length of the safety phase.
+    pub safety: Duration,
+    /// How long the liveness phase may take before I8 is declared violated.
+    pub liveness_limit: Duration,
+    /// Start with an open plan that grows, then turns final.
+    pub open_plan: bool,
+    /// Splits whose processing crashes the owner every time.
+    pub poison_crash: usize,
+    /// Splits the source reports unprocessable every time.
+    pub poison_unprocessable: usize,
+    /// How long a store request may take before the worker gets an in-doubt (write) or
+    /// unavailable (read) answer; may exceed the lease.
+    pub op_timeout: Duration,
+    /// Probability that a read (get or listing) is answered by a replica that lags.
+    pub stale_reads: f64,
+    /// The most a lagging replica lags.
+    pub max_lag: Duration,
+    /// TTL expiry fires up to this late (on top of the 250 ms expiry timer); an overdue key
+    /// stays live and CAS-able until it fires.
+    pub expiry_late_max: Duration,
+    /// Worker clocks run at a rate within this many parts per million of the store's.
+    pub clock_drift_ppm: u32,
+    /// The planner errs, hangs and panics at times (safety phase).
+    pub planner_faults: bool,
+    /// Lanes told to stop finish the record in hand and commit late (safety phase).
+    pub slow_stop: bool,
+}
+
+impl Options {
+    /// The randomized options the sweep uses for `seed`.
+    pub fn for_seed(seed: u64) -> Self {
+        let mut r = Rng::new(seed ^ 0x5eed);
+        let lease_secs = r.range(2, 5);
+        // A few runs plan more than one manifest chunk (1,024 splits) with tiny splits.
+        let big = r.chance(0.02);
+        let splits = if big { r.range(1_025, 2_200) as usize } else { r.range(1, 24) as usize };
+        Options {
+            scenario: Scenario::Random,
+            initial_workers: r.range(1, 4) as usize,
+            max_workers: 6,
+            splits,
+            max_records: if big { r.range(1, 3) } else { r.range(20, 600) },
+            uniform_records: false,
+            step_ms: r.range(5, 40),
+            lease_secs,
+            max_in_flight: if big { r.range(64, 400) as u32 } else { r.range(1, 6) as u32 },
+            mixed_capacity: r.chance(0.3),
+            max_attempts: r.range(2, 5) as u32,
+            commit_every: r.range(1, 12),
+            faults: true,
+            safety: Duration::from_secs(r.range(10, 40)),
+            liveness_limit: Duration::from_secs(900),
+            open_plan: r.chance(0.3),
+            poison_crash: if r.chance(0.2) { 1 } else { 0 },
+            poison_unprocessable: if r.chance(0.2) { 1 } else { 0 },
+            op_timeout: Duration::from_millis(match r.range(0, 9) {
+                0..=5 => r.range(200, 1_000),
+                6..=8 => r.range(1_000, lease_secs * 1_000),
+                // Longer than the lease: a renewal may still be in doubt when trust lapses.
+                _ => r.range(lease_secs * 1_000, lease_secs * 2_500),
+            }),
+            stale_reads: if r.chance(0.7) { [0.05, 0.2, 0.5][r.range(0, 2) as usize] } else { 0.0 },
+            max_lag: Duration::from_millis(r.range(10, 1_500)),
+            expiry_late_max: Duration::from_millis(if r.chance(0.5) { r.range(0, 4_000) } else { 0 }),
+            clock_drift_ppm: [0, 100, 2_000, 10_000][r.range(0, 3) as usize],
+            planner_faults: r.chance(0.5),
+            slow_stop: r.chance(0.5),
+        }
+    }
+
+    /// A small fault-free configuration for a named scenario.
+    pub fn scenario(scenario: Scenario) -> Self {
+        let base = Options {
+            scenario,
+            initial_workers: 2,
+            max_workers: 3,
+            splits: 12,
+            max_records: 40,
+            uniform_records: true,
+            step_ms: 10,
+            lease_secs: 3,
+            max_in_flight: 8,
+            mixed_capacity: false,
+            max_attempts: 4,
+            commit_every: 5,
+            faults: false,
+            safety: Duration::ZERO,
+            liveness_limit: Duration::from_secs(900),
+            open_plan: false,
+            poison_crash: 0,
+            poison_unprocessable: 0,
+            op_timeout: Duration::from_millis(500),
+            stale_reads: 0.0,
+            max_lag: Duration::ZERO,
+            expiry_late_max: Duration::ZERO,
+            clock_drift_ppm: 0,
+            planner_faults: false,
+            slow_stop: false,
+        };
+        match scenario {
+            Scenario::Random => base,
+            // 13 splits over 3 workers: fair share 5, so balance is 5/4/4, the case where a
+            // steal rule without the +2 margin oscillates.
+            Scenario::Balance => Options { initial_workers: 1, splits: 13, max_records: 6000, ..base },
+            Scenario::DrainPickup => Options { splits: 4, max_in_flight: 4, max_records: 600, ..base },
+            Scenario::DuplicateId => Options { max_records: 800, ..base },
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// The seed.
+    pub seed: u64,
+    /// Events processed.
+    pub events: u64,
+    /// Virtual time at the end.
+    pub virtual_time: Duration,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<&'static str, u64>,
+    /// Invariant checks executed, by rule.
+    pub checks: BTreeMap<&'static str, u64>,
+    /// Acquisitions by reason.
+    pub acquisitions: BTreeMap<&'static str, u64>,
+    /// `complete`, `stalled`, or `none`.
+    pub outcome: &'static str,
+    /// Records in the input.
+    pub records_total: u64,
+    /// Records emitted, replays included.
+    pub records_emitted: u64,
+    /// Steals after the last fault (liveness phase).
+    pub steals_after_faults: u64,
+    /// Splits planted as poison (crash or unprocessable).
+    pub poison_splits: usize,
+    /// Splits quarantined at the end.
+    pub quarantined: usize,
+    /// Fatal errors reported by workers.
+    pub fatal: Vec<String>,
+    /// Balance scenario: steals until the convergence probe (T4).
+    pub steals_to_converge: u64,
+    /// Balance scenario: splits owned per worker after convergence.
+    pub owned_after_convergence: Vec<u32>,
+    /// Drain scenario: slowest release-to-pickup, in milliseconds.
+    pub max_pickup_ms: Option<f64>,
+    /// A hash over the whole event sequence: equal seeds give equal hashes.
+    pub trace_hash: u64,
+    /// The first broken invariant, if any.
+    pub violation: Option<Violation>,
+}
