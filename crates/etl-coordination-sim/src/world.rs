@@ -736,8 +736,10 @@ impl World {
             self.add_worker(id);
         }
         if self.opts.scenario == Scenario::Random {
-            let hb = Duration::from_secs(self.opts.lease_secs) / 3;
-            self.schedule(hb, Ev::BalanceProbe);
+            // Requests held by stalled links during the safety phase land up to two op
+            // timeouts later; balance is judged once they have.
+            let settle = self.opts.op_timeout * 2 + Duration::from_secs(self.opts.lease_secs);
+            self.schedule(settle, Ev::BalanceProbe);
         }
     }
 

@@ -134,12 +134,14 @@ impl Worker {
                 lease_rev: None,
                 trusted_until: now + self.cfg.tuning.lease_trust(),
                 renewing: None,
+                unacked_since: None,
                 stage: Stage::AcquiringLease,
                 op: None,
                 commit: None,
                 end: None,
                 end_write: None,
-                resumed: false,
+                resuming: false,
+                desc_misses: 0,
             },
         );
         let op = self.send(Bucket::Lease, request, Pending::LeaseAcquire { split: id.clone(), sent: now });
@@ -151,11 +153,7 @@ impl Worker {
         if !self.is_current(&id, op) {
             // A late success for something we gave up: release it.
             if let Ok(StoreReply::Written(rev)) = result {
-                self.send(
-                    Bucket::Lease,
-                    StoreRequest::Delete { key: keys::split(&id), expected: rev },
-                    Pending::Cleanup,
-                );
+                self.retire(keys::split(&id), rev);
             }
             return;
         }
@@ -185,6 +183,14 @@ impl Worker {
         result: StoreResult,
     ) {
         if !self.is_current(&id, op) {
+            // The acquisition was given up meanwhile; if its write landed after all, give the
+            // lease back.
+            if let Ok(StoreReply::Value(Some(e))) = &result
+                && self.names_me(&e.key, &e.value)
+                && !self.held.contains_key(&id)
+            {
+                self.retire(e.key.clone(), e.revision);
+            }
             return;
         }
         let epoch = self.held[&id].epoch;
@@ -223,6 +229,15 @@ impl Worker {
     /// attempt it charges reaches `max_attempts`. The previous tenancy is charged an attempt if
     /// it ended without a release (expired, reclaimed) and committed no progress.
     fn claim_record(&self, h: &Held) -> SplitRecord {
+        if h.resuming {
+            // P11: the same tenancy goes on under a new epoch; nothing ended.
+            return SplitRecord {
+                epoch: h.epoch,
+                owner: Some(self.me.clone()),
+                progressed: false,
+                ..h.base.clone()
+            };
+        }
         let base = &h.base;
         let charged = h.consumes_attempt && !base.progressed;
         let attempts = base.attempts + u32::from(charged);
@@ -317,6 +332,12 @@ impl Worker {
                 );
             }
         };
+        if entry.revision < self.held[&id].record_rev {
+            // A lagging replica: never adopt a record older than one we know; read again.
+            self.held.get_mut(&id).expect("held").op = None;
+            let request = StoreRequest::Get { key: keys::split(&id) };
+            return self.retry_later(now, Bucket::State, request, Pending::RecordClaimRead { split: id });
+        }
         let Ok(rec) = records::decode::<SplitRecord>(&entry.value) else { return self.abandon(&id) };
         let h = self.held.get_mut(&id).expect("held");
         if rec == h.record {
@@ -329,9 +350,10 @@ impl Worker {
         // (its progress is the latest durable one). The CAS still fences.
         if rec.epoch == h.base.epoch && !rec.is_terminal() {
             if rec.state == SplitState::Unleased {
-                // The previous owner released (or failed) it gracefully after all.
+                // The previous owner released (or failed) it gracefully after all (also when we
+                // set out to steal it: the victim let go first).
                 h.consumes_attempt = false;
-                if h.reason != AcquisitionReason::Stolen {
+                if rec.epoch != Epoch(0) {
                     h.reason = AcquisitionReason::Released;
                 }
             }

@@ -92,6 +92,10 @@ impl Worker {
             Read::Absent => return self.commit_lost(&id),
             Read::Failed(_) => return self.finish_commit(&id, CommitOutcome::Retryable),
         };
+        if entry.revision < self.held[&id].record_rev {
+            // A lagging replica: decides nothing (the lane commits again later).
+            return self.finish_commit(&id, CommitOutcome::Retryable);
+        }
         let Ok(rec) = records::decode::<SplitRecord>(&entry.value) else { return self.commit_lost(&id) };
         let h = &self.held[&id];
         if rec == committed(&h.record, &h.base.progress, &c.progress, c.terminal) {

@@ -2,13 +2,13 @@
 //! then presence (and leadership) are deleted and the worker finishes with its outcome. No
 //! attempts are consumed.
 
-use crate::ids::SplitId;
+use crate::ids::{Revision, SplitId};
 use crate::io::{Action, Event, Outcome, StopReason};
-use crate::records::keys;
-use crate::store::{Bucket, StoreRequest};
+use crate::records::{self, LeaderRecord, LeaseRecord, PresenceRecord, keys};
+use crate::store::{Bucket, Key, StoreError, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 
-use super::outbox::Pending;
+use super::outbox::{Pending, Read};
 use super::tenancy::{End, Stage};
 use super::{Phase, Worker};
 
@@ -21,8 +21,6 @@ pub(super) struct Leaving {
     pub(super) deadline: Timestamp,
     /// The presence and leader deletes were sent.
     pub(super) cleanup_sent: bool,
-    /// Best-effort deletes not answered yet.
-    pub(super) cleanup_outstanding: usize,
     pub(super) deadline_passed: bool,
 }
 
@@ -37,7 +35,6 @@ impl Worker {
                     outcome: Outcome::Drained,
                     deadline: now,
                     cleanup_sent: false,
-                    cleanup_outstanding: 0,
                     deadline_passed: false,
                 });
             }
@@ -50,13 +47,7 @@ impl Worker {
     pub(super) fn leave(&mut self, now: Timestamp, outcome: Outcome) {
         self.phase = Phase::Leaving;
         let deadline = now + self.cfg.tuning.drain_timeout;
-        self.leaving = Some(Leaving {
-            outcome,
-            deadline,
-            cleanup_sent: false,
-            cleanup_outstanding: 0,
-            deadline_passed: false,
-        });
+        self.leaving = Some(Leaving { outcome, deadline, cleanup_sent: false, deadline_passed: false });
         let ids: Vec<SplitId> = self.held.keys().cloned().collect();
         for id in ids {
             let h = self.held.get_mut(&id).expect("held");
@@ -77,38 +68,45 @@ impl Worker {
         }
     }
 
-    /// Once nothing is held: delete presence and leadership, then finish.
+    /// Once nothing is held: delete presence and leadership, then finish once every delete and
+    /// every lease-bucket write still in flight is settled (or a lease after the deadline).
     pub(super) fn progress_leaving(&mut self, now: Timestamp) {
         let Some(l) = &self.leaving else { return };
         if !self.held.is_empty() {
             return;
         }
+        let give_up = now >= l.deadline + self.cfg.tuning.lease_duration;
         if !l.cleanup_sent {
-            let mut n = 0;
+            if self.presence.renewing.is_some() && !give_up {
+                return; // the delete needs the revision this renewal may write
+            }
+            self.presence.retired = true;
             if let Some(rev) = self.presence.rev {
-                self.send(
-                    Bucket::Lease,
-                    StoreRequest::Delete { key: keys::worker(&self.me.instance), expected: rev },
-                    Pending::Cleanup,
-                );
-                n += 1;
+                self.retire(keys::worker(&self.me.instance), rev);
             }
             if let Some(lead) = self.leader.take() {
-                self.send(
-                    Bucket::Lease,
-                    StoreRequest::Delete { key: keys::leader(), expected: lead.rev },
-                    Pending::Cleanup,
-                );
-                n += 1;
+                self.retire(keys::leader(), lead.rev);
                 let term = lead.head.as_ref().map_or(0, |(_, h)| h.term);
                 self.event(Event::Leadership { leader: false, term });
             }
-            let l = self.leaving.as_mut().expect("leaving");
-            l.cleanup_sent = true;
-            l.cleanup_outstanding += n;
+            self.leaving.as_mut().expect("leaving").cleanup_sent = true;
             return;
         }
-        if l.cleanup_outstanding == 0 || now >= l.deadline + self.cfg.tuning.lease_duration {
+        let settling = self.pending.values().any(|p| {
+            matches!(
+                p,
+                Pending::Retire { .. }
+                    | Pending::RetireRead { .. }
+                    | Pending::LeaseAcquire { .. }
+                    | Pending::LeaseAcquireResolve { .. }
+                    | Pending::LeaderCreate { .. }
+                    | Pending::LeaderResolve { .. }
+                    | Pending::PresenceCreate
+                    | Pending::PresenceRenew
+                    | Pending::PresenceResolve
+            )
+        });
+        if !settling || give_up {
             let outcome = self.leaving.take().expect("leaving").outcome;
             self.out.push(Action::Finished(outcome));
             self.phase = Phase::Stopped;
@@ -117,10 +115,56 @@ impl Worker {
         }
     }
 
-    /// A best-effort delete was answered.
-    pub(super) fn on_cleanup(&mut self) {
-        if let Some(l) = &mut self.leaving {
-            l.cleanup_outstanding = l.cleanup_outstanding.saturating_sub(1);
+    /// Deletes one of our lease-bucket keys (presence, leader, a lease we cannot use). If the
+    /// revision moved (a write of ours landed late) or the answer is lost, the key is read back
+    /// and deleted again while it is still ours.
+    pub(super) fn retire(&mut self, key: Key, rev: Revision) {
+        let request = StoreRequest::Delete { key: key.clone(), expected: rev };
+        self.send(Bucket::Lease, request, Pending::Retire { key });
+    }
+
+    pub(super) fn on_retire(&mut self, now: Timestamp, key: Key, result: StoreResult) {
+        match result {
+            Ok(_) | Err(StoreError::InvalidKey(_) | StoreError::InvalidValue(_) | StoreError::Setup(_)) => {}
+            Err(StoreError::Unavailable(_)) => {
+                let request = StoreRequest::Get { key: key.clone() };
+                self.retry_later(now, Bucket::Lease, request, Pending::RetireRead { key });
+            }
+            Err(_) => {
+                self.send(Bucket::Lease, StoreRequest::Get { key: key.clone() }, Pending::RetireRead { key });
+            }
+        }
+    }
+
+    pub(super) fn on_retire_read(&mut self, now: Timestamp, key: Key, result: StoreResult) {
+        match Read::of(result) {
+            Read::Found(e) if self.names_me(&e.key, &e.value) && !self.holds(&e.key) => {
+                self.retire(key, e.revision)
+            }
+            Read::Found(_) | Read::Absent => {}
+            Read::Failed(_) => {
+                let request = StoreRequest::Get { key: key.clone() };
+                self.retry_later(now, Bucket::Lease, request, Pending::RetireRead { key });
+            }
+        }
+    }
+
+    /// Whether `key` is the lease of a split this worker holds (a newer tenancy of ours: never
+    /// retire it).
+    fn holds(&self, key: &Key) -> bool {
+        keys::parse_split(key).is_some_and(|id| self.held.contains_key(&id))
+    }
+
+    /// Whether a lease-bucket value was written by this process.
+    pub(super) fn names_me(&self, key: &Key, value: &[u8]) -> bool {
+        if keys::parse_split(key).is_some() {
+            records::decode::<LeaseRecord>(value).is_ok_and(|l| l.owner == self.me)
+        } else if keys::parse_worker(key).is_some() {
+            records::decode::<PresenceRecord>(value).is_ok_and(|p| p.incarnation == self.me.incarnation)
+        } else if *key == keys::leader() {
+            records::decode::<LeaderRecord>(value).is_ok_and(|l| l.owner == self.me)
+        } else {
+            false
         }
     }
 

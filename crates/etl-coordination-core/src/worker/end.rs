@@ -110,6 +110,14 @@ impl Worker {
                 return;
             }
         };
+        if entry.revision < self.held[&id].record_rev {
+            // A lagging replica: never adopt a record older than one we know; try again shortly.
+            let deadline = now + self.retry_backoff();
+            let h = self.held.get_mut(&id).expect("held");
+            h.stage = Stage::Stopping { deadline };
+            h.op = None;
+            return;
+        }
         let Ok(rec) = records::decode::<SplitRecord>(&entry.value) else { return self.delete_lease(&id) };
         let h = self.held.get_mut(&id).expect("held");
         if Some(&rec) == h.end_write.as_ref() {

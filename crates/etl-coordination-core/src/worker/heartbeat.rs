@@ -3,8 +3,8 @@
 //! whose trust lapses stops its lane (starved) until a renewal shows it is still ours.
 
 use crate::ids::{OpId, Revision, SplitId};
-use crate::io::{Action, Event, StopReason};
-use crate::records::{self, LeaseRecord, SplitRecord, SplitState, keys};
+use crate::io::{Action, CommitOutcome, Event, StopReason};
+use crate::records::{self, LeaseRecord, keys};
 use crate::store::{Bucket, StoreReply, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 
@@ -21,7 +21,7 @@ impl Worker {
             self.manifest_load = None;
         }
         if self.phase == Phase::Running || self.phase == Phase::Leaving {
-            self.renew_presence(now);
+            self.renew_presence();
         }
         self.renew_leader(now);
         let ids: Vec<SplitId> = self.held.keys().cloned().collect();
@@ -41,7 +41,9 @@ impl Worker {
         let request =
             StoreRequest::CompareAndSwap { key: keys::split(id), expected: rev, value, ttl: self.ttl() };
         let op = self.send(Bucket::Lease, request, Pending::LeaseRenew { split: id.clone(), sent: now });
-        self.held.get_mut(id).expect("held").renewing = Some(op);
+        let h = self.held.get_mut(id).expect("held");
+        h.renewing = Some(op);
+        h.unacked_since.get_or_insert(now);
     }
 
     /// P7: a renewal that lost its swap or its answer is resolved by reading the lease.
@@ -56,11 +58,7 @@ impl Worker {
         let Some(h) = self.held.get_mut(&id) else {
             // A late success for a tenancy that is over: give the lease back.
             if let Ok(StoreReply::Written(rev)) = result {
-                self.send(
-                    Bucket::Lease,
-                    StoreRequest::Delete { key: keys::split(&id), expected: rev },
-                    Pending::Cleanup,
-                );
+                self.retire(keys::split(&id), rev);
             }
             return;
         };
@@ -69,12 +67,15 @@ impl Worker {
         }
         h.renewing = None;
         match Written::of(result) {
-            Written::Applied(rev) => self.lease_renewed(now, &id, rev, sent),
+            Written::Applied(rev) => {
+                self.held.get_mut(&id).expect("held").unacked_since = None;
+                self.lease_renewed(now, &id, rev, sent)
+            }
             Written::Conflict | Written::InDoubt => {
                 let op = self.send(
                     Bucket::Lease,
                     StoreRequest::Get { key: keys::split(&id) },
-                    Pending::LeaseRenewResolve { split: id.clone(), sent },
+                    Pending::LeaseRenewResolve { split: id.clone() },
                 );
                 self.held.get_mut(&id).expect("held").renewing = Some(op);
             }
@@ -84,12 +85,14 @@ impl Worker {
     }
 
     /// P7: the lease still names us at our epoch (renewed, or not), or it is gone: fenced.
+    /// A revision older than the one we know comes from a lagging replica and decides nothing.
+    /// A newer revision of ours may have been written by any of our writes since the last
+    /// acknowledged one, so trust counts from the oldest of them (P11).
     pub(super) fn on_lease_renew_resolve(
         &mut self,
         now: Timestamp,
         op: OpId,
         id: SplitId,
-        sent: Timestamp,
         result: StoreResult,
     ) {
         let Some(h) = self.held.get_mut(&id) else { return };
@@ -100,9 +103,12 @@ impl Worker {
         let epoch = h.epoch;
         let known = h.lease_rev;
         match Read::of(result) {
+            Read::Found(e) if known.is_some_and(|k| e.revision < k) => self.after_renewal(&id),
             Read::Found(e) => match records::decode::<LeaseRecord>(&e.value) {
                 Ok(l) if l.owner == self.me && l.epoch == epoch => {
                     if Some(e.revision) != known {
+                        let h = self.held.get_mut(&id).expect("held");
+                        let sent = h.unacked_since.take().unwrap_or(now);
                         self.lease_renewed(now, &id, e.revision, sent);
                     } else {
                         self.after_renewal(&id);
@@ -125,15 +131,7 @@ impl Worker {
         self.view.put_lease(id, rev, LeaseRecord { owner: me, epoch });
         let h = self.held.get_mut(id).expect("held");
         if h.stage == Stage::Starved && h.trusted_until > now && h.op.is_none() {
-            // P11: the store came back and the lease is still ours. Re-read the record first: a
-            // commit whose outcome was in doubt may have landed, and the lane must resume from
-            // what is durable (resuming from an older copy would let it regress progress, I1).
-            let op = self.send(
-                Bucket::State,
-                StoreRequest::Get { key: keys::split(id) },
-                Pending::ResumeRead { split: id.clone() },
-            );
-            self.held.get_mut(id).expect("held").op = Some(op);
+            return self.resume(now, id);
         }
         self.after_renewal(id);
     }
@@ -162,37 +160,36 @@ impl Worker {
         self.event(Event::Revoked { split: id.clone(), reason: StopReason::Starved });
     }
 
-    /// P11: a starved lane resumes only from the durable record, and only if it still names us
-    /// at our epoch.
-    pub(super) fn on_resume_read(&mut self, op: OpId, id: SplitId, result: StoreResult) {
-        if !self.is_current(&id, op) {
-            return;
+    /// P11: the store came back and the lease is still ours: the starved tenancy resumes as a
+    /// new lane under a new epoch. Our lease moves to the next epoch by CAS, then the record
+    /// (the claim path, against the revision of our last write to it), so neither the stopped
+    /// lane nor a commit of it still in flight can act on the new lane's record: the new lane
+    /// starts from what is durable. A stale read cannot mislead it, because nothing is read. No
+    /// attempt is consumed and no acquisition is announced.
+    fn resume(&mut self, now: Timestamp, id: &SplitId) {
+        let h = self.held.get_mut(id).expect("held");
+        let (Some(lease_rev), old_epoch) = (h.lease_rev, h.epoch) else { return };
+        if let Some(c) = h.commit.take() {
+            self.pending.remove(&c.op);
+            let reply =
+                Action::CommitDone { split: id.clone(), epoch: old_epoch, outcome: CommitOutcome::Lost };
+            self.out.push(reply);
         }
-        self.held.get_mut(&id).expect("held").op = None;
-        let entry = match Read::of(result) {
-            Read::Found(e) => e,
-            Read::Absent => return self.revoke(&id, StopReason::Fenced),
-            // Still unreachable: stay starved; the next renewal tries again.
-            Read::Failed(_) => return,
+        let h = self.held.get_mut(id).expect("held");
+        h.epoch = old_epoch.next();
+        h.base = h.record.clone();
+        h.consumes_attempt = false;
+        h.resuming = true;
+        h.end = None;
+        h.stage = Stage::AcquiringLease;
+        let value = records::encode(&LeaseRecord { owner: self.me.clone(), epoch: h.epoch });
+        let request = StoreRequest::CompareAndSwap {
+            key: keys::split(id),
+            expected: lease_rev,
+            value,
+            ttl: self.ttl(),
         };
-        let Ok(rec) = records::decode::<SplitRecord>(&entry.value) else {
-            return self.revoke(&id, StopReason::Fenced);
-        };
-        let h = self.held.get_mut(&id).expect("held");
-        if rec.epoch != h.epoch || rec.owner.as_ref() != Some(&self.me) || rec.state != SplitState::Owned {
-            self.view.put_record(&id, entry.revision, rec);
-            return self.revoke(&id, StopReason::Fenced);
-        }
-        h.record = rec;
-        h.record_rev = entry.revision;
-        h.resumed = true;
-        let op = self.send(
-            Bucket::State,
-            StoreRequest::Get { key: keys::desc(&id) },
-            Pending::DescRead { split: id.clone() },
-        );
-        let h = self.held.get_mut(&id).expect("held");
-        h.stage = Stage::ReadingDesc;
-        h.op = Some(op);
+        let op = self.send(Bucket::Lease, request, Pending::LeaseAcquire { split: id.clone(), sent: now });
+        self.held.get_mut(id).expect("held").op = Some(op);
     }
 }

@@ -7,9 +7,9 @@ use crate::records::{self, LeaderRecord, ManifestRef, PlanHead, PlanStatus, keys
 use crate::store::{Bucket, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 
-use super::Worker;
 use super::outbox::{Pending, Read, Written};
 use super::plan::PlanStage;
+use super::{Phase, Worker};
 
 /// This worker's leadership.
 #[derive(Debug)]
@@ -20,6 +20,8 @@ pub(super) struct Leading {
     pub(super) renewing: Option<OpId>,
     /// P11 for the leader lease: past this, the worker steps down.
     pub(super) trusted_until: Timestamp,
+    /// Send time of the oldest renewal since the last acknowledged one.
+    pub(super) unacked_since: Option<Timestamp>,
     /// The plan head as this leader last wrote it, with its revision.
     pub(super) head: Option<(Revision, PlanHead)>,
     pub(super) stage: PlanStage,
@@ -112,13 +114,17 @@ impl Worker {
             }
             return;
         }
+        let trust = self.cfg.tuning.lease_trust();
         let l = self.leader.as_mut().expect("leader");
         l.renewing = None;
         match (mine, read) {
+            // A lagging replica: decides nothing.
+            (_, Read::Found(e)) if e.revision < l.rev => {}
             (Some(rev), _) => {
                 if rev != l.rev {
+                    // Any renewal since the last acknowledged one may have written it (P11).
                     l.rev = rev;
-                    l.trusted_until = sent + self.cfg.tuning.lease_trust();
+                    l.trusted_until = l.unacked_since.take().unwrap_or(sent) + trust;
                 }
             }
             (None, Read::Failed(_)) => {}
@@ -126,11 +132,15 @@ impl Worker {
         }
     }
 
-    /// P4: a new leader first bumps the term.
+    /// P4: a new leader first bumps the term. A worker that is leaving gives the lease back.
     fn become_leader(&mut self, rev: Revision, sent: Timestamp) {
+        if self.phase == Phase::Leaving {
+            return self.retire(keys::leader(), rev);
+        }
         self.leader = Some(Box::new(Leading {
             rev,
             renewing: None,
+            unacked_since: None,
             trusted_until: sent + self.cfg.tuning.lease_trust(),
             head: None,
             stage: PlanStage::Bumping,
@@ -157,7 +167,9 @@ impl Worker {
         let request =
             StoreRequest::CompareAndSwap { key: keys::leader(), expected: l.rev, value, ttl: self.ttl() };
         let op = self.send(Bucket::Lease, request, Pending::LeaderRenew { sent: now });
-        self.leader.as_mut().expect("leader").renewing = Some(op);
+        let l = self.leader.as_mut().expect("leader");
+        l.renewing = Some(op);
+        l.unacked_since.get_or_insert(now);
     }
 
     pub(super) fn on_leader_renew(&mut self, op: OpId, sent: Timestamp, result: StoreResult) {
@@ -170,6 +182,7 @@ impl Worker {
             Written::Applied(rev) => {
                 l.rev = rev;
                 l.trusted_until = sent + self.cfg.tuning.lease_trust();
+                l.unacked_since = None;
             }
             Written::Conflict | Written::InDoubt => {
                 let op = self.send(
@@ -301,11 +314,29 @@ impl Worker {
             },
             Read::Absent => None,
             Read::Failed(_) => {
-                let at = now + self.retry_backoff();
-                self.leader.as_mut().expect("leader").stage = PlanStage::RetryAt(at);
-                return;
+                // Read again later; the write in question (a term bump or a publication) is
+                // still the step in progress: re-planning here would list a plan twice.
+                let pending = Pending::HeadRead { stint: self.stint(), attempted };
+                return self.retry_later(
+                    now,
+                    Bucket::State,
+                    StoreRequest::Get { key: keys::plan_head() },
+                    pending,
+                );
             }
         };
+        if let (Some((rev, _)), Some((known, _))) = (&current, &l.head)
+            && rev < known
+        {
+            // A lagging replica: read again.
+            let pending = Pending::HeadRead { stint: self.stint(), attempted };
+            return self.retry_later(
+                now,
+                Bucket::State,
+                StoreRequest::Get { key: keys::plan_head() },
+                pending,
+            );
+        }
         let my_term = l.head.as_ref().map(|(_, h)| h.term);
         match current {
             // Our in-doubt write landed.

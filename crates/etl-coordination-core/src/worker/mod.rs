@@ -159,7 +159,7 @@ impl Worker {
             Input::Start => self.on_start(),
             Input::Tick => self.on_tick(now),
             Input::StoreResult { op, result } => self.on_store_result(now, op, result),
-            Input::Watch { watch, event } => self.on_watch(watch, event),
+            Input::Watch { watch, event } => self.on_watch(now, watch, event),
             Input::WatchFailed { watch } => self.on_watch_failed(watch),
             Input::PlanReady { request, result } => self.on_plan_ready(now, request, result),
             Input::Commit { split, epoch, progress } => self.on_commit(split, epoch, progress, false),
@@ -196,17 +196,17 @@ impl Worker {
         match pending {
             Pending::MetaCreate => self.on_meta_create(now, result),
             Pending::MetaGet => self.on_meta_get(now, result),
-            Pending::PresenceCreate { sent } => {
+            Pending::PresenceCreate => {
                 if self.presence.join == Join::Joined {
-                    self.on_presence_recreate(now, sent, result)
+                    self.on_presence_recreate(now, result)
                 } else {
-                    self.on_presence_create(now, sent, result)
+                    self.on_presence_create(now, result)
                 }
             }
             Pending::PresenceGet => self.on_presence_get(now, result),
-            Pending::PresenceTakeover { sent } => self.on_presence_takeover(now, sent, result),
-            Pending::PresenceRenew { sent } => self.on_presence_renew(sent, result),
-            Pending::PresenceResolve { sent } => self.on_presence_resolve(now, sent, result),
+            Pending::PresenceTakeover => self.on_presence_takeover(now, result),
+            Pending::PresenceRenew => self.on_presence_renew(result),
+            Pending::PresenceResolve => self.on_presence_resolve(result),
             Pending::LeaderCreate { sent } => self.on_leader_create(op, sent, result),
             Pending::LeaderRenew { sent } => self.on_leader_renew(op, sent, result),
             Pending::LeaderResolve { sent } => self.on_leader_resolve(op, sent, result),
@@ -220,15 +220,15 @@ impl Worker {
                 self.on_manifest_chunk(now, manifest, chunk, result)
             }
             Pending::GcList => self.on_gc_list(result),
-            Pending::Cleanup => self.on_cleanup(),
+            Pending::Cleanup => {}
+            Pending::Retire { key } => self.on_retire(now, key, result),
+            Pending::RetireRead { key } => self.on_retire_read(now, key, result),
             Pending::LeaseAcquire { split, sent } => self.on_lease_acquire(op, split, sent, result),
             Pending::LeaseAcquireResolve { split, sent } => {
                 self.on_lease_acquire_resolve(op, split, sent, result)
             }
             Pending::LeaseRenew { split, sent } => self.on_lease_renew(now, op, split, sent, result),
-            Pending::LeaseRenewResolve { split, sent } => {
-                self.on_lease_renew_resolve(now, op, split, sent, result)
-            }
+            Pending::LeaseRenewResolve { split } => self.on_lease_renew_resolve(now, op, split, result),
             Pending::LeaseDelete { split } => self.on_lease_delete(op, split),
             Pending::RecordClaim { split } => self.on_record_claim(now, op, split, result),
             Pending::RecordClaimRead { split } => self.on_record_claim_read(now, op, split, result),
@@ -237,7 +237,6 @@ impl Worker {
             Pending::RecordCommitRead { split } => self.on_record_commit_read(op, split, result),
             Pending::RecordEnd { split } => self.on_record_end(now, op, split, result),
             Pending::RecordEndRead { split } => self.on_record_end_read(now, op, split, result),
-            Pending::ResumeRead { split } => self.on_resume_read(op, split, result),
             Pending::Resync { watch } => {
                 if let Ok(StoreReply::Entries(entries)) = result {
                     self.apply_snapshot(watch, entries);

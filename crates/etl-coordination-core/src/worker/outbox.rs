@@ -23,20 +23,21 @@ pub(super) enum Pending {
     /// P2: read `meta` back to compare it.
     MetaGet,
     /// P3: create our presence key (or re-create it after it expired).
-    PresenceCreate { sent: Timestamp },
+    PresenceCreate,
     /// P3: read our presence key (a predecessor's, or our own after an in-doubt write).
     PresenceGet,
     /// P3: CAS over a dead predecessor's presence key.
-    PresenceTakeover { sent: Timestamp },
+    PresenceTakeover,
     /// P7: renew our presence.
-    PresenceRenew { sent: Timestamp },
+    PresenceRenew,
     /// P7: read our presence after a renewal lost its swap or its answer.
-    PresenceResolve { sent: Timestamp },
+    PresenceResolve,
     /// P4: create (or re-take by CAS) the leader lease.
     LeaderCreate { sent: Timestamp },
     /// P7: renew the leader lease.
     LeaderRenew { sent: Timestamp },
-    /// P4, P7: read the leader lease after an in-doubt create or renewal.
+    /// P4, P7: read the leader lease after an in-doubt create or renewal (`sent`: the create's
+    /// send time; a renewal's trust counts from the oldest unacknowledged renewal).
     LeaderResolve { sent: Timestamp },
     /// P4: a plan head write (term bump or publication) of leadership stint `stint`.
     HeadWrite { stint: u64, head: PlanHead },
@@ -48,8 +49,12 @@ pub(super) enum Pending {
     ManifestChunk { manifest: ManifestRef, chunk: u32 },
     /// P4: list manifest chunks for garbage collection.
     GcList,
-    /// A best-effort delete whose answer only counts down the leaving cleanup.
+    /// A best-effort delete (garbage collection); its answer changes nothing.
     Cleanup,
+    /// Delete one of our lease-bucket keys (presence, leader, a lease we cannot use).
+    Retire { key: Key },
+    /// Read a key being retired after its delete lost its swap or its answer.
+    RetireRead { key: Key },
     /// P5, P6, P9: create (or CAS over a displaced one) the lease of a split being acquired.
     LeaseAcquire { split: SplitId, sent: Timestamp },
     /// Read the lease after an in-doubt acquisition.
@@ -57,7 +62,7 @@ pub(super) enum Pending {
     /// P7: renew a held lease.
     LeaseRenew { split: SplitId, sent: Timestamp },
     /// P7: read a held lease after its renewal lost its swap or its answer.
-    LeaseRenewResolve { split: SplitId, sent: Timestamp },
+    LeaseRenewResolve { split: SplitId },
     /// P10, P12: delete the lease at the end of a tenancy.
     LeaseDelete { split: SplitId },
     /// P5: the fenced record CAS that completes an acquisition.
@@ -74,8 +79,6 @@ pub(super) enum Pending {
     RecordEnd { split: SplitId },
     /// P10, P12: read the record after the end write lost its swap or its answer.
     RecordEndRead { split: SplitId },
-    /// P11: read the record before a starved lane resumes.
-    ResumeRead { split: SplitId },
     /// P7: the periodic full listing of one watch's scope.
     Resync { watch: WatchId },
 }

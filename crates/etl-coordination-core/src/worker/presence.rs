@@ -17,8 +17,9 @@ pub(super) struct Presence {
     pub(super) rev: Option<Revision>,
     /// A renewal (or its resolving read, or a re-create) in flight.
     pub(super) renewing: Option<OpId>,
-    pub(super) trusted_until: Timestamp,
     pub(super) join: Join,
+    /// Leaving: the key is being deleted; no more writes to it.
+    pub(super) retired: bool,
 }
 
 /// How far joining under our instance id got (P3).
@@ -28,10 +29,11 @@ pub(super) enum Join {
     NotStarted,
     /// Create in flight.
     Creating,
-    /// Another incarnation holds our id; waiting to see whether it renews (P3).
-    Observing { rev: Revision, incarnation: u64, deadline: Timestamp },
+    /// Another incarnation holds our id; waiting to see whether it renews (P3). `renewed`: one
+    /// renewal was seen already (a second proves a live twin).
+    Observing { rev: Revision, incarnation: u64, deadline: Timestamp, renewed: bool },
     /// Re-reading the key at the end of the observation window.
-    Rechecking { rev: Revision, incarnation: u64 },
+    Rechecking { rev: Revision, incarnation: u64, renewed: bool },
     /// CAS over the dead predecessor's key in flight.
     TakingOver,
     /// The key is ours.
@@ -62,25 +64,24 @@ impl Worker {
         }
     }
 
+    fn presence_read(&mut self, pending: Pending) -> OpId {
+        let key = keys::worker(&self.me.instance);
+        self.send(Bucket::Lease, StoreRequest::Get { key }, pending)
+    }
+
     fn duplicate(&mut self, other: u64) {
         self.fatal(FatalError::DuplicateInstance { instance: self.me.instance.to_string(), other });
     }
 
     /// P3: announce presence under our instance id.
-    pub(super) fn create_presence(&mut self, now: Timestamp) {
+    pub(super) fn create_presence(&mut self) {
         self.presence.join = Join::Creating;
         let request = self.presence_create();
-        self.send(Bucket::Lease, request, Pending::PresenceCreate { sent: now });
+        self.send(Bucket::Lease, request, Pending::PresenceCreate);
     }
 
-    fn presence_get(&mut self) {
-        let key = keys::worker(&self.me.instance);
-        self.send(Bucket::Lease, StoreRequest::Get { key }, Pending::PresenceGet);
-    }
-
-    fn presence_joined(&mut self, now: Timestamp, rev: Revision, sent: Timestamp) {
+    fn presence_joined(&mut self, now: Timestamp, rev: Revision) {
         self.presence.rev = Some(rev);
-        self.presence.trusted_until = sent + self.cfg.tuning.lease_trust();
         if self.presence.join != Join::Joined {
             self.presence.join = Join::Joined;
             if self.phase == Phase::Joining {
@@ -92,88 +93,104 @@ impl Worker {
     }
 
     /// P3: our key was created (joined), or it exists (read whose it is).
-    pub(super) fn on_presence_create(&mut self, now: Timestamp, sent: Timestamp, result: StoreResult) {
+    pub(super) fn on_presence_create(&mut self, now: Timestamp, result: StoreResult) {
         match Written::of(result) {
-            Written::Applied(rev) => self.presence_joined(now, rev, sent),
-            Written::Conflict | Written::InDoubt => self.presence_get(),
+            Written::Applied(rev) => self.presence_joined(now, rev),
+            Written::Conflict | Written::InDoubt => {
+                self.presence_read(Pending::PresenceGet);
+            }
             Written::Fatal(e) => self.fatal_store(e),
             Written::Unavailable => {
                 let request = self.presence_create();
-                let sent = now + self.retry_backoff();
-                self.retry_later(now, Bucket::Lease, request, Pending::PresenceCreate { sent });
+                self.retry_later(now, Bucket::Lease, request, Pending::PresenceCreate);
             }
         }
     }
 
-    /// P3: whose is the key that holds our id?
+    /// P3: whose is the key that holds our id? A predecessor's key is observed for one and a
+    /// half heartbeats: a live twin renews it. Reads can lag behind the watch, so the baseline
+    /// is the newest revision seen either way.
     pub(super) fn on_presence_get(&mut self, now: Timestamp, result: StoreResult) {
         let entry = match Read::of(result) {
             Read::Found(entry) => entry,
             // The predecessor's key expired meanwhile: create ours.
-            Read::Absent => return self.create_presence(now),
+            Read::Absent => return self.create_presence(),
             Read::Failed(e) if e.is_fatal() => return self.fatal_store(e),
             Read::Failed(_) => {
                 let key = keys::worker(&self.me.instance);
                 return self.retry_later(now, Bucket::Lease, StoreRequest::Get { key }, Pending::PresenceGet);
             }
         };
-        let Ok(rec) = records::decode::<PresenceRecord>(&entry.value) else {
+        let Ok(mut rec) = records::decode::<PresenceRecord>(&entry.value) else {
             // Unreadable presence of our own id: treat as a dead predecessor.
-            return self.takeover_presence(now, entry.revision);
+            return self.takeover_presence(entry.revision);
         };
+        let mut rev = entry.revision;
+        if let Some((seen, seen_rec)) = self.view.workers.get(&self.me.instance)
+            && *seen > rev
+        {
+            (rev, rec) = (*seen, seen_rec.clone());
+        }
         if rec.incarnation == self.me.incarnation {
             // Our own create landed despite the error.
-            return self.presence_joined(now, entry.revision, now - self.cfg.tuning.heartbeat_interval());
+            return self.presence_joined(now, rev);
         }
         match self.presence.join {
-            Join::Rechecking { rev, incarnation } => {
-                if entry.revision == rev {
-                    self.takeover_presence(now, rev);
+            Join::Rechecking { rev: baseline, incarnation, renewed } => {
+                if rev == baseline && rec.incarnation.0 == incarnation {
+                    self.takeover_presence(rev);
+                } else if rev < baseline {
+                    // A lagging replica: read again.
+                    self.presence_read(Pending::PresenceGet);
                 } else {
-                    self.duplicate(if rec.incarnation.0 != incarnation {
-                        rec.incarnation.0
-                    } else {
-                        incarnation
-                    });
+                    self.renewal_seen(now, rev, rec.incarnation.0, renewed);
                 }
             }
-            _ => {
-                // P3: wait a heartbeat interval (and a half, for scheduling jitter) to see whether
-                // the holder is alive.
-                let wait = self.cfg.tuning.heartbeat_interval() + self.cfg.tuning.heartbeat_interval() / 2;
-                self.presence.join = Join::Observing {
-                    rev: entry.revision,
-                    incarnation: rec.incarnation.0,
-                    deadline: now + wait,
-                };
-            }
+            _ => self.observe(now, rev, rec.incarnation.0, false),
+        }
+    }
+
+    /// P3: wait a heartbeat interval (and a half, for scheduling jitter) to see whether the
+    /// holder is alive.
+    fn observe(&mut self, now: Timestamp, rev: Revision, incarnation: u64, renewed: bool) {
+        let wait = self.cfg.tuning.heartbeat_interval() + self.cfg.tuning.heartbeat_interval() / 2;
+        self.presence.join = Join::Observing { rev, incarnation, deadline: now + wait, renewed };
+    }
+
+    /// P3: the holder of our id wrote its key. One write can be a dead predecessor's that landed
+    /// late (its connection held it); a second proves a live twin.
+    fn renewal_seen(&mut self, now: Timestamp, rev: Revision, incarnation: u64, renewed: bool) {
+        if renewed {
+            self.duplicate(incarnation);
+        } else {
+            self.observe(now, rev, incarnation, true);
         }
     }
 
     /// P3: the observation window ended without a renewal seen on the watch: re-read the key.
     pub(super) fn observation_ended(&mut self, now: Timestamp) {
-        if let Join::Observing { rev, incarnation, deadline } = self.presence.join
+        if let Join::Observing { rev, incarnation, deadline, renewed } = self.presence.join
             && now >= deadline
         {
-            self.presence.join = Join::Rechecking { rev, incarnation };
-            self.presence_get();
+            self.presence.join = Join::Rechecking { rev, incarnation, renewed };
+            self.presence_read(Pending::PresenceGet);
         }
     }
 
     /// P3: the predecessor is dead: take its key over by CAS.
-    fn takeover_presence(&mut self, now: Timestamp, rev: Revision) {
+    fn takeover_presence(&mut self, rev: Revision) {
         self.presence.join = Join::TakingOver;
         let request = self.presence_cas(rev);
-        self.send(Bucket::Lease, request, Pending::PresenceTakeover { sent: now });
+        self.send(Bucket::Lease, request, Pending::PresenceTakeover);
     }
 
-    pub(super) fn on_presence_takeover(&mut self, now: Timestamp, sent: Timestamp, result: StoreResult) {
+    pub(super) fn on_presence_takeover(&mut self, now: Timestamp, result: StoreResult) {
         match Written::of(result) {
-            Written::Applied(rev) => self.presence_joined(now, rev, sent),
+            Written::Applied(rev) => self.presence_joined(now, rev),
             // Renewed by a twin, or our own write landed: the read decides.
             Written::Conflict | Written::InDoubt => {
                 self.presence.join = Join::Creating;
-                self.presence_get();
+                self.presence_read(Pending::PresenceGet);
             }
             Written::Fatal(e) => self.fatal_store(e),
             Written::Unavailable => {
@@ -185,27 +202,22 @@ impl Worker {
     }
 
     /// P7: renew our presence (part of every heartbeat).
-    pub(super) fn renew_presence(&mut self, now: Timestamp) {
+    pub(super) fn renew_presence(&mut self) {
         let Some(rev) = self.presence.rev else { return };
-        if self.presence.renewing.is_some() {
+        if self.presence.renewing.is_some() || self.presence.retired {
             return;
         }
         let request = self.presence_cas(rev);
-        let op = self.send(Bucket::Lease, request, Pending::PresenceRenew { sent: now });
+        let op = self.send(Bucket::Lease, request, Pending::PresenceRenew);
         self.presence.renewing = Some(op);
     }
 
-    pub(super) fn on_presence_renew(&mut self, sent: Timestamp, result: StoreResult) {
+    pub(super) fn on_presence_renew(&mut self, result: StoreResult) {
         self.presence.renewing = None;
         match Written::of(result) {
-            Written::Applied(rev) => {
-                self.presence.rev = Some(rev);
-                self.presence.trusted_until = sent + self.cfg.tuning.lease_trust();
-            }
+            Written::Applied(rev) => self.presence.rev = Some(rev),
             Written::Conflict | Written::InDoubt => {
-                let key = keys::worker(&self.me.instance);
-                let op =
-                    self.send(Bucket::Lease, StoreRequest::Get { key }, Pending::PresenceResolve { sent });
+                let op = self.presence_read(Pending::PresenceResolve);
                 self.presence.renewing = Some(op);
             }
             Written::Fatal(e) => self.fatal_store(e),
@@ -214,26 +226,23 @@ impl Worker {
     }
 
     /// P3, P7: after a lost or in-doubt renewal, the key decides: still ours (renewed or not),
-    /// another incarnation's (a live twin: fatal), or gone (announce again).
-    pub(super) fn on_presence_resolve(&mut self, now: Timestamp, sent: Timestamp, result: StoreResult) {
+    /// another incarnation's (a live twin: fatal), or gone (announce again). An older revision
+    /// than ours comes from a lagging replica and decides nothing.
+    pub(super) fn on_presence_resolve(&mut self, result: StoreResult) {
         self.presence.renewing = None;
         match Read::of(result) {
+            Read::Found(entry) if self.presence.rev.is_some_and(|r| entry.revision < r) => {}
             Read::Found(entry) => match records::decode::<PresenceRecord>(&entry.value) {
-                Ok(rec) if rec.incarnation == self.me.incarnation => {
-                    let applied = Some(entry.revision) != self.presence.rev;
-                    self.presence.rev = Some(entry.revision);
-                    if applied {
-                        self.presence.trusted_until = sent + self.cfg.tuning.lease_trust();
-                    }
-                }
+                Ok(rec) if rec.incarnation == self.me.incarnation => self.presence.rev = Some(entry.revision),
                 Ok(rec) => self.duplicate(rec.incarnation.0),
                 Err(_) => self.duplicate(0),
             },
-            // Our presence expired (store outage, long pause): announce again.
+            // Our presence expired (store outage, long pause): announce again, unless leaving.
+            Read::Absent if self.presence.retired => {}
             Read::Absent => {
                 self.presence.rev = None;
                 let request = self.presence_create();
-                let op = self.send(Bucket::Lease, request, Pending::PresenceCreate { sent: now });
+                let op = self.send(Bucket::Lease, request, Pending::PresenceCreate);
                 self.presence.renewing = Some(op);
             }
             Read::Failed(_) => {}
@@ -241,32 +250,31 @@ impl Worker {
     }
 
     /// A presence create while already running (after our key expired).
-    pub(super) fn on_presence_recreate(&mut self, now: Timestamp, sent: Timestamp, result: StoreResult) {
+    pub(super) fn on_presence_recreate(&mut self, now: Timestamp, result: StoreResult) {
         self.presence.renewing = None;
         match Written::of(result) {
-            Written::Applied(rev) => self.presence_joined(now, rev, sent),
+            Written::Applied(rev) => self.presence_joined(now, rev),
             Written::Conflict | Written::InDoubt => {
-                let key = keys::worker(&self.me.instance);
-                let op =
-                    self.send(Bucket::Lease, StoreRequest::Get { key }, Pending::PresenceResolve { sent });
+                let op = self.presence_read(Pending::PresenceResolve);
                 self.presence.renewing = Some(op);
             }
             Written::Fatal(_) | Written::Unavailable => {}
         }
     }
 
-    /// P3: a watch event on our presence key at `rev` naming another incarnation: a live twin
-    /// renewed it.
-    pub(super) fn check_own_presence(&mut self, rev: Revision) {
+    /// P3: a watch event on our presence key at `rev` naming another incarnation.
+    pub(super) fn check_own_presence(&mut self, now: Timestamp, rev: Revision) {
         let Some((_, rec)) = self.view.workers.get(&self.me.instance) else { return };
         if rec.incarnation == self.me.incarnation {
             return;
         }
         let other = rec.incarnation.0;
         match self.presence.join {
-            // While observing, a renewal by the holder proves a live twin.
-            Join::Observing { rev: seen, .. } | Join::Rechecking { rev: seen, .. } if rev > seen => {
-                self.duplicate(other)
+            // While observing, a renewal by the holder is evidence of a live twin.
+            Join::Observing { rev: seen, renewed, .. } | Join::Rechecking { rev: seen, renewed, .. }
+                if rev > seen =>
+            {
+                self.renewal_seen(now, rev, other, renewed)
             }
             Join::Joined if self.presence.rev.is_some_and(|r| r < rev) => self.duplicate(other),
             _ => {}

@@ -37,7 +37,7 @@ impl Worker {
     /// P2: `meta` created (join), or it exists (read it and compare).
     pub(super) fn on_meta_create(&mut self, now: Timestamp, result: StoreResult) {
         match Written::of(result) {
-            Written::Applied(_) => self.join(now),
+            Written::Applied(_) => self.join(),
             Written::Conflict | Written::InDoubt => {
                 self.send(Bucket::State, StoreRequest::Get { key: keys::meta() }, Pending::MetaGet);
             }
@@ -53,7 +53,7 @@ impl Worker {
     pub(super) fn on_meta_get(&mut self, now: Timestamp, result: StoreResult) {
         match Read::of(result) {
             Read::Found(entry) => match records::decode::<Meta>(&entry.value) {
-                Ok(stored) if stored == self.meta() => self.join(now),
+                Ok(stored) if stored == self.meta() => self.join(),
                 Ok(stored) => self.fatal(FatalError::ConfigDivergence {
                     stored: stored.describe(),
                     local: self.meta().describe(),
@@ -77,7 +77,7 @@ impl Worker {
     }
 
     /// P2 passed: open the watches and announce presence (P3).
-    fn join(&mut self, now: Timestamp) {
+    fn join(&mut self) {
         if self.phase != Phase::Meta {
             return;
         }
@@ -86,6 +86,6 @@ impl Worker {
             self.watches.insert(w, WatchState { ready: false, snapshot: Some(Vec::new()) });
             self.out.push(Action::Watch { watch: w });
         }
-        self.create_presence(now);
+        self.create_presence();
     }
 }

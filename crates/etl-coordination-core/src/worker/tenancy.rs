@@ -32,6 +32,9 @@ pub(super) struct Held {
     pub(super) trusted_until: Timestamp,
     /// A renewal (or its resolving read) in flight.
     pub(super) renewing: Option<OpId>,
+    /// Send time of the oldest lease write since the last acknowledged one (P11: a revision
+    /// found by a read may have been written by any of them).
+    pub(super) unacked_since: Option<Timestamp>,
     pub(super) stage: Stage,
     /// The op of the current stage (acquisition steps, end write, lease delete).
     pub(super) op: Option<OpId>,
@@ -40,9 +43,14 @@ pub(super) struct Held {
     pub(super) end: Option<End>,
     /// The record that ends the tenancy, being written (stage Ending).
     pub(super) end_write: Option<SplitRecord>,
-    /// The lane is being restarted after starvation (no new acquisition).
-    pub(super) resumed: bool,
+    /// A starved tenancy resuming under a new epoch (P11): no attempt, no acquisition event.
+    pub(super) resuming: bool,
+    /// Reads that found no descriptor (possibly from a lagging replica).
+    pub(super) desc_misses: u32,
 }
+
+/// Reads of an absent descriptor before the split is called unprocessable.
+const DESC_MISSES_MAX: u32 = 5;
 
 /// Where a tenancy is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,14 +150,7 @@ impl Worker {
         if let Some(h) = self.held.remove(id)
             && let Some(rev) = h.lease_rev
         {
-            self.send(
-                Bucket::Lease,
-                StoreRequest::Delete { key: keys::split(id), expected: rev },
-                Pending::Cleanup,
-            );
-            if let Some(l) = &mut self.leaving {
-                l.cleanup_outstanding += 1;
-            }
+            self.retire(keys::split(id), rev);
         }
         self.blocked.insert(id.clone());
     }
@@ -165,7 +166,9 @@ impl Worker {
     pub(super) fn start_lane_setup(&mut self, id: &SplitId) {
         let h = &self.held[id];
         let (reason, epoch) = (h.reason, h.epoch);
-        self.event(Event::Acquired { split: id.clone(), reason, epoch });
+        if !h.resuming {
+            self.event(Event::Acquired { split: id.clone(), reason, epoch });
+        }
         if self.phase == Phase::Leaving {
             return self.begin_end(id, End::Release);
         }
@@ -184,8 +187,9 @@ impl Worker {
         if !self.is_current(&id, op) {
             return;
         }
-        match Read::of(result) {
-            Read::Found(e) => match records::decode::<Descriptor>(&e.value) {
+        let read = Read::of(result);
+        match read {
+            Read::Found(ref e) => match records::decode::<Descriptor>(&e.value) {
                 Ok(d) => {
                     if self.phase == Phase::Leaving {
                         return self.begin_end(&id, End::Release);
@@ -196,7 +200,7 @@ impl Worker {
                         // lane unfenced. Renewals decide whether it resumes.
                         h.stage = Stage::Starved;
                         h.op = None;
-                        h.resumed = true;
+
                         return;
                     }
                     h.stage = Stage::Running;
@@ -207,9 +211,9 @@ impl Worker {
                         descriptor: d.descriptor,
                         weight: h.weight,
                         progress: h.record.progress.clone(),
-                        reason: (!h.resumed).then_some(h.reason),
+                        reason: (!h.resuming).then_some(h.reason),
                     };
-                    h.resumed = false;
+                    h.resuming = false;
                     self.out.push(action);
                 }
                 Err(err) => {
@@ -220,13 +224,18 @@ impl Worker {
                     );
                 }
             },
-            Read::Absent => {
+            // Descriptors are written before the manifest that lists them and never deleted, so
+            // an absent one is most likely a read from a lagging replica: read again a few
+            // times before calling the split unprocessable (P12: a stale read is no poison).
+            Read::Absent if self.held[&id].desc_misses + 1 >= DESC_MISSES_MAX => {
                 self.begin_end(
                     &id,
                     End::Fail { error: "descriptor missing from the store".into(), unprocessable: true },
                 );
             }
-            Read::Failed(_) => {
+            Read::Absent | Read::Failed(_) => {
+                let h = self.held.get_mut(&id).expect("held");
+                h.desc_misses += u32::from(matches!(read, Read::Absent));
                 self.held.get_mut(&id).expect("held").op = None;
                 self.retry_later(
                     now,

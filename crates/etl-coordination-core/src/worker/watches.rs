@@ -8,10 +8,11 @@ use crate::ids::{Revision, SplitId};
 use crate::io::{Action, Event, StopReason, WatchId};
 use crate::records::{self, LeaderRecord, LeaseRecord, PlanHead, PresenceRecord, SplitRecord, keys};
 use crate::store::{Entry, Key, StoreRequest, WatchEvent};
+use crate::time::Timestamp;
 
-use super::Worker;
 use super::outbox::Pending;
 use super::tenancy::Stage;
+use super::{Phase, Worker};
 
 /// One watch: whether its snapshot is complete, and the snapshot being received.
 #[derive(Debug, Default)]
@@ -31,7 +32,7 @@ impl Worker {
         }
     }
 
-    pub(super) fn on_watch(&mut self, watch: WatchId, event: WatchEvent) {
+    pub(super) fn on_watch(&mut self, now: Timestamp, watch: WatchId, event: WatchEvent) {
         let Some(ws) = self.watches.get_mut(&watch) else { return };
         if let Some(buf) = &mut ws.snapshot {
             match event {
@@ -46,7 +47,7 @@ impl Worker {
             return;
         }
         match event {
-            WatchEvent::Put(entry) => self.apply_put(watch, entry),
+            WatchEvent::Put(entry) => self.apply_put(now, watch, entry),
             WatchEvent::Delete { key, revision, .. } => self.apply_delete(watch, key, revision),
             WatchEvent::SnapshotComplete => {}
         }
@@ -159,14 +160,20 @@ impl Worker {
     }
 
     /// A put seen on a watch: into the view, then the fencing triggers (P7, P3, P4).
-    fn apply_put(&mut self, watch: WatchId, entry: Entry) {
+    fn apply_put(&mut self, now: Timestamp, watch: WatchId, entry: Entry) {
         let key = entry.key.clone();
         let rev = entry.revision;
+        let ours = watch == WatchId::Leases && self.names_me(&key, &entry.value);
         self.apply_entry(watch, entry);
         match watch {
             WatchId::Leases => {
                 if let Some(id) = keys::parse_split(&key) {
                     self.blocked.remove(&id);
+                    // A lease of ours for a split we do not hold: an acquisition we gave up whose
+                    // write landed late. Give it back rather than make peers wait for its TTL.
+                    if ours && !self.held.contains_key(&id) && self.phase != Phase::Stopped {
+                        self.retire(key.clone(), rev);
+                    }
                     // P7: our lease now names someone else at a newer revision: fenced.
                     let foreign = self
                         .view
@@ -178,7 +185,7 @@ impl Worker {
                         self.revoke(&id, StopReason::Fenced);
                     }
                 } else if keys::parse_worker(&key).as_ref() == Some(&self.me.instance) {
-                    self.check_own_presence(rev);
+                    self.check_own_presence(now, rev);
                 } else if key == keys::leader()
                     && self.leader.as_ref().is_some_and(|l| l.rev < rev)
                     && self.view.leader.as_ref().is_some_and(|(_, l)| l.owner != self.me)
