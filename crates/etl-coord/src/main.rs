@@ -133,6 +133,10 @@ struct WorkerArgs {
     /// How long lanes get to commit on SIGTERM before their splits are released.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     drain_timeout: Duration,
+    /// How long the leader waits for the planner (listing the input) before counting the call
+    /// as failed and retrying it after a backoff.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    plan_timeout: Duration,
     /// What a stalled job (quarantined splits) means: fatal (exit 3) or warn (exit 0).
     #[arg(long, default_value = "fatal", value_parser = ["fatal", "warn"])]
     on_stall: String,
@@ -360,6 +364,7 @@ async fn worker_on<S: etl_coordination_store::Store>(
             max_attempts: a.max_attempts,
             replan_interval: a.replan_interval,
             drain_timeout: a.drain_timeout,
+            plan_timeout: a.plan_timeout,
         },
         on_stall: if a.on_stall == "warn" { OnStall::Warn } else { OnStall::Fatal },
         ..DriverConfig::default()

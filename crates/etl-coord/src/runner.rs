@@ -168,15 +168,26 @@ pub async fn run_lane<R: SplitReader>(
                 lane.fail(format!("sink: {e}"));
                 return (emitted, LaneEnd::Failed);
             }
-            let p = uncommitted.clone().expect("progress");
-            match lane.commit(p).await {
-                CommitOutcome::Ok => {
-                    uncommitted = None;
-                    since = 0;
-                    last_commit = Instant::now();
+            // Commit before going on: a lane never runs more than one commit interval ahead of
+            // its durable progress, so a store outage bounds both the replay and what a zombie
+            // (a lane that lost its split without hearing of it) emits twice.
+            loop {
+                let p = uncommitted.clone().expect("progress");
+                match lane.commit(p).await {
+                    CommitOutcome::Ok => {
+                        uncommitted = None;
+                        since = 0;
+                        last_commit = Instant::now();
+                        break;
+                    }
+                    CommitOutcome::Lost => return (emitted, LaneEnd::Revoked),
+                    CommitOutcome::Retryable => {
+                        tokio::select! {
+                            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                            _ = lane.revoked() => break,
+                        }
+                    }
                 }
-                CommitOutcome::Lost => return (emitted, LaneEnd::Revoked),
-                CommitOutcome::Retryable => last_commit = Instant::now(),
             }
         }
     }

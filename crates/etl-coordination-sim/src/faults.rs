@@ -20,7 +20,6 @@ impl World {
         if !matches!(s.status, Status::Running | Status::Paused) {
             return;
         }
-        self.checker.crashed.insert(s.owner.clone());
         s.core = None;
         s.lanes.clear();
         s.core_lanes.clear();

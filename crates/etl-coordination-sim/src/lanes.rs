@@ -74,6 +74,12 @@ impl World {
             return;
         }
         let (next, total, stopping) = (lane.next, lane.total, lane.stopping);
+        if lane.since_commit >= self.opts.commit_every && !stopping && next < total {
+            // A commit came back retryable: a lane does not run more than one commit interval
+            // ahead of its durable progress, so it commits again before emitting more.
+            self.slots[slot].lanes.get_mut(&(split.clone(), epoch)).expect("lane").committing = true;
+            return self.deliver(slot, Input::Commit { split, epoch, progress: le(next) });
+        }
         if next >= total {
             self.slots[slot].lanes.get_mut(&(split.clone(), epoch)).expect("lane").committing = true;
             return self.deliver(slot, Input::Finish { split, epoch, progress: le(total) });

@@ -166,6 +166,10 @@ impl World {
         }
         let result =
             if write { self.apply_write(&writer, bucket, request) } else { self.read(bucket, request) };
+        if let (Ok(StoreReply::Written(rev)), Answer::Dropped, Bucket::Lease) = (&result, answer, bucket) {
+            // The writer never learns this write landed (its answer is in doubt).
+            self.unacked_lease_writes.insert(*rev);
+        }
         self.distribute(Bucket::State);
         self.distribute(Bucket::Lease);
         if let Answer::After(d) = answer {

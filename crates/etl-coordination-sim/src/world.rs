@@ -163,6 +163,8 @@ pub(crate) struct World {
     final_listings: BTreeMap<u64, u32>,
     /// Random runs: consecutive balance probes with an imbalance that did not shrink.
     imbalance: (u32, u32),
+    /// Lease-bucket revisions written by requests whose writer got no answer (in doubt).
+    pub unacked_lease_writes: std::collections::BTreeSet<etl_coordination_core::Revision>,
 }
 
 impl World {
@@ -233,6 +235,7 @@ impl World {
             balance_window_closed: false,
             final_listings: BTreeMap::new(),
             imbalance: (0, 0),
+            unacked_lease_writes: Default::default(),
         }
     }
 
@@ -412,6 +415,11 @@ impl World {
         let now = self.now;
         let left = self.lease.list(now, &etl_coordination_core::Prefix::all());
         for e in left {
+            if self.unacked_lease_writes.contains(&e.revision) {
+                // Its writer never learned it landed (the answer was in doubt and a read may
+                // have come from a lagging replica): the TTL removes it.
+                continue;
+            }
             let written_at = self.history[1].get(&e.key).and_then(|v| v.back()).map_or(now, |(t, _)| *t);
             self.checker.on_leftover_key(now, &e, written_at);
         }

@@ -142,6 +142,7 @@ impl Worker {
                 end_write: None,
                 resuming: false,
                 desc_misses: 0,
+                record_in_doubt: false,
             },
         );
         let op = self.send(Bucket::Lease, request, Pending::LeaseAcquire { split: id.clone(), sent: now });
@@ -288,7 +289,14 @@ impl Worker {
         if !self.is_current(&id, op) {
             return;
         }
-        match Written::of(result) {
+        let answer = Written::of(result);
+        let h = self.held.get_mut(&id).expect("held");
+        match answer {
+            Written::Applied(_) => h.record_in_doubt = false,
+            Written::InDoubt => h.record_in_doubt = true,
+            _ => {}
+        }
+        match answer {
             Written::Applied(rev) => self.claim_written(&id, rev),
             Written::Conflict | Written::InDoubt => {
                 let op = self.send(
@@ -342,6 +350,7 @@ impl Worker {
         let h = self.held.get_mut(&id).expect("held");
         if rec == h.record {
             // Our own write landed.
+            h.record_in_doubt = false;
             return self.claim_written(&id, entry.revision);
         }
         // Still at the epoch we set out to replace: the previous owner committed (or ended its

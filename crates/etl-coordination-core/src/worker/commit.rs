@@ -62,9 +62,19 @@ impl Worker {
     pub(super) fn on_record_commit(&mut self, op: OpId, id: SplitId, result: StoreResult) {
         let Some(h) = self.held.get(&id) else { return };
         let Some(c) = h.commit.clone().filter(|c| c.op == op) else { return };
-        match Written::of(result) {
+        let answer = Written::of(result);
+        let h = self.held.get_mut(&id).expect("held");
+        match answer {
+            Written::Applied(_) => h.record_in_doubt = false,
+            Written::InDoubt => h.record_in_doubt = true,
+            _ => {}
+        }
+        match answer {
             Written::Applied(rev) => self.commit_applied(&id, rev),
-            // P8: the outcome is decided by re-reading, never assumed.
+            // P8: the fence said no and none of our writes to the record is in doubt: someone
+            // else wrote it, the split is lost (no read needed, a lagging replica cannot delay it).
+            Written::Conflict if !self.held[&id].record_in_doubt => self.commit_lost(&id),
+            // P8: otherwise the outcome is decided by re-reading, never assumed.
             Written::Conflict | Written::InDoubt => {
                 let op = self.send(
                     Bucket::State,
@@ -100,6 +110,7 @@ impl Worker {
         let h = &self.held[&id];
         if rec == committed(&h.record, &h.base.progress, &c.progress, c.terminal) {
             // Our write landed.
+            self.held.get_mut(&id).expect("held").record_in_doubt = false;
             return self.commit_applied(&id, entry.revision);
         }
         // Only the owner of this epoch writes a record without bumping the epoch, so an unchanged
@@ -108,6 +119,7 @@ impl Worker {
             let h = self.held.get_mut(&id).expect("held");
             h.record_rev = entry.revision;
             h.record = rec;
+            h.record_in_doubt = false;
             return self.finish_commit(&id, CommitOutcome::Retryable);
         }
         self.commit_lost(&id);

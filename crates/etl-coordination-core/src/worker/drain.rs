@@ -88,11 +88,16 @@ impl Worker {
                 self.retire(keys::leader(), lead.rev);
                 let term = lead.head.as_ref().map_or(0, |(_, h)| h.term);
                 self.event(Event::Leadership { leader: false, term });
+            } else if let Some((rev, l)) = &self.view.leader
+                && l.owner == self.me
+            {
+                // We stepped down (trust lapsed) but the key may still name us.
+                self.retire(keys::leader(), *rev);
             }
             self.leaving.as_mut().expect("leaving").cleanup_sent = true;
             return;
         }
-        let settling = self.pending.values().any(|p| {
+        let settling = self.pending.values().chain(self.retries.iter().map(|r| &r.pending)).any(|p| {
             matches!(
                 p,
                 Pending::Retire { .. }

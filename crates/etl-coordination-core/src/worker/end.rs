@@ -72,8 +72,17 @@ impl Worker {
         if !self.is_current(&id, op) {
             return;
         }
-        match Written::of(result) {
+        let answer = Written::of(result);
+        let h = self.held.get_mut(&id).expect("held");
+        match answer {
+            Written::Applied(_) => h.record_in_doubt = false,
+            Written::InDoubt => h.record_in_doubt = true,
+            _ => {}
+        }
+        match answer {
             Written::Applied(rev) => self.end_written(&id, rev),
+            // No write of ours is in doubt: someone else wrote the record; the tenancy is over.
+            Written::Conflict if !self.held[&id].record_in_doubt => self.delete_lease(&id),
             Written::Conflict | Written::InDoubt => {
                 let op = self.send(
                     Bucket::State,
@@ -130,6 +139,7 @@ impl Worker {
             h.end_write = Some(end_record(&self.cfg, &rec, &end));
             h.record = rec;
             h.record_rev = entry.revision;
+            h.record_in_doubt = false;
             return self.write_end(&id);
         }
         // Someone else owns it now: this tenancy is over.

@@ -46,6 +46,24 @@ impl Worker {
         h.unacked_since.get_or_insert(now);
     }
 
+    /// Reads a held lease whose presence is in question (a listing did not show it); the read
+    /// decides like a renewal's (absent: fenced).
+    pub(super) fn check_lease(&mut self, id: &SplitId) {
+        let Some(h) = self.held.get(id) else { return };
+        if h.renewing.is_some()
+            || h.lease_rev.is_none()
+            || matches!(h.stage, Stage::DeletingLease | Stage::AcquiringLease)
+        {
+            return;
+        }
+        let op = self.send(
+            Bucket::Lease,
+            StoreRequest::Get { key: keys::split(id) },
+            Pending::LeaseRenewResolve { split: id.clone() },
+        );
+        self.held.get_mut(id).expect("held").renewing = Some(op);
+    }
+
     /// P7: a renewal that lost its swap or its answer is resolved by reading the lease.
     pub(super) fn on_lease_renew(
         &mut self,
@@ -107,8 +125,10 @@ impl Worker {
             Read::Found(e) => match records::decode::<LeaseRecord>(&e.value) {
                 Ok(l) if l.owner == self.me && l.epoch == epoch => {
                     if Some(e.revision) != known {
+                        // Written by one of our writes since the last acknowledged one; with none
+                        // outstanding, nothing is credited (the trust we have stays).
                         let h = self.held.get_mut(&id).expect("held");
-                        let sent = h.unacked_since.take().unwrap_or(now);
+                        let sent = h.unacked_since.take().unwrap_or(Timestamp::ZERO);
                         self.lease_renewed(now, &id, e.revision, sent);
                     } else {
                         self.after_renewal(&id);

@@ -229,7 +229,7 @@ impl Worker {
             }
             Pending::LeaseRenew { split, sent } => self.on_lease_renew(now, op, split, sent, result),
             Pending::LeaseRenewResolve { split } => self.on_lease_renew_resolve(now, op, split, result),
-            Pending::LeaseDelete { split } => self.on_lease_delete(op, split),
+            Pending::LeaseDelete { split } => self.on_lease_delete(now, op, split, result),
             Pending::RecordClaim { split } => self.on_record_claim(now, op, split, result),
             Pending::RecordClaimRead { split } => self.on_record_claim_read(now, op, split, result),
             Pending::DescRead { split } => self.on_desc_read(now, op, split, result),

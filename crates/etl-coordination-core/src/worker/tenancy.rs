@@ -47,6 +47,9 @@ pub(super) struct Held {
     pub(super) resuming: bool,
     /// Reads that found no descriptor (possibly from a lagging replica).
     pub(super) desc_misses: u32,
+    /// A write of ours to the record may still land (its answer was in doubt): a conflict may
+    /// then be our own doing, and only a read can tell (P8).
+    pub(super) record_in_doubt: bool,
 }
 
 /// Reads of an absent descriptor before the split is called unprocessable.
@@ -269,10 +272,14 @@ impl Worker {
         self.held.get_mut(id).expect("held").op = Some(op);
     }
 
-    pub(super) fn on_lease_delete(&mut self, op: OpId, id: SplitId) {
+    /// The tenancy is over either way; a delete that did not land is retried by `retire` (the
+    /// lease must not outlive a finished worker only because one delete failed).
+    pub(super) fn on_lease_delete(&mut self, now: Timestamp, op: OpId, id: SplitId, result: StoreResult) {
         if self.is_current(&id, op) {
-            // Deleted, or it already moved on; either way the tenancy is over.
             self.held.remove(&id);
+            if result.is_err() {
+                self.on_retire(now, keys::split(&id), result);
+            }
         }
     }
 }

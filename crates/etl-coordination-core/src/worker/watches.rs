@@ -99,6 +99,7 @@ impl Worker {
         for e in entries {
             self.apply_entry(watch, e);
         }
+        self.fence_after_snapshot(watch);
     }
 
     /// Puts one entry into the view (newer revisions win).
@@ -174,16 +175,7 @@ impl Worker {
                     if ours && !self.held.contains_key(&id) && self.phase != Phase::Stopped {
                         self.retire(key.clone(), rev);
                     }
-                    // P7: our lease now names someone else at a newer revision: fenced.
-                    let foreign = self
-                        .view
-                        .splits
-                        .get(&id)
-                        .and_then(|sv| sv.lease.as_ref())
-                        .is_some_and(|l| l.owner != self.me);
-                    if foreign && self.held.get(&id).is_some_and(|h| h.lease_rev.is_some_and(|r| r < rev)) {
-                        self.revoke(&id, StopReason::Fenced);
-                    }
+                    self.fence_on_lease(&id);
                 } else if keys::parse_worker(&key).as_ref() == Some(&self.me.instance) {
                     self.check_own_presence(now, rev);
                 } else if key == keys::leader()
@@ -196,22 +188,56 @@ impl Worker {
             WatchId::Splits => {
                 if let Some(id) = keys::parse_split(&key) {
                     self.blocked.remove(&id);
-                    let record = self.view.splits.get(&id).and_then(|sv| sv.record.clone());
-                    if let (Some(h), Some(r)) = (self.held.get(&id), record) {
-                        let written = matches!(
-                            h.stage,
-                            Stage::Running | Stage::ReadingDesc | Stage::Starved | Stage::Stopping { .. }
-                        );
-                        // Only an ownership change bumps the epoch or names another owner; our
-                        // own terminal commit clears the owner at the same epoch.
-                        let moved = r.epoch != h.epoch || r.owner.as_ref().is_some_and(|o| *o != self.me);
-                        if written && moved && rev > h.record_rev {
-                            self.revoke(&id, StopReason::Fenced);
-                        }
-                    }
+                    self.fence_on_record(&id);
                 }
             }
             WatchId::Plan => {}
+        }
+    }
+
+    /// P7: the view shows our lease naming someone else at a revision newer than our last
+    /// write to it: fenced.
+    fn fence_on_lease(&mut self, id: &SplitId) {
+        let Some(sv) = self.view.splits.get(id) else { return };
+        let foreign = sv.lease.as_ref().is_some_and(|l| l.owner != self.me);
+        if foreign && self.held.get(id).is_some_and(|h| h.lease_rev.is_some_and(|r| r < sv.lease_rev)) {
+            self.revoke(id, StopReason::Fenced);
+        }
+    }
+
+    /// P7: the view shows our record moved to another tenancy at a revision newer than our
+    /// last write to it: fenced. Only an ownership change bumps the epoch or names another
+    /// owner; our own terminal commit clears the owner at the same epoch.
+    fn fence_on_record(&mut self, id: &SplitId) {
+        let Some(sv) = self.view.splits.get(id) else { return };
+        let Some(r) = &sv.record else { return };
+        let Some(h) = self.held.get(id) else { return };
+        let written =
+            matches!(h.stage, Stage::Running | Stage::ReadingDesc | Stage::Starved | Stage::Stopping { .. });
+        let moved = r.epoch != h.epoch || r.owner.as_ref().is_some_and(|o| *o != self.me);
+        if written && moved && sv.record_rev > h.record_rev {
+            self.revoke(id, StopReason::Fenced);
+        }
+    }
+
+    /// After a snapshot (a watch reopened, or the periodic resync): the same fencing triggers
+    /// for every held split, since the snapshot may carry the change that a missed event
+    /// would have. A lease of ours missing from a listing is checked by a point read (a
+    /// listing may come from a lagging replica).
+    fn fence_after_snapshot(&mut self, watch: WatchId) {
+        let ids: Vec<SplitId> = self.held.keys().cloned().collect();
+        for id in ids {
+            match watch {
+                WatchId::Leases => {
+                    self.fence_on_lease(&id);
+                    let missing = self.view.splits.get(&id).is_none_or(|sv| sv.lease.is_none());
+                    if missing {
+                        self.check_lease(&id);
+                    }
+                }
+                WatchId::Splits => self.fence_on_record(&id),
+                WatchId::Plan => {}
+            }
         }
     }
 
