@@ -123,13 +123,26 @@ pub fn sweep(start: u64, count: u64) -> Result<()> {
                     if seed >= end {
                         return;
                     }
-                    let r = run(seed, &Options::for_seed(seed));
-                    agg.lock().expect("lock").add(&r);
+                    // A panic in the core is a bug like any violation: report it with its seed.
+                    let r = std::panic::catch_unwind(|| run(seed, &Options::for_seed(seed)));
+                    let mut agg = agg.lock().unwrap_or_else(|e| e.into_inner());
+                    match r {
+                        Ok(r) => agg.add(&r),
+                        Err(panic) => {
+                            let msg = panic
+                                .downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_default();
+                            agg.failures.push((seed, format!("panic: {msg}")));
+                            agg.failures.sort();
+                        }
+                    }
                 }
             });
         }
     });
-    let agg = agg.into_inner().expect("lock");
+    let agg = agg.into_inner().unwrap_or_else(|e| e.into_inner());
     println!("simulation sweep: seeds {start}..{end} in {:.1}s", t0.elapsed().as_secs_f64());
     println!("  events: {}", agg.events);
     println!("  faults injected: {:?}", agg.faults);
@@ -137,6 +150,10 @@ pub fn sweep(start: u64, count: u64) -> Result<()> {
     println!("  outcomes: {:?}", agg.outcomes);
     println!("  acquisitions: {:?}", agg.acquisitions);
     println!("  data: {:?}", agg.stats);
+    if !agg.innocent.is_empty() {
+        let shown: Vec<u64> = agg.innocent.iter().take(20).copied().collect();
+        println!("  stalled without poison (healthy splits quarantined), first seeds: {shown:?}");
+    }
     if agg.failures.is_empty() {
         println!("  violations: none");
         return Ok(());
@@ -157,6 +174,8 @@ struct Agg {
     acquisitions: BTreeMap<&'static str, u64>,
     stats: BTreeMap<&'static str, u64>,
     failures: Vec<(u64, String)>,
+    /// Seeds that stalled without a poison split (healthy splits quarantined).
+    innocent: Vec<u64>,
 }
 
 impl Agg {
@@ -174,6 +193,8 @@ impl Agg {
         *self.outcomes.entry(r.outcome).or_default() += 1;
         if r.poison_splits == 0 && r.outcome == "stalled" {
             *self.outcomes.entry("stalled_without_poison").or_default() += 1;
+            self.innocent.push(r.seed);
+            self.innocent.sort();
         }
         *self.stats.entry("splits_quarantined").or_default() += r.quarantined as u64;
         *self.stats.entry("records_in_input").or_default() += r.records_total;

@@ -244,6 +244,9 @@ pub struct LeaseRecord {
     pub owner: Owner,
     /// The epoch of the holder's tenancy.
     pub epoch: Epoch,
+    /// Which of the holder's requests wrote this value (its op id): a read back tells exactly
+    /// which write landed, so trust is never credited from the wrong send time (P11).
+    pub write: u64,
 }
 
 /// `worker.{instance_id}`: presence, the fleet view and duplicate-id detection (P3).

@@ -20,9 +20,6 @@
 
 mod check;
 mod clock;
-mod faults;
-mod lanes;
-mod net;
 mod options;
 pub mod rng;
 mod world;

@@ -95,7 +95,7 @@ impl Options {
             lease_secs,
             max_in_flight: if big { r.range(64, 400) as u32 } else { r.range(1, 6) as u32 },
             mixed_capacity: r.chance(0.3),
-            max_attempts: r.range(2, 5) as u32,
+            max_attempts: r.range(3, 6) as u32,
             commit_every: r.range(1, 12),
             faults: true,
             safety: Duration::from_secs(r.range(10, 40)),

@@ -3,13 +3,16 @@
 
 use crate::ids::{Epoch, OpId, Revision, SplitId};
 use crate::io::{AcquisitionReason, Event};
-use crate::records::{self, EndReason, LeaseRecord, SplitRecord, SplitState, keys};
+use crate::records::{self, Descriptor, EndReason, LeaseRecord, SplitRecord, SplitState, keys};
 use crate::store::{Bucket, StoreReply, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 
 use super::outbox::{Pending, Read, Written};
-use super::tenancy::{Held, Stage};
+use super::tenancy::{End, Held, Stage};
 use super::{Phase, Worker};
+
+/// Reads of an absent descriptor before the split is called unprocessable.
+const DESC_MISSES_MAX: u32 = 5;
 
 impl Worker {
     /// P3 reclaim, then P5 claims up to the fair share, then (nothing left to claim) P9.
@@ -93,7 +96,8 @@ impl Worker {
         }
         let base_rev = sv.record_rev;
         let epoch = base.epoch.next();
-        let value = records::encode(&LeaseRecord { owner: self.me.clone(), epoch });
+        let value =
+            records::encode(&LeaseRecord { owner: self.me.clone(), epoch, write: self.next_op_id().0 });
         let key = keys::split(id);
         let request = match (&sv.lease, reason) {
             (Some(l), AcquisitionReason::Stolen) => {
@@ -134,7 +138,6 @@ impl Worker {
                 lease_rev: None,
                 trusted_until: now + self.cfg.tuning.lease_trust(),
                 renewing: None,
-                unacked_since: None,
                 stage: Stage::AcquiringLease,
                 op: None,
                 commit: None,
@@ -142,6 +145,7 @@ impl Worker {
                 end_write: None,
                 resuming: false,
                 desc_misses: 0,
+                descriptor: None,
                 record_in_doubt: false,
             },
         );
@@ -167,7 +171,7 @@ impl Worker {
                 let op = self.send(
                     Bucket::Lease,
                     request,
-                    Pending::LeaseAcquireResolve { split: id.clone(), sent },
+                    Pending::LeaseAcquireResolve { split: id.clone(), sent, write: op },
                 );
                 self.held.get_mut(&id).expect("held").op = Some(op);
             }
@@ -176,11 +180,17 @@ impl Worker {
         }
     }
 
+    /// The read decides an in-doubt acquisition. The lease counts as ours if it names us at
+    /// the epoch we set out to take; trust is credited from the send time only if the value is
+    /// the one this very write carried (an earlier attempt of ours may have written it, at a
+    /// time we no longer know): otherwise the lease is renewed at once to earn trust (P11).
     pub(super) fn on_lease_acquire_resolve(
         &mut self,
+        now: Timestamp,
         op: OpId,
         id: SplitId,
         sent: Timestamp,
+        write: OpId,
         result: StoreResult,
     ) {
         if !self.is_current(&id, op) {
@@ -199,11 +209,15 @@ impl Worker {
             Read::Found(e) => records::decode::<LeaseRecord>(&e.value)
                 .ok()
                 .filter(|l| l.owner == self.me && l.epoch == epoch)
-                .map(|_| e.revision),
+                .map(|l| (e.revision, l.write == write.0)),
             Read::Absent | Read::Failed(_) => None,
         };
         match mine {
-            Some(rev) => self.lease_acquired(&id, rev, sent),
+            Some((rev, true)) => self.lease_acquired(&id, rev, sent),
+            Some((rev, false)) => {
+                self.lease_acquired(&id, rev, Timestamp::ZERO);
+                self.renew_lease(now, &id);
+            }
             None => self.give_up_acquire(&id),
         }
     }
@@ -213,17 +227,16 @@ impl Worker {
         let h = self.held.get_mut(id).expect("held");
         h.lease_rev = Some(rev);
         h.trusted_until = sent + self.cfg.tuning.lease_trust();
-        let (epoch, reason) = (h.epoch, h.reason);
-        self.view.put_lease(id, rev, LeaseRecord { owner: me, epoch });
-        let displaced = matches!(reason, AcquisitionReason::Stolen | AcquisitionReason::Reclaimed);
-        if self.phase == Phase::Leaving && !displaced {
+        let epoch = h.epoch;
+        self.view.put_lease(id, rev, LeaseRecord { owner: me, epoch, write: 0 });
+        if self.phase == Phase::Leaving && !self.held[id].displaced() {
             // Draining meanwhile: nobody held this lease, so give it back untouched.
             return self.abandon(id);
         }
-        // A steal or reclaim displaced a live lease: finish the takeover so the record never
-        // names an owner without a lease (a peer would charge an attempt for it); a drain then
-        // releases it gracefully.
-        self.write_claim(id);
+        // The descriptor comes before the record: a tenancy is recorded only once its lane can
+        // start at once, so one that never ran (its owner cut off or paused right after taking
+        // the lease) is never charged an attempt (P12).
+        self.read_descriptor(id);
     }
 
     /// The record a claim writes: owned by us at the next epoch, or (P12) quarantined when the
@@ -297,7 +310,7 @@ impl Worker {
             _ => {}
         }
         match answer {
-            Written::Applied(rev) => self.claim_written(&id, rev),
+            Written::Applied(rev) => self.claim_written(now, &id, rev),
             Written::Conflict | Written::InDoubt => {
                 let op = self.send(
                     Bucket::State,
@@ -351,7 +364,7 @@ impl Worker {
         if rec == h.record {
             // Our own write landed.
             h.record_in_doubt = false;
-            return self.claim_written(&id, entry.revision);
+            return self.claim_written(now, &id, entry.revision);
         }
         // Still at the epoch we set out to replace: the previous owner committed (or ended its
         // tenancy) meanwhile, which moves the revision but not the epoch. We hold the lease, so
@@ -374,8 +387,70 @@ impl Worker {
         self.abandon(&id);
     }
 
-    /// Lease and record are ours: start the lane, or (quarantined by this claim) end at once.
-    fn claim_written(&mut self, id: &SplitId, rev: Revision) {
+    /// Reads the descriptor of a split whose lease was just acquired (before the record).
+    pub(super) fn read_descriptor(&mut self, id: &SplitId) {
+        let op = self.send(
+            Bucket::State,
+            StoreRequest::Get { key: keys::desc(id) },
+            Pending::DescRead { split: id.clone() },
+        );
+        let h = self.held.get_mut(id).expect("held");
+        h.stage = Stage::ReadingDesc;
+        h.op = Some(op);
+    }
+
+    /// The descriptor is in hand: write the claim. If trust already lapsed (we were paused or
+    /// cut off), a plain claim gives the lease back instead (no tenancy was recorded); one that
+    /// displaced a live lease is completed so the record never names an owner without a lease.
+    pub(super) fn on_desc_read(&mut self, now: Timestamp, op: OpId, id: SplitId, result: StoreResult) {
+        if !self.is_current(&id, op) {
+            return;
+        }
+        let unusable = |error: String| End::Fail { error, unprocessable: true };
+        let read = Read::of(result);
+        match read {
+            Read::Found(ref e) => match records::decode::<Descriptor>(&e.value) {
+                Ok(d) => {
+                    let h = self.held.get_mut(&id).expect("held");
+                    h.descriptor = Some(d.descriptor);
+                    h.op = None;
+                    if h.trusted_until <= now && !h.displaced() {
+                        return self.abandon(&id);
+                    }
+                    self.write_claim(&id);
+                }
+                Err(err) => {
+                    self.event(Event::Undecodable { key: e.key.to_string(), error: err.to_string() });
+                    self.held.get_mut(&id).expect("held").end =
+                        Some(unusable(format!("undecodable descriptor: {err}")));
+                    self.write_claim(&id);
+                }
+            },
+            // Descriptors are written before the manifest that lists them and never deleted, so
+            // an absent one is most likely a read from a lagging replica: read again a few
+            // times before calling the split unprocessable (P12: a stale read is no poison).
+            Read::Absent if self.held[&id].desc_misses + 1 >= DESC_MISSES_MAX => {
+                self.held.get_mut(&id).expect("held").end =
+                    Some(unusable("descriptor missing from the store".into()));
+                self.write_claim(&id);
+            }
+            Read::Absent | Read::Failed(_) => {
+                let h = self.held.get_mut(&id).expect("held");
+                h.desc_misses += u32::from(matches!(read, Read::Absent));
+                h.op = None;
+                self.retry_later(
+                    now,
+                    Bucket::State,
+                    StoreRequest::Get { key: keys::desc(&id) },
+                    Pending::DescRead { split: id },
+                );
+            }
+        }
+    }
+
+    /// Lease and record are ours: start the lane, or (quarantined by this claim, or the
+    /// descriptor unusable, or leaving) end at once.
+    fn claim_written(&mut self, now: Timestamp, id: &SplitId, rev: Revision) {
         let h = self.held.get_mut(id).expect("held");
         h.record_rev = rev;
         let record = h.record.clone();
@@ -388,6 +463,17 @@ impl Worker {
             });
             return self.delete_lease(id);
         }
-        self.start_lane_setup(id);
+        let h = &self.held[id];
+        let (reason, epoch) = (h.reason, h.epoch);
+        if !h.resuming {
+            self.event(Event::Acquired { split: id.clone(), reason, epoch });
+        }
+        if let Some(end) = self.held.get_mut(id).expect("held").end.take() {
+            return self.begin_end(id, end);
+        }
+        if self.phase == Phase::Leaving {
+            return self.begin_end(id, End::Release);
+        }
+        self.start_lane(now, id);
     }
 }

@@ -165,6 +165,13 @@ impl Worker {
     }
 }
 
+impl Worker {
+    /// The record a graceful release writes (P10).
+    pub(super) fn release_record(&self, current: &SplitRecord) -> SplitRecord {
+        end_record(&self.cfg, current, &End::Release)
+    }
+}
+
 /// The record that ends a tenancy (P10 release, P12 failure and quarantine).
 fn end_record(cfg: &Config, current: &SplitRecord, end: &End) -> SplitRecord {
     let mut record = current.clone();

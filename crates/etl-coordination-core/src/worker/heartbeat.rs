@@ -31,19 +31,21 @@ impl Worker {
     }
 
     /// P7: renew one held lease by CAS with the TTL.
-    fn renew_lease(&mut self, now: Timestamp, id: &SplitId) {
+    pub(super) fn renew_lease(&mut self, now: Timestamp, id: &SplitId) {
         let Some(h) = self.held.get(id) else { return };
         let Some(rev) = h.lease_rev else { return };
         if h.renewing.is_some() || matches!(h.stage, Stage::DeletingLease | Stage::AcquiringLease) {
             return;
         }
-        let value = records::encode(&LeaseRecord { owner: self.me.clone(), epoch: h.epoch });
+        let value = records::encode(&LeaseRecord {
+            owner: self.me.clone(),
+            epoch: h.epoch,
+            write: self.next_op_id().0,
+        });
         let request =
             StoreRequest::CompareAndSwap { key: keys::split(id), expected: rev, value, ttl: self.ttl() };
         let op = self.send(Bucket::Lease, request, Pending::LeaseRenew { split: id.clone(), sent: now });
-        let h = self.held.get_mut(id).expect("held");
-        h.renewing = Some(op);
-        h.unacked_since.get_or_insert(now);
+        self.held.get_mut(id).expect("held").renewing = Some(op);
     }
 
     /// Reads a held lease whose presence is in question (a listing did not show it); the read
@@ -59,7 +61,7 @@ impl Worker {
         let op = self.send(
             Bucket::Lease,
             StoreRequest::Get { key: keys::split(id) },
-            Pending::LeaseRenewResolve { split: id.clone() },
+            Pending::LeaseRenewResolve { split: id.clone(), write: None },
         );
         self.held.get_mut(id).expect("held").renewing = Some(op);
     }
@@ -85,15 +87,12 @@ impl Worker {
         }
         h.renewing = None;
         match Written::of(result) {
-            Written::Applied(rev) => {
-                self.held.get_mut(&id).expect("held").unacked_since = None;
-                self.lease_renewed(now, &id, rev, sent)
-            }
+            Written::Applied(rev) => self.lease_renewed(now, &id, rev, sent),
             Written::Conflict | Written::InDoubt => {
                 let op = self.send(
                     Bucket::Lease,
                     StoreRequest::Get { key: keys::split(&id) },
-                    Pending::LeaseRenewResolve { split: id.clone() },
+                    Pending::LeaseRenewResolve { split: id.clone(), write: Some((op, sent)) },
                 );
                 self.held.get_mut(&id).expect("held").renewing = Some(op);
             }
@@ -104,13 +103,14 @@ impl Worker {
 
     /// P7: the lease still names us at our epoch (renewed, or not), or it is gone: fenced.
     /// A revision older than the one we know comes from a lagging replica and decides nothing.
-    /// A newer revision of ours may have been written by any of our writes since the last
-    /// acknowledged one, so trust counts from the oldest of them (P11).
+    /// A newer revision of ours is adopted; trust is credited from a renewal's send time only
+    /// if the value is the one that renewal carried (P11).
     pub(super) fn on_lease_renew_resolve(
         &mut self,
         now: Timestamp,
         op: OpId,
         id: SplitId,
+        write: Option<(OpId, Timestamp)>,
         result: StoreResult,
     ) {
         let Some(h) = self.held.get_mut(&id) else { return };
@@ -125,10 +125,7 @@ impl Worker {
             Read::Found(e) => match records::decode::<LeaseRecord>(&e.value) {
                 Ok(l) if l.owner == self.me && l.epoch == epoch => {
                     if Some(e.revision) != known {
-                        // Written by one of our writes since the last acknowledged one; with none
-                        // outstanding, nothing is credited (the trust we have stays).
-                        let h = self.held.get_mut(&id).expect("held");
-                        let sent = h.unacked_since.take().unwrap_or(Timestamp::ZERO);
+                        let sent = write.filter(|(w, _)| w.0 == l.write).map_or(Timestamp::ZERO, |(_, s)| s);
                         self.lease_renewed(now, &id, e.revision, sent);
                     } else {
                         self.after_renewal(&id);
@@ -148,7 +145,7 @@ impl Worker {
         h.lease_rev = Some(rev);
         h.trusted_until = h.trusted_until.max(sent + self.cfg.tuning.lease_trust());
         let epoch = h.epoch;
-        self.view.put_lease(id, rev, LeaseRecord { owner: me, epoch });
+        self.view.put_lease(id, rev, LeaseRecord { owner: me, epoch, write: 0 });
         let h = self.held.get_mut(id).expect("held");
         if h.stage == Stage::Starved && h.trusted_until > now && h.op.is_none() {
             return self.resume(now, id);
@@ -202,7 +199,9 @@ impl Worker {
         h.resuming = true;
         h.end = None;
         h.stage = Stage::AcquiringLease;
-        let value = records::encode(&LeaseRecord { owner: self.me.clone(), epoch: h.epoch });
+        let epoch = h.epoch;
+        let value =
+            records::encode(&LeaseRecord { owner: self.me.clone(), epoch, write: self.next_op_id().0 });
         let request = StoreRequest::CompareAndSwap {
             key: keys::split(id),
             expected: lease_rev,

@@ -206,7 +206,7 @@ impl Worker {
             Pending::PresenceGet => self.on_presence_get(now, result),
             Pending::PresenceTakeover => self.on_presence_takeover(now, result),
             Pending::PresenceRenew => self.on_presence_renew(result),
-            Pending::PresenceResolve => self.on_presence_resolve(result),
+            Pending::PresenceResolve => self.on_presence_resolve(now, result),
             Pending::LeaderCreate { sent } => self.on_leader_create(op, sent, result),
             Pending::LeaderRenew { sent } => self.on_leader_renew(op, sent, result),
             Pending::LeaderResolve { sent } => self.on_leader_resolve(op, sent, result),
@@ -224,11 +224,13 @@ impl Worker {
             Pending::Retire { key } => self.on_retire(now, key, result),
             Pending::RetireRead { key } => self.on_retire_read(now, key, result),
             Pending::LeaseAcquire { split, sent } => self.on_lease_acquire(op, split, sent, result),
-            Pending::LeaseAcquireResolve { split, sent } => {
-                self.on_lease_acquire_resolve(op, split, sent, result)
+            Pending::LeaseAcquireResolve { split, sent, write } => {
+                self.on_lease_acquire_resolve(now, op, split, sent, write, result)
             }
             Pending::LeaseRenew { split, sent } => self.on_lease_renew(now, op, split, sent, result),
-            Pending::LeaseRenewResolve { split } => self.on_lease_renew_resolve(now, op, split, result),
+            Pending::LeaseRenewResolve { split, write } => {
+                self.on_lease_renew_resolve(now, op, split, write, result)
+            }
             Pending::LeaseDelete { split } => self.on_lease_delete(now, op, split, result),
             Pending::RecordClaim { split } => self.on_record_claim(now, op, split, result),
             Pending::RecordClaimRead { split } => self.on_record_claim_read(now, op, split, result),

@@ -57,12 +57,13 @@ pub(super) enum Pending {
     RetireRead { key: Key },
     /// P5, P6, P9: create (or CAS over a displaced one) the lease of a split being acquired.
     LeaseAcquire { split: SplitId, sent: Timestamp },
-    /// Read the lease after an in-doubt acquisition.
-    LeaseAcquireResolve { split: SplitId, sent: Timestamp },
+    /// Read the lease after an in-doubt acquisition `write` sent at `sent`.
+    LeaseAcquireResolve { split: SplitId, sent: Timestamp, write: OpId },
     /// P7: renew a held lease.
     LeaseRenew { split: SplitId, sent: Timestamp },
-    /// P7: read a held lease after its renewal lost its swap or its answer.
-    LeaseRenewResolve { split: SplitId },
+    /// P7: read a held lease after its renewal `write` (sent at the time given) lost its swap
+    /// or its answer; `None`: a check of a lease a listing did not show.
+    LeaseRenewResolve { split: SplitId, write: Option<(OpId, Timestamp)> },
     /// P10, P12: delete the lease at the end of a tenancy.
     LeaseDelete { split: SplitId },
     /// P5: the fenced record CAS that completes an acquisition.
@@ -143,6 +144,11 @@ impl Read {
 }
 
 impl Worker {
+    /// The op id the next request will get (to tag a value with the write that carries it).
+    pub(super) fn next_op_id(&self) -> OpId {
+        OpId(self.next_op)
+    }
+
     /// Sends one store request; its answer is dispatched by `pending`.
     pub(super) fn send(&mut self, bucket: Bucket, request: StoreRequest, pending: Pending) -> OpId {
         let op = OpId(self.next_op);

@@ -228,14 +228,14 @@ impl Worker {
     /// P3, P7: after a lost or in-doubt renewal, the key decides: still ours (renewed or not),
     /// another incarnation's (a live twin: fatal), or gone (announce again). An older revision
     /// than ours comes from a lagging replica and decides nothing.
-    pub(super) fn on_presence_resolve(&mut self, result: StoreResult) {
+    pub(super) fn on_presence_resolve(&mut self, now: Timestamp, result: StoreResult) {
         self.presence.renewing = None;
         match Read::of(result) {
             Read::Found(entry) if self.presence.rev.is_some_and(|r| entry.revision < r) => {}
             Read::Found(entry) => match records::decode::<PresenceRecord>(&entry.value) {
                 Ok(rec) if rec.incarnation == self.me.incarnation => self.presence.rev = Some(entry.revision),
-                Ok(rec) => self.duplicate(rec.incarnation.0),
-                Err(_) => self.duplicate(0),
+                Ok(rec) => self.contested(now, entry.revision, rec.incarnation.0),
+                Err(_) => self.contested(now, entry.revision, 0),
             },
             // Our presence expired (store outage, long pause): announce again, unless leaving.
             Read::Absent if self.presence.retired => {}
@@ -276,8 +276,17 @@ impl Worker {
             {
                 self.renewal_seen(now, rev, other, renewed)
             }
-            Join::Joined if self.presence.rev.is_some_and(|r| r < rev) => self.duplicate(other),
+            Join::Joined if self.presence.rev.is_some_and(|r| r < rev) => self.contested(now, rev, other),
             _ => {}
         }
+    }
+
+    /// P3: another incarnation wrote our key while we run. A live twin keeps renewing it; a dead
+    /// predecessor's write that its connection held can land once, late. Stop using the key and
+    /// observe it: one more write proves a twin (fatal); silence means the key is ours to take
+    /// back. Claims and leadership wait meanwhile (the worker is not joined).
+    fn contested(&mut self, now: Timestamp, rev: Revision, incarnation: u64) {
+        self.presence.rev = None;
+        self.observe(now, rev, incarnation, true);
     }
 }

@@ -5,12 +5,12 @@ use bytes::Bytes;
 
 use crate::ids::{Epoch, OpId, Revision, SplitId};
 use crate::io::{AcquisitionReason, Action, CommitOutcome, Event, StopReason};
-use crate::records::{self, Descriptor, SplitRecord, keys};
+use crate::records::{self, SplitRecord, keys};
 use crate::store::{Bucket, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 
-use super::outbox::{Pending, Read};
-use super::{Phase, Worker};
+use super::Worker;
+use super::outbox::Pending;
 
 /// One split this worker holds, is acquiring, or is ending.
 #[derive(Debug, Clone)]
@@ -32,9 +32,6 @@ pub(super) struct Held {
     pub(super) trusted_until: Timestamp,
     /// A renewal (or its resolving read) in flight.
     pub(super) renewing: Option<OpId>,
-    /// Send time of the oldest lease write since the last acknowledged one (P11: a revision
-    /// found by a read may have been written by any of them).
-    pub(super) unacked_since: Option<Timestamp>,
     pub(super) stage: Stage,
     /// The op of the current stage (acquisition steps, end write, lease delete).
     pub(super) op: Option<OpId>,
@@ -47,13 +44,12 @@ pub(super) struct Held {
     pub(super) resuming: bool,
     /// Reads that found no descriptor (possibly from a lagging replica).
     pub(super) desc_misses: u32,
+    /// The split's descriptor, read before the claim.
+    pub(super) descriptor: Option<Bytes>,
     /// A write of ours to the record may still land (its answer was in doubt): a conflict may
     /// then be our own doing, and only a read can tell (P8).
     pub(super) record_in_doubt: bool,
 }
-
-/// Reads of an absent descriptor before the split is called unprocessable.
-const DESC_MISSES_MAX: u32 = 5;
 
 /// Where a tenancy is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +82,14 @@ pub(super) struct CommitInFlight {
     pub(super) terminal: bool,
 }
 
+impl Held {
+    /// Whether this acquisition took over a live lease (steal, reclaim): it must be completed,
+    /// never abandoned, or the record would name the displaced owner without a lease.
+    pub(super) fn displaced(&self) -> bool {
+        matches!(self.reason, AcquisitionReason::Stolen | AcquisitionReason::Reclaimed)
+    }
+}
+
 /// How a tenancy ends.
 #[derive(Debug, Clone)]
 pub(super) enum End {
@@ -113,8 +117,24 @@ impl Worker {
         }
         if lane_running || h.stage == Stage::Starved {
             self.event(Event::Revoked { split: id.clone(), reason });
+            // Our tenancy is over, but we are alive: end it gracefully if the record still
+            // says it is ours (a store outage outlived our lease, say). The CAS against our last
+            // write does nothing if someone else moved the record; a claimer racing it re-bases
+            // on the release and charges no attempt (P12: an outage is no evidence of poison).
+            let request = StoreRequest::CompareAndSwap {
+                key: keys::split(id),
+                expected: h.record_rev,
+                value: records::encode(&self.release_record(&h.record)),
+                ttl: None,
+            };
+            self.send(Bucket::State, request, Pending::Cleanup);
         }
         self.blocked.insert(id.clone());
+        // If the lease still names us after all (a renewal landed just before the fence), give
+        // it back; the guarded delete does nothing if someone else holds it.
+        if let Some(rev) = h.lease_rev {
+            self.retire(keys::split(id), rev);
+        }
     }
 
     /// Whether a delayed retry still belongs to a live step: the split may have been lost and
@@ -164,90 +184,26 @@ impl Worker {
         self.blocked.insert(id.clone());
     }
 
-    /// Both the lease and the record are ours: announce the acquisition and fetch the
-    /// descriptor for the lane.
-    pub(super) fn start_lane_setup(&mut self, id: &SplitId) {
-        let h = &self.held[id];
-        let (reason, epoch) = (h.reason, h.epoch);
-        if !h.resuming {
-            self.event(Event::Acquired { split: id.clone(), reason, epoch });
-        }
-        if self.phase == Phase::Leaving {
-            return self.begin_end(id, End::Release);
-        }
-        let op = self.send(
-            Bucket::State,
-            StoreRequest::Get { key: keys::desc(id) },
-            Pending::DescRead { split: id.clone() },
-        );
+    /// Starts the lane of a tenancy whose lease and record are ours, unless trust lapsed
+    /// meanwhile (P11: never a lane unfenced; renewals decide whether it resumes).
+    pub(super) fn start_lane(&mut self, now: Timestamp, id: &SplitId) {
         let h = self.held.get_mut(id).expect("held");
-        h.stage = Stage::ReadingDesc;
-        h.op = Some(op);
-    }
-
-    /// Starts the lane once the descriptor is read, unless trust lapsed meanwhile (P11).
-    pub(super) fn on_desc_read(&mut self, now: Timestamp, op: OpId, id: SplitId, result: StoreResult) {
-        if !self.is_current(&id, op) {
+        h.op = None;
+        if h.trusted_until <= now {
+            h.stage = Stage::Starved;
             return;
         }
-        let read = Read::of(result);
-        match read {
-            Read::Found(ref e) => match records::decode::<Descriptor>(&e.value) {
-                Ok(d) => {
-                    if self.phase == Phase::Leaving {
-                        return self.begin_end(&id, End::Release);
-                    }
-                    let h = self.held.get_mut(&id).expect("held");
-                    if h.trusted_until <= now {
-                        // P11: the lease may be gone (we were paused or cut off): never start a
-                        // lane unfenced. Renewals decide whether it resumes.
-                        h.stage = Stage::Starved;
-                        h.op = None;
-
-                        return;
-                    }
-                    h.stage = Stage::Running;
-                    h.op = None;
-                    let action = Action::StartLane {
-                        split: id.clone(),
-                        epoch: h.epoch,
-                        descriptor: d.descriptor,
-                        weight: h.weight,
-                        progress: h.record.progress.clone(),
-                        reason: (!h.resuming).then_some(h.reason),
-                    };
-                    h.resuming = false;
-                    self.out.push(action);
-                }
-                Err(err) => {
-                    self.event(Event::Undecodable { key: e.key.to_string(), error: err.to_string() });
-                    self.begin_end(
-                        &id,
-                        End::Fail { error: format!("undecodable descriptor: {err}"), unprocessable: true },
-                    );
-                }
-            },
-            // Descriptors are written before the manifest that lists them and never deleted, so
-            // an absent one is most likely a read from a lagging replica: read again a few
-            // times before calling the split unprocessable (P12: a stale read is no poison).
-            Read::Absent if self.held[&id].desc_misses + 1 >= DESC_MISSES_MAX => {
-                self.begin_end(
-                    &id,
-                    End::Fail { error: "descriptor missing from the store".into(), unprocessable: true },
-                );
-            }
-            Read::Absent | Read::Failed(_) => {
-                let h = self.held.get_mut(&id).expect("held");
-                h.desc_misses += u32::from(matches!(read, Read::Absent));
-                self.held.get_mut(&id).expect("held").op = None;
-                self.retry_later(
-                    now,
-                    Bucket::State,
-                    StoreRequest::Get { key: keys::desc(&id) },
-                    Pending::DescRead { split: id },
-                );
-            }
-        }
+        h.stage = Stage::Running;
+        let action = Action::StartLane {
+            split: id.clone(),
+            epoch: h.epoch,
+            descriptor: h.descriptor.clone().expect("descriptor read before the claim"),
+            weight: h.weight,
+            progress: h.record.progress.clone(),
+            reason: (!h.resuming).then_some(h.reason),
+        };
+        h.resuming = false;
+        self.out.push(action);
     }
 
     /// Ends the tenancy by deleting its lease (after a renewal in flight, so the expected

@@ -7,9 +7,9 @@ use bytes::Bytes;
 use etl_coordination_core::records::{self, SplitRecord, keys};
 use etl_coordination_core::{CommitOutcome, Epoch, Input, SplitId, StopReason};
 
+use super::{Ev, Poison, Status, World, ms};
 use crate::check::progress_of;
 use crate::options::Scenario;
-use crate::world::{Ev, Poison, Status, World, ms};
 
 pub(crate) struct Lane {
     pub epoch: Epoch,

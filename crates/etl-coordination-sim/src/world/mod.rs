@@ -2,6 +2,10 @@
 //! planner, scenario probes and the report. The store model is in `net`, the fault injector in
 //! `faults`, the lanes in `lanes`, the checkers in `check`.
 
+mod faults;
+mod lanes;
+mod net;
+
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::time::Duration;
@@ -17,10 +21,10 @@ use etl_coordination_memory::MemoryKv;
 
 use crate::check::Checker;
 use crate::clock::Clock;
-use crate::lanes::Lane;
-use crate::net::{History, Link, Sub};
 use crate::options::{Options, Report, Scenario};
 use crate::rng::Rng;
+use lanes::Lane;
+use net::{History, Link, Sub};
 
 /// A run that needs more events than this is livelocked.
 const MAX_EVENTS: u64 = 6_000_000;
@@ -51,17 +55,51 @@ pub(crate) enum Answer {
 
 #[derive(Debug)]
 pub(crate) enum Ev {
-    ToWorker { slot: usize, life: u32, input: Input },
-    Tick { slot: usize, life: u32 },
-    StoreApply { slot: usize, op: OpId, bucket: Bucket, request: StoreRequest, writer: Owner, answer: Answer },
-    OpenWatch { slot: usize, life: u32, watch: WatchId },
-    LaneStep { slot: usize, life: u32, split: SplitId, epoch: Epoch },
+    ToWorker {
+        slot: usize,
+        life: u32,
+        input: Input,
+    },
+    Tick {
+        slot: usize,
+        life: u32,
+    },
+    StoreApply {
+        slot: usize,
+        life: u32,
+        op: OpId,
+        bucket: Bucket,
+        request: StoreRequest,
+        writer: Owner,
+        answer: Answer,
+    },
+    OpenWatch {
+        slot: usize,
+        life: u32,
+        watch: WatchId,
+    },
+    LaneStep {
+        slot: usize,
+        life: u32,
+        split: SplitId,
+        epoch: Epoch,
+    },
     ExpiryTick,
-    Erase { key: etl_coordination_core::Key, revision: etl_coordination_core::Revision },
+    Erase {
+        key: etl_coordination_core::Key,
+        revision: etl_coordination_core::Revision,
+    },
     FaultTick,
-    Restart { slot: usize },
-    Crash { slot: usize, life: u32 },
-    Resume { slot: usize },
+    Restart {
+        slot: usize,
+    },
+    Crash {
+        slot: usize,
+        life: u32,
+    },
+    Resume {
+        slot: usize,
+    },
     EndSafety,
     Probe,
     BalanceProbe,
@@ -447,8 +485,8 @@ impl World {
                 self.slots[slot].tick_at = None;
                 self.deliver(slot, Input::Tick);
             }
-            Ev::StoreApply { slot, op, bucket, request, writer, answer } => {
-                self.store_apply(slot, op, bucket, request, writer, answer)
+            Ev::StoreApply { slot, life, op, bucket, request, writer, answer } => {
+                self.store_apply(slot, life, op, bucket, request, writer, answer)
             }
             Ev::OpenWatch { slot, life, watch } => self.open_watch(slot, life, watch),
             Ev::LaneStep { slot, life, split, epoch } => {
@@ -577,7 +615,12 @@ impl World {
                         );
                     }
                 }
-                self.checker.finished.insert(who, self.now);
+                // Cleanup is checked for workers that left with the store reachable (faults over,
+                // held requests landed): one cut off from it gives up after its drain deadline
+                // and a lease, and its keys expire instead.
+                if self.safety_over && self.now >= self.settled_at() {
+                    self.checker.finished.insert(who, self.now);
+                }
                 let s = &mut self.slots[slot];
                 s.status = Status::Finished;
                 s.outcome = Some(outcome);
@@ -696,7 +739,7 @@ impl World {
             delay,
             Ev::ToWorker { slot, life, input: Input::PlanReady { request, result: Ok(plan) } },
         );
-        if self.faults_on && self.rng.chance(0.25) {
+        if self.faults_on && self.rng.chance(0.1) {
             // Leader death mid-plan.
             let when = ms(self.rng.range(0, 60));
             self.fault("leader_killed_mid_plan");
@@ -746,9 +789,17 @@ impl World {
         if self.opts.scenario == Scenario::Random {
             // Requests held by stalled links during the safety phase land up to two op
             // timeouts later; balance is judged once they have.
-            let settle = self.opts.op_timeout * 2 + Duration::from_secs(self.opts.lease_secs);
-            self.schedule(settle, Ev::BalanceProbe);
+            let at = self.settled_at();
+            self.schedule_at(at, Ev::BalanceProbe);
         }
+    }
+
+    /// When the faults of the safety phase no longer act: held requests have landed (two op
+    /// timeouts) and a worker that began leaving under them has finished (drain deadline and a
+    /// lease).
+    fn settled_at(&self) -> Timestamp {
+        let lease = Duration::from_secs(self.opts.lease_secs);
+        Timestamp::ZERO + self.opts.safety + self.opts.op_timeout * 2 + lease * 2 + Duration::from_secs(2)
     }
 
     /// I7 in random runs: once faults stop, an imbalance of two or more between live workers

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use etl_coordination_core::{Bucket, Input};
 
-use crate::net::bi;
-use crate::world::{Ev, Status, World, ms};
+use super::net::bi;
+use super::{Ev, Status, World, ms};
 
 impl World {
     pub(crate) fn live_slots(&self) -> Vec<usize> {

@@ -21,7 +21,7 @@ use etl_coordination_core::{
 };
 use etl_coordination_memory::MemoryKv;
 
-use crate::world::{Answer, Ev, World, ms, us};
+use super::{Answer, Ev, World, ms, us};
 
 /// Every version of every key, with the time it was applied, back to the longest replica lag.
 pub(crate) type History = BTreeMap<Key, VecDeque<(Timestamp, Option<Entry>)>>;
@@ -140,13 +140,17 @@ impl World {
         } else {
             Answer::After(answered_at.saturating_since(apply_at))
         };
-        self.schedule_at(apply_at, Ev::StoreApply { slot, op, bucket, request, writer, answer });
+        self.schedule_at(apply_at, Ev::StoreApply { slot, life, op, bucket, request, writer, answer });
     }
 
     /// A request reaches the store.
+    /// `life` is the sender's incarnation: a dead process's answer never reaches its successor,
+    /// whose operation ids start again.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn store_apply(
         &mut self,
         slot: usize,
+        life: u32,
         op: OpId,
         bucket: Bucket,
         request: StoreRequest,
@@ -154,7 +158,6 @@ impl World {
         answer: Answer,
     ) {
         let write = request.is_write();
-        let life = self.slots[slot].life;
         let link = self.slots[slot].link;
         if self.now < self.outage_until || self.now < link.cut_until {
             // The server went down, or the connection was reset, with the request in flight.
