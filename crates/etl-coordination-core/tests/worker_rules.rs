@@ -250,6 +250,60 @@ fn p4_a_deposed_leaders_publication_loses_its_swap() {
     assert!(r.started().is_empty());
 }
 
+fn plan_request(r: &Rig) -> u64 {
+    r.log
+        .iter()
+        .find_map(|a| match a {
+            Action::Plan { request } => Some(*request),
+            _ => None,
+        })
+        .expect("the leader asked for a plan")
+}
+
+#[test]
+fn p4_garbage_collection_deletes_only_orphans_from_before_the_leaders_term() {
+    let mut r = Rig::new(cfg("w1", 1));
+    // An orphan of an earlier term: never published, never owned.
+    r.kv.put(Bucket::State, &keys::split(&sid("old")), &SplitRecord::new());
+    r.feed(Input::Start);
+    let request = plan_request(&r);
+    // A never-owned record that appeared after our term began: only a newer leader writes
+    // one, and it may be about to publish it (our view of the manifest may be old).
+    r.kv.put(Bucket::State, &keys::split(&sid("new")), &SplitRecord::new());
+    let entry = r.kv.get(Bucket::State, "split.new").unwrap();
+    r.feed(Input::Watch { watch: WatchId::Splits, event: WatchEvent::Put(entry) });
+    r.feed(Input::PlanReady { request, result: Ok(plan(1, PlanKind::Final)) });
+    assert!(r.kv.get(Bucket::State, "split.s0").is_some());
+    assert!(r.kv.get(Bucket::State, "split.old").is_none(), "the old orphan is collected");
+    assert!(r.kv.get(Bucket::State, "split.new").is_some(), "a record of a newer term is not");
+}
+
+#[test]
+fn p4_a_round_touches_an_existing_never_owned_record_before_publishing_it() {
+    let mut r = Rig::new(cfg("w1", 1));
+    // s0 exists already: an orphan of an earlier round, which a deposed leader's collection
+    // could delete (by its revision) while we publish a manifest naming it.
+    let before = r.kv.put(Bucket::State, &keys::split(&sid("s0")), &SplitRecord::new());
+    r.plan = Some(plan(1, PlanKind::Final));
+    r.feed(Input::Start);
+    let history = &r.kv.history;
+    let touch = history.iter().position(|(_, q)| {
+        matches!(q, StoreRequest::CompareAndSwap { key, expected, value, .. }
+            if key.as_str() == "split.s0" && *expected == before && *value == records::encode(&SplitRecord::new()))
+    });
+    let publish = history.iter().position(|(_, q)| {
+        matches!(q, StoreRequest::CompareAndSwap { key, value, .. }
+            if *key == keys::plan_head()
+                && records::decode::<records::PlanHead>(value).unwrap().manifest.is_some())
+    });
+    let (touch, publish) = (touch.expect("the record was touched"), publish.expect("published"));
+    assert!(touch < publish, "touched before the publication");
+    // A deposed leader's guarded delete of the old revision now does nothing.
+    let stale_delete = StoreRequest::Delete { key: keys::split(&sid("s0")), expected: before };
+    assert!(r.kv.apply(Bucket::State, &stale_delete).0.is_err());
+    assert!(r.kv.get(Bucket::State, "split.s0").is_some());
+}
+
 #[test]
 fn p5_claims_up_to_the_fair_share_largest_weight_first() {
     let mut r = Rig::new(cfg("w1", 1));
@@ -424,6 +478,74 @@ fn p11_a_lease_without_a_successful_renewal_for_a_lease_duration_starves_its_lan
     assert_eq!(reason, StopReason::Starved);
     assert!(at >= Timestamp::ZERO + Duration::from_millis(2850) - Duration::from_millis(500), "{at:?}");
     assert!(at <= Timestamp::ZERO + Duration::from_secs(3), "{at:?}");
+}
+
+#[test]
+fn p11_a_draining_lane_whose_lease_is_not_renewed_is_starved_and_its_split_released() {
+    let mut c = cfg("w1", 1);
+    c.tuning.drain_timeout = Duration::from_secs(30);
+    let mut r = Rig::new(c);
+    r.plan = Some(plan(1, PlanKind::Final));
+    r.feed(Input::Start);
+    r.auto = false;
+    r.expire = false;
+    let a = r.feed(Input::Drain);
+    assert!(
+        a.iter()
+            .any(|x| matches!(x, Action::StopLane { reason: StopReason::Draining, deadline: Some(_), .. }))
+    );
+    // The store stops answering renewals; the lane keeps draining (a long batch, say).
+    let mut starved = None;
+    let mut release = None;
+    for _ in 0..12 {
+        let a = r.advance(Duration::from_millis(500));
+        if a.iter().any(|x| matches!(x, Action::StopLane { reason: StopReason::Starved, deadline: None, .. }))
+        {
+            starved = Some(r.now);
+            release = store_requests(&a).into_iter().find_map(|(b, q)| match q {
+                StoreRequest::CompareAndSwap { key, value, .. }
+                    if b == Bucket::State && key.as_str() == "split.s0" =>
+                {
+                    Some(records::decode::<SplitRecord>(&value).unwrap())
+                }
+                _ => None,
+            });
+            break;
+        }
+        for (op, _, _) in std::mem::take(&mut r.pending) {
+            r.answer(op, Err(StoreError::Unavailable("down".into())));
+        }
+    }
+    let at = starved.expect("the draining lane was starved");
+    assert!(
+        at <= Timestamp::ZERO + Duration::from_secs(3),
+        "within a lease, not at the drain deadline: {at:?}"
+    );
+    let release = release.expect("the split is released at once");
+    assert_eq!((release.state, release.owner, release.attempts), (SplitState::Unleased, None, 0));
+}
+
+#[test]
+fn p10_a_lane_past_its_drain_deadline_is_told_to_stop_at_once_and_its_split_released() {
+    let mut c = cfg("w1", 1);
+    c.tuning.drain_timeout = Duration::from_secs(1);
+    let mut r = Rig::new(c);
+    r.plan = Some(plan(1, PlanKind::Final));
+    r.feed(Input::Start);
+    r.take_log();
+    r.feed(Input::Drain);
+    // The lane never acknowledges the stop.
+    r.advance(Duration::from_millis(1100));
+    assert!(
+        r.log
+            .iter()
+            .any(|x| matches!(x, Action::StopLane { reason: StopReason::Draining, deadline: None, .. })),
+        "{:?}",
+        r.log
+    );
+    let rec = r.kv.record("s0");
+    assert_eq!((rec.state, rec.owner, rec.attempts), (SplitState::Unleased, None, 0));
+    assert!(lease_of(&mut r.kv, "s0").is_none());
 }
 
 #[test]

@@ -160,6 +160,10 @@ impl Checker {
             });
             return;
         };
+        if new == old && old.epoch == Epoch(0) && old.owner.is_none() {
+            // P4: a leader touching a never-owned record it publishes changes nothing.
+            return;
+        }
         // Terminal records never change: Done stays done; Quarantined is never re-offered (I5).
         self.ensure(at, "I5", !old.is_terminal(), || {
             format!(

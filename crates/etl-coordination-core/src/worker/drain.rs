@@ -180,6 +180,23 @@ impl Worker {
             h.commit.is_none() && matches!(h.stage, Stage::Stopping { deadline } if deadline <= now)
         });
         if due {
+            // The lane had its time: it stops now (a later commit of it is not written).
+            let epoch = self.held[id].epoch;
+            self.out.push(Action::StopLane {
+                split: id.clone(),
+                epoch,
+                reason: StopReason::Draining,
+                deadline: None,
+            });
+            let end = self.held.get_mut(id).and_then(|h| h.end.take()).unwrap_or(End::Release);
+            self.begin_end(id, end);
+        }
+    }
+
+    /// P10, P12: write the end record again after a failed attempt.
+    pub(super) fn end_retry_due(&mut self, now: Timestamp, id: &SplitId) {
+        let due = self.held.get(id).is_some_and(|h| matches!(h.stage, Stage::EndRetry { at } if at <= now));
+        if due {
             let end = self.held.get_mut(id).and_then(|h| h.end.take()).unwrap_or(End::Release);
             self.begin_end(id, end);
         }
@@ -193,7 +210,17 @@ impl Worker {
         {
             l.deadline_passed = true;
             if now >= l.deadline + self.cfg.tuning.lease_duration {
-                self.held.clear();
+                for (id, h) in std::mem::take(&mut self.held) {
+                    if matches!(h.stage, Stage::Running | Stage::Stopping { .. }) {
+                        let stop = StopReason::Draining;
+                        self.out.push(Action::StopLane {
+                            split: id,
+                            epoch: h.epoch,
+                            reason: stop,
+                            deadline: None,
+                        });
+                    }
+                }
             }
         }
     }

@@ -94,9 +94,9 @@ impl Worker {
             Written::Fatal(e) => self.fatal_store(e),
             Written::Unavailable => {
                 // Nothing applied: try again shortly (the lease keeps being renewed meanwhile).
-                let deadline = now + self.retry_backoff();
+                let at = now + self.retry_backoff();
                 let h = self.held.get_mut(&id).expect("held");
-                h.stage = Stage::Stopping { deadline };
+                h.stage = Stage::EndRetry { at };
                 h.op = None;
             }
         }
@@ -112,18 +112,18 @@ impl Worker {
             Read::Found(e) => e,
             Read::Absent => return self.delete_lease(&id),
             Read::Failed(_) => {
-                let deadline = now + self.retry_backoff();
+                let at = now + self.retry_backoff();
                 let h = self.held.get_mut(&id).expect("held");
-                h.stage = Stage::Stopping { deadline };
+                h.stage = Stage::EndRetry { at };
                 h.op = None;
                 return;
             }
         };
         if entry.revision < self.held[&id].record_rev {
             // A lagging replica: never adopt a record older than one we know; try again shortly.
-            let deadline = now + self.retry_backoff();
+            let at = now + self.retry_backoff();
             let h = self.held.get_mut(&id).expect("held");
-            h.stage = Stage::Stopping { deadline };
+            h.stage = Stage::EndRetry { at };
             h.op = None;
             return;
         }

@@ -9,7 +9,7 @@ use crate::store::{Bucket, StoreReply, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 
 use super::outbox::{Pending, Read, Written};
-use super::tenancy::Stage;
+use super::tenancy::{End, Stage};
 use super::{Phase, Worker};
 
 impl Worker {
@@ -147,7 +147,8 @@ impl Worker {
         let epoch = h.epoch;
         self.view.put_lease(id, rev, LeaseRecord { owner: me, epoch, write: 0 });
         let h = self.held.get_mut(id).expect("held");
-        if h.stage == Stage::Starved && h.trusted_until > now && h.op.is_none() {
+        // A starved tenancy resumes, unless it is on its way out (its end waits for a commit).
+        if h.stage == Stage::Starved && h.trusted_until > now && h.op.is_none() && h.end.is_none() {
             return self.resume(now, id);
         }
         self.after_renewal(id);
@@ -160,10 +161,13 @@ impl Worker {
         }
     }
 
-    /// P11: a lease not renewed for a lease duration stops its lane (starved).
+    /// P11: a lease not renewed for a lease duration stops its lane (starved). A draining
+    /// lane is stopped too (it would otherwise run until the drain deadline on a lease that
+    /// may be gone) and its split released at once: the release is fenced like any end.
     pub(super) fn starve(&mut self, now: Timestamp, id: &SplitId) {
         let Some(h) = self.held.get_mut(id) else { return };
-        if h.stage != Stage::Running || h.trusted_until > now || h.lease_rev.is_none() {
+        let draining = matches!(h.stage, Stage::Stopping { .. });
+        if !(h.stage == Stage::Running || draining) || h.trusted_until > now || h.lease_rev.is_none() {
             return;
         }
         h.stage = Stage::Starved;
@@ -175,6 +179,10 @@ impl Worker {
             deadline: None,
         });
         self.event(Event::Revoked { split: id.clone(), reason: StopReason::Starved });
+        if draining || self.phase == Phase::Leaving {
+            let end = self.held.get_mut(id).and_then(|h| h.end.take()).unwrap_or(End::Release);
+            self.begin_end(id, end);
+        }
     }
 
     /// P11: the store came back and the lease is still ours: the starved tenancy resumes as a

@@ -24,6 +24,9 @@ pub(super) struct Leading {
     pub(super) unacked_since: Option<Timestamp>,
     /// The plan head as this leader last wrote it, with its revision.
     pub(super) head: Option<(Revision, PlanHead)>,
+    /// The revision of the head write that started this leader's term: state written before
+    /// it is from earlier terms (P4's garbage collection deletes nothing newer).
+    pub(super) term_rev: Option<Revision>,
     pub(super) stage: PlanStage,
     /// When an Open plan is re-planned next.
     pub(super) replan_at: Option<Timestamp>,
@@ -143,6 +146,7 @@ impl Worker {
             unacked_since: None,
             trusted_until: sent + self.cfg.tuning.lease_trust(),
             head: None,
+            term_rev: None,
             stage: PlanStage::Bumping,
             replan_at: None,
             gc_for: None,
@@ -283,6 +287,7 @@ impl Worker {
             self.view.plan_head = Some((rev, head.clone()));
         }
         if first {
+            l.term_rev = Some(rev);
             self.event(Event::Leadership { leader: true, term: head.term });
         }
         let l = self.leader.as_mut().expect("leader");

@@ -155,9 +155,15 @@ impl Worker {
         if self.phase == Phase::Stopped {
             return Vec::new();
         }
+        // Timers that are due fire before the input is handled, whether or not their tick was
+        // delivered yet: after a pause, a lapse of trust (P11) is acted on before anything
+        // that arrived meanwhile, so no stale lease or leadership drives a decision.
+        if input != Input::Start {
+            self.on_tick(now);
+        }
         match input {
             Input::Start => self.on_start(),
-            Input::Tick => self.on_tick(now),
+            Input::Tick => {}
             Input::StoreResult { op, result } => self.on_store_result(now, op, result),
             Input::Watch { watch, event } => self.on_watch(now, watch, event),
             Input::WatchFailed { watch } => self.on_watch_failed(watch),
@@ -216,6 +222,9 @@ impl Worker {
             Pending::HeadWrite { head, .. } => self.on_head_write(now, head, result),
             Pending::HeadRead { attempted, .. } => self.on_head_read(now, attempted, result),
             Pending::PlanWrite { round, key, value } => self.on_plan_write(now, round, key, value, result),
+            Pending::PlanTouchRead { round, key, value } => {
+                self.on_plan_touch_read(now, round, key, value, result)
+            }
             Pending::ManifestChunk { manifest, chunk } => {
                 self.on_manifest_chunk(now, manifest, chunk, result)
             }

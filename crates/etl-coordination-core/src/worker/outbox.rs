@@ -43,8 +43,11 @@ pub(super) enum Pending {
     HeadWrite { stint: u64, head: PlanHead },
     /// P4: read the head after `attempted` failed or was in doubt.
     HeadRead { stint: u64, attempted: PlanHead },
-    /// P4: create one descriptor, split record or manifest chunk of planning round `round`.
+    /// P4: create one descriptor, split record or manifest chunk of planning round `round` (or
+    /// touch an existing split record: the same value by CAS).
     PlanWrite { round: u64, key: Key, value: Bytes },
+    /// P4: read a split record a planning round found existing, to decide whether to touch it.
+    PlanTouchRead { round: u64, key: Key, value: Bytes },
     /// P13: read one chunk of the published manifest.
     ManifestChunk { manifest: ManifestRef, chunk: u32 },
     /// P4: list manifest chunks for garbage collection.

@@ -13,7 +13,7 @@ use crate::store::{Bucket, Key, StoreReply, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 
 use super::Worker;
-use super::outbox::{Pending, Written};
+use super::outbox::{Pending, Read, Written};
 
 /// How many plan writes (descriptors, records, manifest chunks) the leader keeps in flight.
 const PLAN_WRITE_WINDOW: usize = 64;
@@ -86,18 +86,22 @@ impl Worker {
                     && self.view.manifest == Some(m)
                 {
                     l.gc_for = None;
+                    let term_rev = l.term_rev.unwrap_or(Revision(0));
                     self.send(
                         Bucket::State,
                         StoreRequest::List { prefix: keys::manifest_prefix() },
                         Pending::GcList,
                     );
                     // Orphan split records (written by a deposed leader, never published) are
-                    // deleted if nobody ever owned them.
+                    // deleted if nobody ever owned them and they predate our term. The guarded
+                    // delete is the fence against a newer leader: it touches every record it
+                    // publishes within its own term, so a deposed leader's collection (which
+                    // may still run, from an old view) deletes nothing a newer manifest names.
                     let orphans: Vec<(SplitId, Revision)> = self
                         .view
                         .splits
                         .iter()
-                        .filter(|(_, sv)| sv.weight.is_none())
+                        .filter(|(_, sv)| sv.weight.is_none() && sv.record_rev < term_rev)
                         .filter(|(_, sv)| sv.record.as_ref().is_some_and(|r| r.epoch == Epoch(0)))
                         .map(|(id, sv)| (id.clone(), sv.record_rev))
                         .collect();
@@ -320,8 +324,19 @@ impl Worker {
             w.splits_in_flight -= 1;
         }
         match Written::of(result) {
-            // Existing keys are expected: deterministic ids make re-planning a no-op for them.
-            Written::Applied(_) | Written::Conflict => {}
+            Written::Applied(_) => {}
+            // An existing split record (re-planning, or an orphan of an earlier round) must
+            // carry a revision of our term before we publish it: read it to decide (P4).
+            Written::Conflict if keys::parse_split(&key).is_some() => {
+                w.splits_in_flight += 1;
+                self.send(
+                    Bucket::State,
+                    StoreRequest::Get { key: key.clone() },
+                    Pending::PlanTouchRead { round, key, value },
+                );
+            }
+            // Other existing keys are expected: deterministic ids make re-planning a no-op.
+            Written::Conflict => {}
             Written::Fatal(e) => return self.fatal_store(e),
             Written::InDoubt | Written::Unavailable => {
                 if is_manifest {
@@ -329,6 +344,49 @@ impl Worker {
                 } else {
                     w.splits.push_front((key, value));
                 }
+                w.resume_at = Some(now + backoff);
+            }
+        }
+        self.pump_plan_writes(now);
+    }
+
+    /// P4: an existing split record this round publishes. Never owned and written before our
+    /// term: a deposed leader's garbage collection may be deleting it from an old view, so
+    /// touch it (the same value by CAS) to give it a revision of our term; a conflict reads
+    /// again, a record gone is created again. Owned records are never collected.
+    pub(super) fn on_plan_touch_read(
+        &mut self,
+        now: Timestamp,
+        round: u64,
+        key: Key,
+        value: Bytes,
+        result: StoreResult,
+    ) {
+        let backoff = self.retry_backoff();
+        let Some(l) = self.leader.as_mut() else { return };
+        let term_rev = l.term_rev.unwrap_or(Revision(0));
+        let PlanStage::Writing(w) = &mut l.stage else { return };
+        if w.round != round {
+            return;
+        }
+        w.splits_in_flight -= 1;
+        match Read::of(result) {
+            Read::Found(e) => {
+                let never_owned = records::decode::<SplitRecord>(&e.value).is_ok_and(|r| r.epoch == Epoch(0));
+                if never_owned && e.revision < term_rev {
+                    w.splits_in_flight += 1;
+                    let request = StoreRequest::CompareAndSwap {
+                        key: key.clone(),
+                        expected: e.revision,
+                        value: e.value,
+                        ttl: None,
+                    };
+                    self.send(Bucket::State, request, Pending::PlanWrite { round, key, value });
+                }
+            }
+            Read::Absent => w.splits.push_front((key, value)),
+            Read::Failed(_) => {
+                w.splits.push_front((key, value));
                 w.resume_at = Some(now + backoff);
             }
         }

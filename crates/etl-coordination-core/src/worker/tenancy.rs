@@ -64,8 +64,10 @@ pub(super) enum Stage {
     Running,
     /// P11: the lane was stopped because trust lapsed; renewals decide whether it resumes.
     Starved,
-    /// P10: the lane was asked to commit and stop by `deadline`.
+    /// P10: the lane was asked to commit and stop by `deadline`; it still runs.
     Stopping { deadline: Timestamp },
+    /// P10, P12: the lane has stopped; the end record write failed and is retried at `at`.
+    EndRetry { at: Timestamp },
     /// P10, P12: the end record is being written.
     Ending,
     /// The lease is being deleted; then the tenancy is over.

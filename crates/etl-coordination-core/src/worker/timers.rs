@@ -23,12 +23,14 @@ pub(super) enum Timer {
     Heartbeat,
     /// P7: the full listing that guards against missed watch events.
     Resync,
-    /// P11: trust in a running lane's lease lapses; the lane stops (starved).
+    /// P11: trust in a running (or draining) lane's lease lapses; the lane stops (starved).
     LeaseTrust(SplitId),
     /// P11: trust in the leader lease lapses; the worker steps down.
     LeaderTrust,
     /// P10: a stopping lane's commit deadline passed; its split is released anyway.
     StopDeadline(SplitId),
+    /// P10, P12: a failed end record write is retried.
+    EndRetry(SplitId),
     /// P10: the drain deadline passed; a lease later, what could not be released is given up.
     DrainDeadline,
     /// P4: an open plan is due for re-planning.
@@ -60,10 +62,15 @@ impl Worker {
         for (id, h) in &self.held {
             match h.stage {
                 Stage::Running => f(Timer::LeaseTrust(id.clone()), h.trusted_until),
-                // With a commit in flight the commit's result drives the end, not the deadline.
-                Stage::Stopping { deadline } if h.commit.is_none() => {
-                    f(Timer::StopDeadline(id.clone()), deadline)
+                Stage::Stopping { deadline } => {
+                    // A draining lane still runs: it is starved like a running one (P11).
+                    f(Timer::LeaseTrust(id.clone()), h.trusted_until);
+                    // With a commit in flight the commit's result drives the end, not the deadline.
+                    if h.commit.is_none() {
+                        f(Timer::StopDeadline(id.clone()), deadline);
+                    }
                 }
+                Stage::EndRetry { at } => f(Timer::EndRetry(id.clone()), at),
                 _ => {}
             }
         }
@@ -113,6 +120,7 @@ impl Worker {
             Timer::LeaseTrust(id) => self.starve(now, &id),
             Timer::LeaderTrust => self.leader_trust_lapsed(now),
             Timer::StopDeadline(id) => self.stop_deadline_passed(now, &id),
+            Timer::EndRetry(id) => self.end_retry_due(now, &id),
             Timer::DrainDeadline => self.drain_deadline_passed(now),
             Timer::Replan => self.replan_due(now),
             Timer::PlanRetry => self.plan_retry_due(now),

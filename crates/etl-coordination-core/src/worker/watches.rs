@@ -212,8 +212,14 @@ impl Worker {
         let Some(sv) = self.view.splits.get(id) else { return };
         let Some(r) = &sv.record else { return };
         let Some(h) = self.held.get(id) else { return };
-        let written =
-            matches!(h.stage, Stage::Running | Stage::ReadingDesc | Stage::Starved | Stage::Stopping { .. });
+        let written = matches!(
+            h.stage,
+            Stage::Running
+                | Stage::ReadingDesc
+                | Stage::Starved
+                | Stage::Stopping { .. }
+                | Stage::EndRetry { .. }
+        );
         let moved = r.epoch != h.epoch || r.owner.as_ref().is_some_and(|o| *o != self.me);
         if written && moved && sv.record_rev > h.record_rev {
             self.revoke(id, StopReason::Fenced);

@@ -36,6 +36,8 @@ pub struct Kv {
     pub now: Timestamp,
     /// The watches the worker opened.
     pub watches: Vec<WatchId>,
+    /// Every request applied, in order (to assert what was written before what).
+    pub history: Vec<(Bucket, StoreRequest)>,
 }
 
 impl Default for Kv {
@@ -45,6 +47,7 @@ impl Default for Kv {
             lease: MemoryKv::with_explicit_expiry(),
             now: Timestamp::ZERO,
             watches: Vec::new(),
+            history: Vec::new(),
         }
     }
 }
@@ -60,6 +63,7 @@ impl Kv {
     /// Executes one request; returns its result and the watch events it caused, per watch.
     pub fn apply(&mut self, bucket: Bucket, req: &StoreRequest) -> (StoreResult, Vec<(WatchId, WatchEvent)>) {
         let now = self.now;
+        self.history.push((bucket, req.clone()));
         let result = self.bucket(bucket).execute(now, req.clone());
         (result, self.route(bucket))
     }

@@ -5,7 +5,7 @@
 
 use bytes::Bytes;
 use etl_coordination_core::records::{self, SplitRecord, keys};
-use etl_coordination_core::{CommitOutcome, Epoch, Input, SplitId, StopReason};
+use etl_coordination_core::{CommitOutcome, Epoch, Input, SplitId, StopReason, Timestamp};
 
 use super::{Ev, Poison, Status, World, ms};
 use crate::check::progress_of;
@@ -20,6 +20,8 @@ pub(crate) struct Lane {
     pub draining: bool,
     /// Told to stop (fenced or starved) but still finishing the record in hand.
     pub stopping: bool,
+    /// Draining, but emitting until then before the last commit (a slow drain).
+    pub drain_until: Option<Timestamp>,
 }
 
 fn le(n: u64) -> Bytes {
@@ -60,8 +62,16 @@ impl World {
         let current = self.current_record(&split);
         self.checker.on_lane_start(self.now, &split, epoch, &others, current.as_ref());
         let next = progress_of(&progress);
-        let lane =
-            Lane { epoch, next, total, since_commit: 0, committing: false, draining: false, stopping: false };
+        let lane = Lane {
+            epoch,
+            next,
+            total,
+            since_commit: 0,
+            committing: false,
+            draining: false,
+            stopping: false,
+            drain_until: None,
+        };
         self.slots[slot].lanes.insert((split.clone(), epoch), lane);
         let life = self.slots[slot].life;
         let step = ms(self.opts.step_ms);
@@ -70,8 +80,19 @@ impl World {
 
     pub(crate) fn lane_step(&mut self, slot: usize, split: SplitId, epoch: Epoch) {
         let Some(lane) = self.slots[slot].lanes.get(&(split.clone(), epoch)) else { return };
-        if lane.committing || lane.draining {
+        if lane.committing {
             return;
+        }
+        if lane.draining {
+            match lane.drain_until {
+                Some(t) if self.now >= t => {
+                    // The slow drain is over: the last commit, then the acknowledgement.
+                    self.slots[slot].lanes.get_mut(&(split.clone(), epoch)).expect("lane").drain_until = None;
+                    return self.drain_now(slot, split, epoch);
+                }
+                Some(_) => {}
+                None => return,
+            }
         }
         let (next, total, stopping) = (lane.next, lane.total, lane.stopping);
         if lane.since_commit >= self.opts.commit_every && !stopping && next < total {
@@ -130,29 +151,45 @@ impl World {
         self.schedule(ms(self.opts.step_ms), Ev::LaneStep { slot, life, split, epoch });
     }
 
-    pub(crate) fn stop_lane(&mut self, slot: usize, split: SplitId, epoch: Epoch, reason: StopReason) {
+    /// `at_once`: no deadline (the core no longer counts the lane as running).
+    pub(crate) fn stop_lane(
+        &mut self,
+        slot: usize,
+        split: SplitId,
+        epoch: Epoch,
+        reason: StopReason,
+        at_once: bool,
+    ) {
         let slow = self.faults_on && self.opts.slow_stop && self.rng.chance(0.5);
         let life = self.slots[slot].life;
         let step = ms(self.opts.step_ms.min(30));
         let Some(lane) = self.slots[slot].lanes.get_mut(&(split.clone(), epoch)) else { return };
         match reason {
             StopReason::Draining => {
+                if at_once {
+                    // The drain deadline passed, or the split is released now: stop emitting.
+                    lane.draining = true;
+                    lane.drain_until = None;
+                    return self.drain_now(slot, split, epoch);
+                }
                 if lane.draining {
                     return;
                 }
                 lane.draining = true;
-                if lane.committing {
-                    return; // acknowledged when the commit resolves
+                if slow && lane.next < lane.total {
+                    // A slow drain: the lane goes on emitting for a while (within the drain
+                    // deadline) before its last commit, as a source finishing a batch does.
+                    let max = self.opts.drain_timeout.as_millis() as u64 * 9 / 10;
+                    let until = self.now + ms(self.rng.range(0, max));
+                    self.fault("lane_slow_to_drain");
+                    let lane = self.slots[slot].lanes.get_mut(&(split.clone(), epoch)).expect("lane");
+                    lane.drain_until = Some(until);
+                    if !lane.committing {
+                        self.schedule(step, Ev::LaneStep { slot, life, split, epoch });
+                    }
+                    return;
                 }
-                if lane.since_commit > 0 {
-                    lane.committing = true;
-                    let p = lane.next;
-                    self.deliver(slot, Input::Commit { split, epoch, progress: le(p) });
-                } else {
-                    self.slots[slot].lanes.remove(&(split.clone(), epoch));
-                    self.lane_ended(slot, &split, epoch);
-                    self.deliver(slot, Input::LaneStopped { split, epoch });
-                }
+                self.drain_now(slot, split, epoch);
             }
             StopReason::Fenced | StopReason::Starved => {
                 if slow && !lane.committing && !lane.draining && lane.next < lane.total {
@@ -167,6 +204,23 @@ impl World {
         }
     }
 
+    /// A draining lane commits what it has and acknowledges the stop once that resolves.
+    fn drain_now(&mut self, slot: usize, split: SplitId, epoch: Epoch) {
+        let Some(lane) = self.slots[slot].lanes.get_mut(&(split.clone(), epoch)) else { return };
+        if lane.committing {
+            return; // acknowledged when the commit resolves
+        }
+        if lane.since_commit > 0 {
+            lane.committing = true;
+            let p = lane.next;
+            self.deliver(slot, Input::Commit { split, epoch, progress: le(p) });
+        } else {
+            self.slots[slot].lanes.remove(&(split.clone(), epoch));
+            self.lane_ended(slot, &split, epoch);
+            self.deliver(slot, Input::LaneStopped { split, epoch });
+        }
+    }
+
     pub(crate) fn commit_done(&mut self, slot: usize, split: SplitId, epoch: Epoch, outcome: CommitOutcome) {
         let life = self.slots[slot].life;
         let Some(lane) = self.slots[slot].lanes.get_mut(&(split.clone(), epoch)) else { return };
@@ -175,13 +229,15 @@ impl World {
             self.slots[slot].lanes.remove(&(split.clone(), epoch));
             return;
         }
+        // A slow drain commits as it goes; its last commit comes when it is over.
+        let last = lane.draining && lane.drain_until.is_none();
         match outcome {
             CommitOutcome::Ok => {
                 lane.since_commit = 0;
                 if lane.next >= lane.total && !lane.draining {
                     self.slots[slot].lanes.remove(&(split.clone(), epoch));
                     self.lane_ended(slot, &split, epoch);
-                } else if lane.draining {
+                } else if last || lane.next >= lane.total {
                     self.slots[slot].lanes.remove(&(split.clone(), epoch));
                     self.lane_ended(slot, &split, epoch);
                     self.deliver(slot, Input::LaneStopped { split, epoch });
@@ -194,7 +250,7 @@ impl World {
                 self.lane_ended(slot, &split, epoch);
             }
             CommitOutcome::Retryable => {
-                if lane.draining {
+                if last {
                     self.slots[slot].lanes.remove(&(split.clone(), epoch));
                     self.lane_ended(slot, &split, epoch);
                     self.deliver(slot, Input::LaneStopped { split, epoch });

@@ -14,8 +14,8 @@ use bytes::Bytes;
 use etl_coordination_core::records::{self, PlanHead, PlanStatus, keys};
 use etl_coordination_core::{
     AcquisitionReason, Action, Bucket, Config, Epoch, Event, FatalError, Incarnation, Input, InstanceId,
-    OpId, Outcome, Owner, Plan, PlanKind, PlannedSplit, SplitId, StoreRequest, Timestamp, Tuning, WatchId,
-    Worker,
+    OpId, Outcome, Owner, Plan, PlanKind, PlannedSplit, SplitId, StopReason, StoreRequest, Timestamp, Tuning,
+    WatchId, Worker,
 };
 use etl_coordination_memory::MemoryKv;
 
@@ -348,7 +348,7 @@ impl World {
             max_in_flight: s.max_in_flight,
             max_attempts: self.opts.max_attempts,
             replan_interval: Duration::from_secs(2),
-            drain_timeout: Duration::from_secs(2),
+            drain_timeout: self.opts.drain_timeout,
             plan_timeout: Duration::from_secs(5),
         };
         cfg.validate().expect("sim config is valid");
@@ -583,11 +583,14 @@ impl World {
                 self.slots[slot].core_lanes.insert(split.clone(), epoch);
                 self.start_lane(slot, split, epoch, descriptor, progress)
             }
-            Action::StopLane { split, epoch, reason, .. } => {
-                if self.slots[slot].core_lanes.get(&split) == Some(&epoch) {
+            Action::StopLane { split, epoch, reason, deadline } => {
+                // A draining lane with a deadline still runs (and is checked) until it
+                // acknowledges the stop; any other stop is at once.
+                let at_once = reason != StopReason::Draining || deadline.is_none();
+                if at_once && self.slots[slot].core_lanes.get(&split) == Some(&epoch) {
                     self.slots[slot].core_lanes.remove(&split);
                 }
-                self.stop_lane(slot, split, epoch, reason)
+                self.stop_lane(slot, split, epoch, reason, at_once)
             }
             Action::CommitDone { split, epoch, outcome } => self.commit_done(slot, split, epoch, outcome),
             Action::Event(e) => self.on_event(slot, e),
