@@ -5,6 +5,8 @@
 //! - `cargo xtask itest`: provisions NATS and runs the integration suites, with a summary table.
 //! - `cargo xtask sim --seeds N [--start S]`: a sweep of N seeds with a summary.
 //! - `cargo xtask sim --seed S`: one seed, reproduced exactly.
+//! - `cargo xtask mutants [--seeds N] [--only NAME]`: the mutation catalogue (`xtask/mutants.txt`),
+//!   each mutant applied to a copy of the workspace and swept; every one must be caught.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -16,6 +18,7 @@ use anyhow::{Context, Result, bail};
 use etl_coordination_sim::{Options, Report, run};
 
 mod moto;
+mod mutants;
 mod nats;
 mod promtool;
 mod servers;
@@ -30,8 +33,12 @@ fn main() -> Result<()> {
         Some("ci") => ci(),
         Some("sim") => sim(&args[1..]),
         Some("itest") => itest(),
+        Some("mutants") => mutants::run(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <ci | itest | sim --seeds N [--start S] | sim --seed S>");
+            eprintln!(
+                "usage: cargo xtask <ci | itest | sim --seeds N [--start S] [--stop-on-violation] | sim --seed S \
+                 | mutants [--seeds N] [--only NAME]>"
+            );
             std::process::exit(2);
         }
     }
@@ -67,9 +74,14 @@ fn flag(args: &[String], name: &str) -> Result<Option<u64>> {
 }
 
 fn sim(args: &[String]) -> Result<()> {
+    let stop_early = args.iter().any(|a| a == "--stop-on-violation");
+    let args: Vec<String> = args.iter().filter(|a| *a != "--stop-on-violation").cloned().collect();
+    let args = args.as_slice();
     for pair in args.chunks(2) {
         if !["--seed", "--seeds", "--start"].contains(&pair[0].as_str()) || pair.len() < 2 {
-            bail!("usage: cargo xtask sim --seeds N [--start S] | --seed S (got {args:?})");
+            bail!(
+                "usage: cargo xtask sim --seeds N [--start S] [--stop-on-violation] | --seed S (got {args:?})"
+            );
         }
     }
     if let Some(seed) = flag(args, "--seed")? {
@@ -82,7 +94,7 @@ fn sim(args: &[String]) -> Result<()> {
     }
     let seeds = flag(args, "--seeds")?.unwrap_or(200);
     let start = flag(args, "--start")?.unwrap_or(0);
-    sweep(start, seeds)
+    sweep(start, seeds, stop_early)
 }
 
 fn print_one(r: &Report) {
@@ -108,10 +120,12 @@ fn print_one(r: &Report) {
     }
 }
 
-/// Runs `count` seeds on every core and prints one summary.
-pub fn sweep(start: u64, count: u64) -> Result<()> {
+/// Runs `count` seeds on every core and prints one summary. With `stop_early`, the sweep ends
+/// at the first violation (the mutation runs only need to know whether one is caught).
+pub fn sweep(start: u64, count: u64, stop_early: bool) -> Result<()> {
     let t0 = Instant::now();
     let next = AtomicU64::new(start);
+    let stop = std::sync::atomic::AtomicBool::new(false);
     let end = start + count;
     let agg: Mutex<Agg> = Mutex::new(Agg::default());
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -120,15 +134,23 @@ pub fn sweep(start: u64, count: u64) -> Result<()> {
             s.spawn(|| {
                 loop {
                     let seed = next.fetch_add(1, Ordering::Relaxed);
-                    if seed >= end {
+                    if seed >= end || stop.load(Ordering::Relaxed) {
                         return;
                     }
                     // A panic in the core is a bug like any violation: report it with its seed.
                     let r = std::panic::catch_unwind(|| run(seed, &Options::for_seed(seed)));
                     let mut agg = agg.lock().unwrap_or_else(|e| e.into_inner());
                     match r {
-                        Ok(r) => agg.add(&r),
+                        Ok(r) => {
+                            agg.add(&r);
+                            if stop_early && r.violation.is_some() {
+                                stop.store(true, Ordering::Relaxed);
+                            }
+                        }
                         Err(panic) => {
+                            if stop_early {
+                                stop.store(true, Ordering::Relaxed);
+                            }
                             let msg = panic
                                 .downcast_ref::<String>()
                                 .cloned()
@@ -295,7 +317,7 @@ fn ci() -> Result<()> {
     cargo_env(&s3, &servers.env())?;
     drop(servers);
     let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5000);
-    sweep(0, seeds)?;
+    sweep(0, seeds, false)?;
     documented_sim_commands()?;
     println!("ci passed in {:.0}s", t0.elapsed().as_secs_f64());
     Ok(())

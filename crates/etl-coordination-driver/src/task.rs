@@ -266,7 +266,16 @@ impl<S: Store, P: Planner> Task<S, P> {
                 let planner = self.planner.clone();
                 let tx = self.tx.clone();
                 tokio::spawn(async move {
-                    let result = planner.plan().await.map_err(|e| e.0);
+                    // The planner runs in a task of its own so that a panic in it becomes a
+                    // planner failure (retried with backoff) instead of a silent hang until
+                    // `plan_timeout`.
+                    let result = match tokio::spawn(async move { planner.plan().await }).await {
+                        Ok(result) => result.map_err(|e| e.0),
+                        Err(e) if e.is_panic() => {
+                            Err(format!("the planner panicked: {}", panic_text(e.into_panic())))
+                        }
+                        Err(e) => Err(format!("the planner task was cancelled: {e}")),
+                    };
                     let _ = tx.send(Msg::PlanReady { request, result });
                 });
             }
@@ -343,6 +352,7 @@ impl<S: Store, P: Planner> Task<S, P> {
                 }
             }
             Event::Leadership { leader, .. } => self.metrics.leader(*leader),
+            Event::PlanFailed { .. } => self.metrics.plan_failure(),
             Event::Gauges { owned, live_workers, quarantined } => {
                 self.metrics.splits_owned(*owned);
                 self.metrics.live_workers(*live_workers);
@@ -416,6 +426,15 @@ impl<S: Store, P: Planner> Task<S, P> {
             }
         }));
     }
+}
+
+/// The message of a caught panic (a `&str` or `String` payload, as `panic!` makes).
+fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

@@ -457,3 +457,46 @@ async fn a_commit_whose_future_was_dropped_does_not_fail_the_next_one() {
     lane.finish(progress(10)).await.expect("finished");
     assert_eq!(handle.outcome().await.unwrap(), JobOutcome::Complete);
 }
+
+/// Panics on its first call, never answers its second, then plans like `inner`.
+#[derive(Clone)]
+struct FlakyPlanner {
+    inner: TestPlanner,
+    calls: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl Planner for FlakyPlanner {
+    fn fingerprint(&self) -> String {
+        self.inner.fingerprint()
+    }
+
+    async fn plan(&self) -> Result<Plan, PlanError> {
+        match self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+            0 => panic!("planner bug: listing page token missing"),
+            1 => std::future::pending().await,
+            _ => self.inner.plan().await,
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_planner_that_panics_or_hangs_is_retried_with_backoff_and_the_job_completes() {
+    let stores = fresh_stores();
+    let oracle = Oracle::default();
+    let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let flaky = FlakyPlanner { inner: planner(3, 20), calls: calls.clone() };
+    let mut cfg = config("a");
+    cfg.tuning.plan_timeout = Duration::from_secs(5);
+    let t0 = tokio::time::Instant::now();
+    let (handle, lanes) = CoordinationDriver::start(stores.clone(), flaky, cfg).expect("valid config");
+    source(&oracle).spawn(lanes, "a".to_owned());
+    assert_eq!(handle.outcome().await.unwrap(), JobOutcome::Complete);
+    oracle.assert_complete(3, 20);
+    // The panic was caught at once (not waited out), the hang timed out after plan_timeout,
+    // each followed by a backoff (one heartbeat, then two).
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+    let first_emit = oracle.first_emit_by("a").expect("records emitted");
+    let waited = first_emit - t0;
+    assert!(waited >= Duration::from_secs(5 + 1 + 2), "planning succeeded after {waited:?}");
+    assert!(waited < Duration::from_secs(5 + 1 + 2 + 3), "planning succeeded after {waited:?}");
+}

@@ -35,9 +35,12 @@ pub mod names {
     /// Gauge: 1 for the state this worker's view of the job is in (`state` label), 0 for the
     /// others.
     pub const JOB_STATE: &str = "etl_coordination_job_state";
+    /// Counter: planner calls that failed (an error, a panic, or no answer within the plan
+    /// timeout); each is retried after a backoff.
+    pub const PLAN_FAILURES_TOTAL: &str = "etl_coordination_plan_failures_total";
 
     /// Every family.
-    pub const ALL: [&str; 9] = [
+    pub const ALL: [&str; 10] = [
         SPLITS_OWNED,
         LIVE_WORKERS,
         LEADER,
@@ -47,6 +50,7 @@ pub mod names {
         STORE_OP_DURATION_SECONDS,
         WRITES_TOTAL,
         JOB_STATE,
+        PLAN_FAILURES_TOTAL,
     ];
 }
 
@@ -118,6 +122,11 @@ pub fn describe() {
         Unit::Count,
         "Coordination store writes by outcome; conflict is fencing working as designed."
     );
+    describe_counter!(
+        names::PLAN_FAILURES_TOTAL,
+        Unit::Count,
+        "Planner calls on the leader that failed, panicked or timed out; each is retried after a backoff."
+    );
     describe_gauge!(
         names::JOB_STATE,
         "1 for this worker's job state (running, complete, stalled, drained, failed), else 0."
@@ -149,6 +158,7 @@ impl Metrics {
         for outcome in WRITE_OUTCOMES {
             counter!(names::WRITES_TOTAL, "coordination_job" => m.job.clone(), "instance" => m.instance.clone(), "outcome" => outcome).increment(0);
         }
+        counter!(names::PLAN_FAILURES_TOTAL, "coordination_job" => m.job.clone(), "instance" => m.instance.clone()).increment(0);
         m
     }
 
@@ -198,6 +208,11 @@ impl Metrics {
         }
     }
 
+    /// `plan_failures_total`.
+    pub fn plan_failure(&self) {
+        counter!(names::PLAN_FAILURES_TOTAL, "coordination_job" => self.job.clone(), "instance" => self.instance.clone()).increment(1);
+    }
+
     /// `writes_total{outcome}`.
     pub fn write(&self, outcome: WriteOutcome) {
         counter!(names::WRITES_TOTAL, "coordination_job" => self.job.clone(), "instance" => self.instance.clone(), "outcome" => outcome.label()).increment(1);
@@ -244,6 +259,7 @@ mod tests {
         m.store_op("cas", Duration::from_micros(300));
         m.write(WriteOutcome::Conflict);
         m.job_state("stalled");
+        m.plan_failure();
         let text = handle.render();
         for family in names::ALL {
             assert!(text.contains(&format!("# HELP {family}")), "{family} has help text:\n{text}");
@@ -263,6 +279,7 @@ mod tests {
             r#"etl_coordination_store_op_duration_seconds_bucket{coordination_job="backfill",instance="pod-1",op="cas",le="0.0005"} 1"#,
             r#"etl_coordination_job_state{coordination_job="backfill",instance="pod-1",state="stalled"} 1"#,
             r#"etl_coordination_job_state{coordination_job="backfill",instance="pod-1",state="running"} 0"#,
+            r#"etl_coordination_plan_failures_total{coordination_job="backfill",instance="pod-1"} 1"#,
         ];
         for line in expect {
             assert!(text.contains(line), "missing {line:?} in:\n{text}");

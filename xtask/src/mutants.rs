@@ -1,0 +1,284 @@
+//! `cargo xtask mutants`: the checkers have teeth. Every entry of the catalogue
+//! (`xtask/mutants.txt`) is a one-line protocol bug kept as a source patch: a string that must
+//! occur exactly once in a file, and what replaces it. Each mutant is applied on its own to a
+//! copy of the workspace (under `target/mutants/`, built with a target directory of its own so
+//! the main build is untouched and mutants share what did not change) and the simulation sweep
+//! runs against it, stopping at the first violation. A mutant is caught when the sweep reports a
+//! violation (or a panic); it survives when the whole sweep passes. Every mutant must be caught.
+//!
+//! Too slow for every CI run (a release build per mutant); run it before resolving anything
+//! that touches the core or the simulator (CONTRIBUTING.md).
+
+use std::collections::BTreeSet;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::util::target_dir;
+
+/// One catalogued bug.
+#[derive(Debug, Clone, Default)]
+struct Mutant {
+    name: String,
+    rule: String,
+    what: String,
+    file: String,
+    find: String,
+    replace: String,
+}
+
+/// How one mutant's sweep ended.
+enum Verdict {
+    Caught(String),
+    Survived,
+    TimedOut,
+}
+
+/// The workspace root (the parent of `xtask/`).
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Parses the catalogue: `[name]` sections of `key = value` lines; `#` starts a comment line.
+fn parse(text: &str) -> Result<Vec<Mutant>> {
+    let mut out: Vec<Mutant> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line_no = n + 1;
+        let trimmed = line.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        if let Some(name) = trimmed.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            out.push(Mutant { name: name.to_owned(), ..Mutant::default() });
+            continue;
+        }
+        let Some(m) = out.last_mut() else {
+            bail!("mutants.txt line {line_no}: a `key = value` line before the first [name]");
+        };
+        let Some((key, value)) = line.split_once(" = ") else {
+            bail!("mutants.txt line {line_no}: expected `key = value`, got {line:?}");
+        };
+        let value = value.to_owned();
+        match key.trim() {
+            "rule" => m.rule = value,
+            "what" => m.what = value,
+            "file" => m.file = value,
+            "find" => m.find = value,
+            "replace" => m.replace = value,
+            other => bail!("mutants.txt line {line_no}: unknown key {other:?} in [{}]", m.name),
+        }
+    }
+    let mut names = BTreeSet::new();
+    for m in &out {
+        if !names.insert(m.name.clone()) {
+            bail!("mutants.txt: [{}] appears twice", m.name);
+        }
+        if m.file.is_empty() || m.find.is_empty() || m.rule.is_empty() || m.what.is_empty() {
+            bail!("mutants.txt: [{}] needs rule, what, file, find and replace", m.name);
+        }
+        if m.find == m.replace {
+            bail!("mutants.txt: [{}] replaces {:?} with itself", m.name, m.find);
+        }
+    }
+    Ok(out)
+}
+
+/// The patched text of `m.file`, or why the patch no longer applies.
+fn apply(m: &Mutant, original: &str) -> Result<String> {
+    match original.matches(&m.find).count() {
+        1 => Ok(original.replacen(&m.find, &m.replace, 1)),
+        0 => bail!("[{}]: {:?} no longer occurs in {} (update the catalogue)", m.name, m.find, m.file),
+        n => bail!("[{}]: {:?} occurs {n} times in {}; make it unique", m.name, m.find, m.file),
+    }
+}
+
+/// Copies the workspace sources (everything but `target/` and `.git/`) into `to`, only files
+/// whose content differs, so cargo rebuilds only what a mutant changed.
+fn sync(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name == "target" || name == ".git" {
+            continue;
+        }
+        let (src, dst) = (entry.path(), to.join(&name));
+        if entry.file_type()?.is_dir() {
+            sync(&src, &dst)?;
+        } else {
+            let data = std::fs::read(&src)?;
+            if std::fs::read(&dst).ok().as_deref() != Some(data.as_slice()) {
+                std::fs::write(&dst, data).with_context(|| format!("writing {}", dst.display()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Builds and sweeps the copy at `ws`; `None` when it did not finish within `limit`.
+fn sweep(ws: &Path, target: &Path, seeds: u64, limit: Duration) -> Result<Option<(bool, String)>> {
+    let mut child = Command::new(env!("CARGO"))
+        .args(["run", "--release", "--quiet", "--package", "xtask", "--", "sim", "--seeds"])
+        .arg(seeds.to_string())
+        .arg("--stop-on-violation")
+        .current_dir(ws)
+        .env("CARGO_TARGET_DIR", target)
+        .env("RUST_BACKTRACE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running cargo")?;
+    let t0 = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait()? {
+            let mut out = String::new();
+            child.stdout.take().expect("piped").read_to_string(&mut out)?;
+            let mut err = String::new();
+            child.stderr.take().expect("piped").read_to_string(&mut err)?;
+            return Ok(Some((status.success(), format!("{out}{err}"))));
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// What caught the mutant: the first violation line of the sweep's summary.
+fn first_violation(output: &str) -> Option<String> {
+    output.lines().find_map(|l| l.trim().strip_prefix("VIOLATION ").map(str::to_owned))
+}
+
+pub fn run(args: &[String]) -> Result<()> {
+    let mut seeds = 2_000;
+    let mut only: Option<String> = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--seeds" => {
+                let v = it.next().context("--seeds needs a value")?;
+                seeds = v.parse().with_context(|| format!("--seeds expects a number, got {v:?}"))?;
+            }
+            "--only" => only = Some(it.next().context("--only needs a mutant name")?.clone()),
+            other => bail!("usage: cargo xtask mutants [--seeds N] [--only NAME] (got {other:?})"),
+        }
+    }
+    let root = root();
+    let catalogue =
+        std::fs::read_to_string(root.join("xtask/mutants.txt")).context("reading xtask/mutants.txt")?;
+    let mut mutants = parse(&catalogue)?;
+    if let Some(name) = &only {
+        mutants.retain(|m| &m.name == name);
+        if mutants.is_empty() {
+            bail!("no mutant named {name:?} in xtask/mutants.txt");
+        }
+    }
+    // Every patch must apply before anything is built.
+    for m in &mutants {
+        let original = std::fs::read_to_string(root.join(&m.file))
+            .with_context(|| format!("[{}]: reading {}", m.name, m.file))?;
+        apply(m, &original)?;
+    }
+    let base = target_dir().join("mutants");
+    let (ws, target) = (base.join("ws"), base.join("target"));
+    sync(&root, &ws)?;
+    // A sweep of the unmutated copy must pass, or nothing below means anything.
+    let limit = Duration::from_secs(20 * 60);
+    println!("baseline: {seeds} seeds on the unmutated workspace");
+    let t0 = Instant::now();
+    match sweep(&ws, &target, seeds, limit)? {
+        Some((true, _)) => println!("baseline passed in {:.0}s", t0.elapsed().as_secs_f64()),
+        Some((false, out)) => bail!("the unmutated workspace fails its sweep:\n{out}"),
+        None => bail!("the unmutated workspace's sweep did not finish within {limit:?}"),
+    }
+    let mut rows = Vec::new();
+    for m in &mutants {
+        let original = std::fs::read_to_string(root.join(&m.file))?;
+        let path = ws.join(&m.file);
+        std::fs::write(&path, apply(m, &original)?)?;
+        let t0 = Instant::now();
+        let result = sweep(&ws, &target, seeds, limit);
+        std::fs::write(&path, &original)?;
+        let verdict = match result? {
+            None => Verdict::TimedOut,
+            Some((true, _)) => Verdict::Survived,
+            Some((false, out)) => match first_violation(&out) {
+                Some(v) => Verdict::Caught(v),
+                None => bail!("[{}]: the mutant does not build or the sweep failed to run:\n{out}", m.name),
+            },
+        };
+        let secs = t0.elapsed().as_secs_f64();
+        let shown = match &verdict {
+            Verdict::Caught(v) => format!("caught   {v}"),
+            Verdict::Survived => "SURVIVED".to_owned(),
+            Verdict::TimedOut => format!("caught   (the sweep did not finish within {limit:?}: livelock)"),
+        };
+        println!("{:<40} {:<4} {secs:>5.0}s  {}", m.name, m.rule, truncate(&shown, 150));
+        rows.push((m, verdict, secs));
+    }
+    println!();
+    println!("| mutant | rule | bug | verdict |");
+    println!("|---|---|---|---|");
+    for (m, v, _) in &rows {
+        let verdict = match v {
+            Verdict::Caught(s) => format!("caught: {}", truncate(s, 110)),
+            Verdict::Survived => "**survived**".to_owned(),
+            Verdict::TimedOut => "caught: livelock (sweep timed out)".to_owned(),
+        };
+        println!("| {} | {} | {} | {} |", m.name, m.rule, m.what, verdict.replace('|', "/"));
+    }
+    let survived: Vec<&str> = rows
+        .iter()
+        .filter(|(_, v, _)| matches!(v, Verdict::Survived))
+        .map(|(m, _, _)| m.name.as_str())
+        .collect();
+    println!();
+    println!("{} mutants, {} caught, {} survived", rows.len(), rows.len() - survived.len(), survived.len());
+    if !survived.is_empty() {
+        bail!("mutants survived the sweep ({seeds} seeds): {survived:?}; the checkers miss these bugs");
+    }
+    Ok(())
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_owned()
+    } else {
+        format!("{}...", s.chars().take(max).collect::<String>())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_catalogue_parses_and_every_patch_applies_exactly_once() {
+        let text = std::fs::read_to_string(root().join("xtask/mutants.txt")).unwrap();
+        let mutants = parse(&text).unwrap();
+        assert!(mutants.len() >= 30, "{} mutants", mutants.len());
+        for m in &mutants {
+            let original = std::fs::read_to_string(root().join(&m.file)).unwrap();
+            apply(m, &original).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_patch_that_matches_twice_or_never_is_refused() {
+        let m = Mutant {
+            name: "x".into(),
+            find: "a".into(),
+            replace: "b".into(),
+            file: "f".into(),
+            ..Mutant::default()
+        };
+        assert!(apply(&m, "a a").unwrap_err().to_string().contains("2 times"));
+        assert!(apply(&m, "c").unwrap_err().to_string().contains("no longer occurs"));
+        assert_eq!(apply(&m, "xay").unwrap(), "xby");
+    }
+}
