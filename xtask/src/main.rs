@@ -256,9 +256,13 @@ const S3_TEST: &[&str] = &["-p", "etl-coord", "--features", "cloud", "--test", "
 /// `cargo xtask itest`: provisions NATS and runs every integration suite, then prints a table.
 fn itest() -> Result<()> {
     let servers = Servers::provision()?;
-    let suites: [(&str, &[&str]); 7] = [
+    let suites: [(&str, &[&str]); 8] = [
         ("nats conformance (single server)", &["-p", "etl-coordination-nats", "--test", "conformance"]),
         ("nats conformance (3 nodes, R3)", &["-p", "etl-coordination-nats", "--test", "conformance_cluster"]),
+        (
+            "nats reads after writes (R3, follower down or lagging)",
+            &["-p", "etl-coordination-nats", "--test", "cluster_reads"],
+        ),
         ("nats startup checks", &["-p", "etl-coordination-nats", "--test", "setup"]),
         ("failure modes (real processes)", &["-p", "etl-coord", "--test", "nats_workers"]),
         ("deployment files", &["-p", "etl-coord", "--test", "deploy"]),

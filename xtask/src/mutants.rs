@@ -3,8 +3,10 @@
 //! occur exactly once in a file, and what replaces it. Each mutant is applied on its own to a
 //! copy of the workspace (under `target/mutants/`, built with a target directory of its own so
 //! the main build is untouched and mutants share what did not change) and the simulation sweep
-//! runs against it, stopping at the first violation. A mutant is caught when the sweep reports a
-//! violation (or a panic); it survives when the whole sweep passes. Every mutant must be caught.
+//! runs against it, stopping at the first violation, then (if the sweep passed) the simulator's
+//! own suite (`tests/simulation.rs`: the named scenarios, such as a live twin with the same
+//! instance id). A mutant is caught when either fails; it survives when both pass. Every mutant
+//! must be caught.
 //!
 //! Too slow for every CI run (a release build per mutant); run it before resolving anything
 //! that touches the core or the simulator (CONTRIBUTING.md).
@@ -154,6 +156,46 @@ fn first_violation(output: &str) -> Option<String> {
     output.lines().find_map(|l| l.trim().strip_prefix("VIOLATION ").map(str::to_owned))
 }
 
+/// Runs the simulator's own suite (the named scenarios) in the copy; `None` on a timeout, else
+/// the first failing test with its message.
+fn scenarios(ws: &Path, target: &Path, limit: Duration) -> Result<Option<Option<String>>> {
+    let mut child = Command::new(env!("CARGO"))
+        .args(["test", "--release", "--quiet", "--package", "etl-coordination-tests", "--test", "simulation"])
+        .current_dir(ws)
+        .env("CARGO_TARGET_DIR", target)
+        .env("RUST_BACKTRACE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running cargo test")?;
+    let t0 = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait()? {
+            if status.success() {
+                return Ok(Some(None));
+            }
+            let mut out = String::new();
+            child.stdout.take().expect("piped").read_to_string(&mut out)?;
+            let mut err = String::new();
+            child.stderr.take().expect("piped").read_to_string(&mut err)?;
+            let text = format!("{out}{err}");
+            let failed = text
+                .lines()
+                .skip_while(|l| !l.contains("panicked at"))
+                .nth(1)
+                .map(|msg| format!("scenario test: {}", msg.trim()))
+                .unwrap_or_else(|| format!("the simulator's suite failed:\n{text}"));
+            return Ok(Some(Some(failed)));
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 pub fn run(args: &[String]) -> Result<()> {
     let mut seeds = 2_000;
     let mut only: Option<String> = None;
@@ -189,10 +231,14 @@ pub fn run(args: &[String]) -> Result<()> {
     sync(&root, &ws)?;
     // A sweep of the unmutated copy must pass, or nothing below means anything.
     let limit = Duration::from_secs(20 * 60);
-    println!("baseline: {seeds} seeds on the unmutated workspace");
+    println!("baseline: {seeds} seeds and the simulator's suite on the unmutated workspace");
     let t0 = Instant::now();
     match sweep(&ws, &target, seeds, limit)? {
-        Some((true, _)) => println!("baseline passed in {:.0}s", t0.elapsed().as_secs_f64()),
+        Some((true, _)) => match scenarios(&ws, &target, limit)? {
+            Some(None) => println!("baseline passed in {:.0}s", t0.elapsed().as_secs_f64()),
+            Some(Some(failed)) => bail!("the unmutated workspace fails the simulator's suite: {failed}"),
+            None => bail!("the unmutated workspace's simulator suite did not finish within {limit:?}"),
+        },
         Some((false, out)) => bail!("the unmutated workspace fails its sweep:\n{out}"),
         None => bail!("the unmutated workspace's sweep did not finish within {limit:?}"),
     }
@@ -202,12 +248,16 @@ pub fn run(args: &[String]) -> Result<()> {
         let path = ws.join(&m.file);
         std::fs::write(&path, apply(m, &original)?)?;
         let t0 = Instant::now();
-        let result = sweep(&ws, &target, seeds, limit);
+        let result = sweep(&ws, &target, seeds, limit).and_then(|r| match r {
+            Some((true, _)) => Ok((Some((true, String::new())), scenarios(&ws, &target, limit)?)),
+            other => Ok((other, Some(None))),
+        });
         std::fs::write(&path, &original)?;
         let verdict = match result? {
-            None => Verdict::TimedOut,
-            Some((true, _)) => Verdict::Survived,
-            Some((false, out)) => match first_violation(&out) {
+            (None, _) | (_, None) => Verdict::TimedOut,
+            (Some((true, _)), Some(None)) => Verdict::Survived,
+            (Some((true, _)), Some(Some(failed))) => Verdict::Caught(failed),
+            (Some((false, out)), _) => match first_violation(&out) {
                 Some(v) => Verdict::Caught(v),
                 None => bail!("[{}]: the mutant does not build or the sweep failed to run:\n{out}", m.name),
             },

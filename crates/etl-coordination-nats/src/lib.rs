@@ -15,6 +15,10 @@
 //!   client's error kind alone (clustered servers answer 10164, which the client maps to
 //!   `Other`);
 //! - a request without an answer is `Indeterminate`, never a failure;
+//! - a get reads through the stream leader (the JetStream message-get API), never a direct
+//!   get: async-nats creates buckets with direct get allowed, and then any replica answers, a
+//!   lagging one with an older revision (measured: 180 of 3,000 reads right after an
+//!   acknowledged write). A read after an acknowledged write returns it;
 //! - watches and listings use ordered consumers with `LastPerSubject` delivery and report the
 //!   end of the initial snapshot; a watch that fails is finished (never polled again).
 //!
@@ -105,6 +109,8 @@ pub struct NatsStore {
     kv: kv::Store,
     bucket: String,
     stream: String,
+    /// The bucket's stream, for reads through its leader.
+    leader: jetstream::stream::Stream,
     op_timeout: Duration,
     /// Lease bucket: deletes leave a marker with this TTL instead of a permanent tombstone.
     marker_ttl: Option<Duration>,
@@ -221,7 +227,7 @@ async fn bucket(
         ..Default::default()
     };
     let stream = format!("KV_{name}");
-    let (kv, stream_config) = open_or_create(js, cfg, &stream).await?;
+    let (kv, leader, stream_config) = open_or_create(js, cfg, &stream).await?;
     if ttl && (!stream_config.allow_message_ttl || stream_config.subject_delete_marker_ttl.is_none()) {
         return Err(setup(format!(
             "bucket {name} exists without per-message TTLs and limit markers, so leases would never expire; delete it (`nats kv del {name}`) or use another job name"
@@ -239,6 +245,7 @@ async fn bucket(
         kv,
         bucket: name.to_owned(),
         stream,
+        leader,
         op_timeout: config.op_timeout,
         marker_ttl: ttl.then_some(config.limit_marker_ttl),
     })
@@ -255,7 +262,7 @@ async fn open_or_create(
     js: &jetstream::Context,
     cfg: kv::Config,
     stream: &str,
-) -> Result<(kv::Store, jetstream::stream::Config), StoreError> {
+) -> Result<(kv::Store, jetstream::stream::Stream, jetstream::stream::Config), StoreError> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     let mut attempt = 0u64;
     loop {
@@ -268,7 +275,7 @@ async fn open_or_create(
         };
         let last = match kv {
             Ok(kv) => match read_config(js, stream).await {
-                Ok(config) => return Ok((kv, config)),
+                Ok((handle, config)) => return Ok((kv, handle, config)),
                 Err(e) => format!("reading its configuration: {e}"),
             },
             Err(e) => e,
@@ -285,9 +292,21 @@ async fn open_or_create(
     }
 }
 
-async fn read_config(js: &jetstream::Context, stream: &str) -> Result<jetstream::stream::Config, String> {
+async fn read_config(
+    js: &jetstream::Context,
+    stream: &str,
+) -> Result<(jetstream::stream::Stream, jetstream::stream::Config), String> {
     let mut s = js.get_stream(stream).await.map_err(|e| e.to_string())?;
-    Ok(s.info().await.map_err(|e| e.to_string())?.config.clone())
+    let config = s.info().await.map_err(|e| e.to_string())?.config.clone();
+    Ok((s, config))
+}
+
+/// The latest message of a key: its value, revision, and whether it is a live value (not a
+/// delete, purge or expiry marker).
+struct Latest {
+    value: Bytes,
+    revision: u64,
+    live: bool,
 }
 
 /// The JetStream API error code anywhere in an error's source chain.
@@ -376,12 +395,24 @@ impl NatsStore {
         }
     }
 
-    async fn entry(&self, key: &Key) -> Result<Option<kv::Entry>, StoreError> {
-        match tokio::time::timeout(self.op_timeout, self.kv.entry(key.as_str())).await {
+    /// The latest message of `key`, read through the stream leader (never a direct get, which
+    /// a lagging replica may answer).
+    async fn latest(&self, key: &Key) -> Result<Option<Latest>, StoreError> {
+        use jetstream::stream::LastRawMessageErrorKind as L;
+        let subject = self.subject(key);
+        match tokio::time::timeout(self.op_timeout, self.leader.get_last_raw_message_by_subject(&subject))
+            .await
+        {
             Err(_) => {
                 Err(StoreError::Unavailable(format!("no answer reading {key} within {:?}", self.op_timeout)))
             }
-            Ok(Ok(e)) => Ok(e),
+            Ok(Ok(m)) => {
+                let op = m.headers.get("KV-Operation").map(|v| v.as_str().to_owned());
+                let marker = m.headers.get("Nats-Marker-Reason").is_some();
+                let live = !marker && !matches!(op.as_deref(), Some("DEL") | Some("PURGE"));
+                Ok(Some(Latest { value: m.payload, revision: m.sequence, live }))
+            }
+            Ok(Err(e)) if e.kind() == L::NoMessageFound => Ok(None),
             Ok(Err(e)) => Err(StoreError::Unavailable(format!("reading {key}: {e}"))),
         }
     }
@@ -444,10 +475,8 @@ impl Store for NatsStore {
             }
             // Conflict: a live value, or a delete/expiry marker to write over (NATS-NOTES: a
             // plain re-create over a marker would drop the TTL).
-            match self.entry(key).await? {
-                Some(e) if e.operation == kv::Operation::Put => {
-                    return Err(StoreError::AlreadyExists(key.clone()));
-                }
+            match self.latest(key).await? {
+                Some(e) if e.live => return Err(StoreError::AlreadyExists(key.clone())),
                 Some(e) => expected = e.revision,
                 None => expected = 0,
             }
@@ -500,7 +529,7 @@ impl Store for NatsStore {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
-        Ok(self.entry(key).await?.filter(|e| e.operation == kv::Operation::Put).map(|e| Entry {
+        Ok(self.latest(key).await?.filter(|e| e.live).map(|e| Entry {
             key: key.clone(),
             value: e.value,
             revision: Revision(e.revision),

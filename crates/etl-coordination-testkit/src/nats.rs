@@ -1,0 +1,232 @@
+//! NATS servers a test owns (from `NATS_SERVER_BIN`, which `cargo xtask ci` provisions): one
+//! server, or a cluster whose route links run through [`Proxy`]s, one per ordered pair of
+//! nodes, so a test can cut or stall one node off from the others while clients still reach
+//! it.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::proxy::Proxy;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+fn bin() -> String {
+    std::env::var("NATS_SERVER_BIN")
+        .expect("NATS_SERVER_BIN is not set: run `cargo xtask ci` (or `cargo xtask itest`), which provisions nats-server")
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// One `nats-server` process with JetStream, its configuration and data in a directory of its
+/// own. Killed when dropped.
+pub struct NatsServer {
+    child: Option<Child>,
+    name: String,
+    port: u16,
+    monitor: u16,
+    config: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl NatsServer {
+    /// A single server on free loopback ports.
+    pub fn start() -> NatsServer {
+        Self::spawn("single", "")
+    }
+
+    fn spawn(name: &str, cluster: &str) -> NatsServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (port, monitor) = (free_port(), free_port());
+        let config = dir.path().join("nats.conf");
+        let store = dir.path().join("js");
+        let text = format!(
+            "server_name: {name}\nlisten: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\njetstream {{ store_dir: {:?} }}\n{cluster}\n",
+            store.display().to_string()
+        );
+        std::fs::write(&config, text).expect("write nats.conf");
+        let mut s = NatsServer { child: None, name: name.to_owned(), port, monitor, config, dir };
+        s.restart();
+        s
+    }
+
+    /// Starts the server again (same ports, same data) after [`kill`](Self::kill).
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "{} is running", self.name);
+        let log = std::fs::File::create(self.dir.path().join("server.log")).expect("log file");
+        let child = Command::new(bin())
+            .arg("-c")
+            .arg(&self.config)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("nats-server starts");
+        self.child = Some(child);
+        let t = Instant::now();
+        while TcpStream::connect(loopback(self.port)).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(15), "{} did not listen: {}", self.name, self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the server (SIGKILL, like a crash); [`restart`](Self::restart) brings it back.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The server's name (`server_name`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The client port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `nats://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The client address (to put a [`Proxy`] in front of).
+    pub fn addr(&self) -> SocketAddr {
+        loopback(self.port)
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// `GET path` on the monitoring port, as JSON.
+    pub fn monitor(&self, path: &str) -> Option<serde_json::Value> {
+        let mut s = TcpStream::connect(loopback(self.monitor)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        let (_, json) = body.split_once("\r\n\r\n")?;
+        serde_json::from_str(json).ok()
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A cluster of nodes `n0`, `n1`, ... whose route links go through proxies, one per ordered
+/// pair of nodes. Clients connect to the nodes directly (or through proxies of their own).
+/// Servers do not advertise each other to clients, so a client stays with the nodes it was
+/// given.
+pub struct NatsCluster {
+    /// The nodes, in order.
+    pub nodes: Vec<NatsServer>,
+    /// `links[i][j]`: the proxy node `i` dials to reach node `j` (`None` on the diagonal).
+    links: Vec<Vec<Option<Proxy>>>,
+}
+
+impl NatsCluster {
+    /// Starts `n` nodes and waits until JetStream has a meta leader.
+    pub fn start(n: usize) -> NatsCluster {
+        let cluster_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let links: Vec<Vec<Option<Proxy>>> = (0..n)
+            .map(|i| (0..n).map(|j| (i != j).then(|| Proxy::start(loopback(cluster_ports[j])))).collect())
+            .collect();
+        let nodes = (0..n)
+            .map(|i| {
+                let routes: Vec<String> = (0..n)
+                    .filter(|j| *j != i)
+                    .map(|j| format!("nats-route://127.0.0.1:{}", links[i][j].as_ref().expect("proxy").port()))
+                    .collect();
+                // One route connection per pair (no pool); the advertised route address leads
+                // nowhere, so no node dials another directly (gossiped implicit routes fail and
+                // are not retried) and every route runs through its proxy; clients only know
+                // the URLs they are given.
+                let cluster = format!(
+                    "cluster {{\n  name: own\n  listen: 127.0.0.1:{}\n  advertise: \"127.0.0.1:1\"\n  pool_size: -1\n  no_advertise: true\n  routes: [{}]\n}}",
+                    cluster_ports[i],
+                    routes.join(", ")
+                );
+                NatsServer::spawn(&format!("n{i}"), &cluster)
+            })
+            .collect();
+        let c = NatsCluster { nodes, links };
+        c.wait_for_meta_leader();
+        c
+    }
+
+    fn wait_for_meta_leader(&self) {
+        let t = Instant::now();
+        loop {
+            let leader = self.nodes[0]
+                .monitor("/jsz")
+                .and_then(|j| j["meta_cluster"]["leader"].as_str().map(str::to_owned))
+                .filter(|l| !l.is_empty());
+            if leader.is_some() {
+                return;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "no JetStream meta leader: {}",
+                self.nodes[0].log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Every node's URL, comma-separated (what `--store` takes).
+    pub fn urls(&self) -> String {
+        self.nodes.iter().map(NatsServer::url).collect::<Vec<_>>().join(",")
+    }
+
+    /// The index of the node leading `stream`, as some live node reports it.
+    pub fn stream_leader(&self, stream: &str) -> Option<usize> {
+        for node in &self.nodes {
+            let Some(j) = node.monitor("/jsz?streams=true") else { continue };
+            let accounts = j["account_details"].as_array().cloned().unwrap_or_default();
+            for acc in accounts {
+                for s in acc["stream_detail"].as_array().cloned().unwrap_or_default() {
+                    if s["name"] == stream
+                        && let Some(leader) = s["cluster"]["leader"].as_str()
+                    {
+                        return self.nodes.iter().position(|n| n.name() == leader);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    fn links_of(&self, k: usize) -> impl Iterator<Item = &Proxy> {
+        self.links.iter().enumerate().flat_map(move |(i, row)| {
+            row.iter().enumerate().filter_map(move |(j, p)| p.as_ref().filter(|_| i == k || j == k))
+        })
+    }
+
+    /// Cuts node `k` off from the other nodes (its clients still reach it).
+    pub fn cut_node(&self, k: usize) {
+        self.links_of(k).for_each(Proxy::cut);
+    }
+
+    /// Stalls the route links of node `k`: it falls behind the others, then catches up on heal.
+    pub fn stall_node(&self, k: usize) {
+        self.links_of(k).for_each(Proxy::stall);
+    }
+
+    /// Heals the route links of node `k`.
+    pub fn heal_node(&self, k: usize) {
+        self.links_of(k).for_each(Proxy::heal);
+    }
+}
