@@ -256,7 +256,7 @@ const S3_TEST: &[&str] = &["-p", "etl-coord", "--features", "cloud", "--test", "
 /// `cargo xtask itest`: provisions NATS and runs every integration suite, then prints a table.
 fn itest() -> Result<()> {
     let servers = Servers::provision()?;
-    let suites: [(&str, &[&str]); 8] = [
+    let suites: [(&str, &[&str]); 9] = [
         ("nats conformance (single server)", &["-p", "etl-coordination-nats", "--test", "conformance"]),
         ("nats conformance (3 nodes, R3)", &["-p", "etl-coordination-nats", "--test", "conformance_cluster"]),
         (
@@ -265,6 +265,7 @@ fn itest() -> Result<()> {
         ),
         ("nats startup checks", &["-p", "etl-coordination-nats", "--test", "setup"]),
         ("failure modes (real processes)", &["-p", "etl-coord", "--test", "nats_workers"]),
+        ("partitions (real processes, cut and stalled links)", &["-p", "etl-coord", "--test", "partitions"]),
         ("deployment files", &["-p", "etl-coord", "--test", "deploy"]),
         ("documented commands", &["-p", "etl-coord", "--test", "docs"]),
         ("object-store input (S3 on moto)", S3_TEST),

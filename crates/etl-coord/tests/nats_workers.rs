@@ -2,53 +2,24 @@
 //!
 //! Needs `NATS_URL` (`cargo xtask ci` starts a server and sets it).
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use etl_coord::demo::{generate, input_keys};
+use common::{dataset, job, records_in, wait_for_records};
+use etl_coord::demo::input_keys;
 use etl_coord::sink::JsonlSink;
+use etl_coordination_testkit::{NatsCluster, NatsServer};
 
 fn nats_url() -> String {
     std::env::var("NATS_URL")
         .expect("NATS_URL is not set: run `cargo xtask ci` (it starts a NATS server) or set NATS_URL")
 }
 
-fn job(name: &str) -> String {
-    format!(
-        "{name}{}x{}",
-        std::process::id(),
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() % 1_000_000
-    )
-}
-
-/// A temporary directory holding `files` generated input files of `lines` lines in `data/`.
-fn dataset(files: usize, lines: usize) -> (tempfile::TempDir, std::path::PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    std::fs::create_dir(&data).unwrap();
-    generate(&data, files, lines).unwrap();
-    (tmp, data)
-}
-
 fn worker(job: &str, id: &str, data: &std::path::Path, sink: &std::path::Path, extra: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_etl-coord"))
-        .args([
-            "worker",
-            "--job",
-            job,
-            "--store",
-            &nats_url(),
-            "--source",
-            &format!("files:{}", data.display()),
-        ])
-        .args(["--sink", sink.to_str().unwrap(), "--instance-id", id])
-        .args(if extra.contains(&"--lease-duration") { &[][..] } else { &["--lease-duration", "3s"][..] })
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("etl-coord starts")
+    common::worker(job, &nats_url(), id, data, sink, extra)
 }
 
 /// For every split `from` was emitting at `t_ms`, how long until `to` emitted it (ms).
@@ -63,10 +34,6 @@ fn handover_ms(from: &std::path::Path, to: &std::path::Path, t_ms: u64) -> Vec<u
         .collect();
     out.sort_unstable();
     out
-}
-
-fn records_in(sinks: &[&std::path::Path]) -> BTreeSet<String> {
-    sinks.iter().flat_map(|p| JsonlSink::read(p).unwrap_or_default()).map(|l| l.record).collect()
 }
 
 #[test]
@@ -128,20 +95,8 @@ fn signal(child: &Child, sig: &str) {
     assert!(ok, "kill {sig}");
 }
 
-fn wait_for_records(sink: &std::path::Path, n: usize) {
-    let t = Instant::now();
-    while JsonlSink::read(sink).map(|l| l.len()).unwrap_or(0) < n && t.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn status_json(job: &str) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_etl-coord"))
-        .args(["status", "--json", "--job", job, "--store", &nats_url()])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
+    common::status_json(job, &nats_url())
 }
 
 #[test]
@@ -252,53 +207,12 @@ fn a_poison_split_that_crashes_every_owner_is_quarantined_and_every_worker_exits
     assert_eq!(q[0]["attempts"], 2);
 }
 
-/// A server this test owns, so it can kill and restart it. Killed when dropped.
-struct OwnServer {
-    child: Child,
-    port: u16,
-    dir: Option<tempfile::TempDir>,
-}
-
-impl OwnServer {
-    fn start(port: u16, dir: tempfile::TempDir) -> OwnServer {
-        let bin = std::env::var("NATS_SERVER_BIN").expect("NATS_SERVER_BIN is not set: run `cargo xtask ci`");
-        let child = Command::new(bin)
-            .args(["-js", "-sd", dir.path().to_str().unwrap(), "-a", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let t = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
-            && t.elapsed() < Duration::from_secs(10)
-        {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        OwnServer { child, port, dir: Some(dir) }
-    }
-
-    /// Kills the server (like a crash) and hands back its port and data for a restart.
-    fn kill(mut self) -> (u16, tempfile::TempDir) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        (self.port, self.dir.take().expect("data dir"))
-    }
-}
-
-impl Drop for OwnServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn workers_self_fence_through_a_nats_outage_and_finish_when_it_returns() {
     let (tmp, data) = dataset(4, 500);
     let expected = input_keys(&data).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let server = OwnServer::start(port, tempfile::tempdir().unwrap());
-    let url = format!("nats://127.0.0.1:{port}");
+    let mut server = NatsServer::start();
+    let url = server.url();
     let job = job("outage");
     let spawn = |id: &str, sink: &std::path::Path| {
         Command::new(env!("CARGO_BIN_EXE_etl-coord"))
@@ -323,9 +237,9 @@ fn workers_self_fence_through_a_nats_outage_and_finish_when_it_returns() {
     let b = spawn("ob", &sb);
     wait_for_records(&sa, 100);
     // The store disappears for longer than a lease, then comes back with its data.
-    let (port, dir) = server.kill();
+    server.kill();
     std::thread::sleep(Duration::from_secs(5));
-    let server = OwnServer::start(port, dir);
+    server.restart();
     let a_out = a.wait_with_output().unwrap();
     let b_out = b.wait_with_output().unwrap();
     drop(server);
@@ -427,51 +341,10 @@ fn a_second_process_with_a_live_instance_id_exits_with_an_actionable_error() {
     );
 }
 
-/// A 3-node cluster this test owns.
-fn own_cluster() -> (Vec<OwnServer>, String) {
-    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let ports: Vec<(u16, u16)> = (0..3).map(|_| (free(), free())).collect();
-    let routes = ports.iter().map(|(_, c)| format!("nats://127.0.0.1:{c}")).collect::<Vec<_>>().join(",");
-    let bin = std::env::var("NATS_SERVER_BIN").expect("NATS_SERVER_BIN is not set: run `cargo xtask ci`");
-    let nodes: Vec<OwnServer> = ports
-        .iter()
-        .enumerate()
-        .map(|(i, (port, cport))| {
-            let dir = tempfile::tempdir().unwrap();
-            let child = Command::new(&bin)
-                .args([
-                    "-js",
-                    "-sd",
-                    dir.path().to_str().unwrap(),
-                    "-a",
-                    "127.0.0.1",
-                    "-p",
-                    &port.to_string(),
-                ])
-                .args([
-                    "-n",
-                    &format!("own{i}"),
-                    "--cluster_name",
-                    "own",
-                    "-cluster",
-                    &format!("nats://127.0.0.1:{cport}"),
-                    "-routes",
-                    &routes,
-                ])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap();
-            OwnServer { child, port: *port, dir: Some(dir) }
-        })
-        .collect();
-    let url = ports.iter().map(|(p, _)| format!("nats://127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
-    (nodes, url)
-}
-
 #[test]
 fn coordination_continues_when_a_cluster_node_is_lost() {
-    let (mut nodes, url) = own_cluster();
+    let mut cluster = NatsCluster::start(3);
+    let url = cluster.urls();
     let (tmp, data) = dataset(6, 300);
     let expected = input_keys(&data).unwrap();
     let job = job("clusterloss");
@@ -522,15 +395,13 @@ fn coordination_continues_when_a_cluster_node_is_lost() {
     let b = spawn("cb");
     wait_for_records(&tmp.path().join("cb.jsonl"), 20);
     // Lose one node for good.
-    let lost = nodes.remove(2);
-    drop(lost);
+    cluster.nodes[2].kill();
     let a_out = a.wait_with_output().unwrap();
     let b_out = b.wait_with_output().unwrap();
     assert_eq!(a_out.status.code(), Some(0), "{}", String::from_utf8_lossy(&a_out.stderr));
     assert_eq!(b_out.status.code(), Some(0), "{}", String::from_utf8_lossy(&b_out.stderr));
     let seen = records_in(&[&tmp.path().join("ca.jsonl"), &tmp.path().join("cb.jsonl")]);
     assert!(expected.is_subset(&seen), "no loss");
-    drop(nodes);
 }
 
 #[test]

@@ -108,6 +108,42 @@ impl NatsServer {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
     }
 
+    /// One NATS request (core protocol, no client library): publishes `payload` on `subject`
+    /// and returns the first reply.
+    pub fn request(&self, subject: &str, payload: &str) -> Option<String> {
+        let mut s = TcpStream::connect(loopback(self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        let inbox = "_INBOX.testkit";
+        write!(
+            s,
+            "CONNECT {{\"verbose\":false,\"pedantic\":false}}\r\nSUB {inbox} 1\r\nPUB {subject} {inbox} {}\r\n{payload}\r\n",
+            payload.len()
+        )
+        .ok()?;
+        let mut text = String::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = s.read(&mut buf).ok()?;
+            if n == 0 {
+                return None;
+            }
+            text.push_str(&String::from_utf8_lossy(&buf[..n]));
+            if text.contains("PING\r\n") {
+                text = text.replace("PING\r\n", "");
+                s.write_all(b"PONG\r\n").ok()?;
+            }
+            if let Some(i) = text.find(&format!("MSG {inbox} 1 ")) {
+                let rest = &text[i..];
+                if let Some((header, body)) = rest.split_once("\r\n") {
+                    let len: usize = header.rsplit(' ').next()?.parse().ok()?;
+                    if body.len() >= len {
+                        return Some(body[..len].to_owned());
+                    }
+                }
+            }
+        }
+    }
+
     /// `GET path` on the monitoring port, as JSON.
     pub fn monitor(&self, path: &str) -> Option<serde_json::Value> {
         let mut s = TcpStream::connect(loopback(self.monitor)).ok()?;
@@ -207,6 +243,29 @@ impl NatsCluster {
             }
         }
         None
+    }
+
+    /// Moves the leadership of `stream` to node `k` (leader stepdowns, preferring `k`), and
+    /// waits until that node leads it.
+    pub fn make_leader(&self, stream: &str, k: usize) {
+        let t = Instant::now();
+        let preferred = format!("{{\"placement\":{{\"preferred\":\"{}\"}}}}", self.nodes[k].name());
+        loop {
+            let leader = self.stream_leader(stream);
+            if leader == Some(k) {
+                return;
+            }
+            assert!(t.elapsed() < Duration::from_secs(60), "{stream} is still led by {leader:?}, not n{k}");
+            if let Some(l) = leader {
+                let subject = format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}");
+                let _ = self.nodes[l].request(&subject, &preferred);
+                let waited = Instant::now();
+                while self.stream_leader(stream) == Some(l) && waited.elapsed() < Duration::from_secs(10) {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     fn links_of(&self, k: usize) -> impl Iterator<Item = &Proxy> {

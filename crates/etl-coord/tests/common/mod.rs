@@ -1,0 +1,75 @@
+//! What the real-process suites share: unique job names, generated input, `etl-coord worker`
+//! processes and what their sinks hold.
+#![allow(dead_code)] // each suite uses its own part
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use etl_coord::demo::generate;
+use etl_coord::sink::JsonlSink;
+
+/// A job name unique to this process and moment (suites share one NATS server).
+pub fn job(name: &str) -> String {
+    format!(
+        "{name}{}x{}",
+        std::process::id(),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() % 1_000_000
+    )
+}
+
+/// A temporary directory holding `files` generated input files of `lines` lines in `data/`.
+pub fn dataset(files: usize, lines: usize) -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    generate(&data, files, lines).unwrap();
+    (tmp, data)
+}
+
+/// An `etl-coord worker` of `job` on `store` reading `data` into `sink`, with a 3 s lease unless
+/// `extra` sets one; its output is captured.
+pub fn worker(job: &str, store: &str, id: &str, data: &Path, sink: &Path, extra: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_etl-coord"))
+        .args(["worker", "--job", job, "--store", store, "--source", &format!("files:{}", data.display())])
+        .args(["--sink", sink.to_str().unwrap(), "--instance-id", id])
+        .args(if extra.contains(&"--lease-duration") { &[][..] } else { &["--lease-duration", "3s"][..] })
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("etl-coord starts")
+}
+
+/// Every record the sinks hold.
+pub fn records_in(sinks: &[&Path]) -> BTreeSet<String> {
+    sinks.iter().flat_map(|p| JsonlSink::read(p).unwrap_or_default()).map(|l| l.record).collect()
+}
+
+/// Waits (at most 30 s) until `sink` holds `n` records.
+pub fn wait_for_records(sink: &Path, n: usize) {
+    let t = Instant::now();
+    while JsonlSink::read(sink).map(|l| l.len()).unwrap_or(0) < n && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `etl-coord status --json` of `job` on `store`. A store that does not answer in time (a
+/// cluster still catching up after a partition healed) is asked again, up to five times.
+pub fn status_json(job: &str, store: &str) -> serde_json::Value {
+    let mut tries = 0;
+    loop {
+        let out = Command::new(env!("CARGO_BIN_EXE_etl-coord"))
+            .args(["status", "--json", "--job", job, "--store", store])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            return serde_json::from_slice(&out.stdout).unwrap();
+        }
+        tries += 1;
+        assert!(tries < 5 && err.contains("unavailable"), "{err}");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}

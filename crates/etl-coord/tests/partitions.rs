@@ -1,0 +1,182 @@
+//! One worker partitioned from NATS while its peer is not, with real processes: its link cut
+//! (connections closed, new ones refused) or stalled (bytes held, then delivered late and in
+//! order), on a single server and on a 3-node cluster with buckets of 3 replicas, and the
+//! stream leader's node cut off from the other two nodes. Each job must end complete with no
+//! loss, the partitioned worker must self-fence (its lanes stop as starved), and its peer must
+//! take its splits over.
+//!
+//! Needs `NATS_SERVER_BIN` (`cargo xtask ci` provisions it); every test starts its own servers
+//! and puts a [`Proxy`] between the partitioned worker and NATS.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Child;
+use std::time::Duration;
+
+use common::{dataset, job, records_in, status_json, wait_for_records, worker};
+use etl_coord::demo::input_keys;
+use etl_coord::sink::JsonlSink;
+use etl_coordination_testkit::{NatsCluster, NatsServer, Proxy};
+
+/// How the partitioned worker's link breaks.
+#[derive(Clone, Copy, Debug)]
+enum Break {
+    Cut,
+    Stall,
+}
+
+/// The knobs of a run: the lease, and the extra worker flags (replicas on a cluster).
+struct Run<'a> {
+    lease_secs: u64,
+    extra: &'a [&'a str],
+}
+
+/// Worker `pa` reaches NATS at `a_store`, worker `pb` at `b_store`; once `pa` is working,
+/// `partition` runs, the partition lasts two leases and a second (so `pa`'s trust lapses and
+/// its leases expire), then `heal` runs. Checks the outcome and returns both stderr logs.
+fn partitioned_run(
+    name: &str,
+    a_store: &str,
+    b_store: &str,
+    run: Run<'_>,
+    partition: impl FnOnce(),
+    heal: impl FnOnce(),
+) -> (String, String) {
+    partitioned_job(&job(name), a_store, b_store, run, partition, heal)
+}
+
+/// [`partitioned_run`] of the job named `job`.
+fn partitioned_job(
+    job: &str,
+    a_store: &str,
+    b_store: &str,
+    run: Run<'_>,
+    partition: impl FnOnce(),
+    heal: impl FnOnce(),
+) -> (String, String) {
+    let (tmp, data) = dataset(6, 300);
+    let expected = input_keys(&data).unwrap();
+    let lease = format!("{}s", run.lease_secs);
+    let mut args = vec!["--record-delay-ms", "5", "--split-size", "15000", "--nats-op-timeout", "1s"];
+    args.extend(["--lease-duration", &lease]);
+    args.extend(run.extra);
+    let (sa, sb) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
+    let a = worker(job, a_store, "pa", &data, &sa, &args);
+    let b = worker(job, b_store, "pb", &data, &sb, &args);
+    wait_for_records(&sa, 100);
+    let cut_ms = etl_coord::sink::unix_ms();
+    partition();
+    // The fault's duration, not a wait for a race: past it the partitioned worker must have
+    // self-fenced (trust lapses within a lease of its last acknowledged renewal).
+    std::thread::sleep(Duration::from_secs(run.lease_secs * 2 + 1));
+    heal();
+    let (a_out, b_out) = (finish(a), finish(b));
+    assert_eq!(a_out.0, Some(0), "the partitioned worker ends cleanly: {}", a_out.1);
+    assert_eq!(b_out.0, Some(0), "its peer ends cleanly: {}", b_out.1);
+    let seen = records_in(&[&sa, &sb]);
+    let missing: Vec<_> = expected.difference(&seen).take(5).collect();
+    assert!(missing.is_empty(), "records never emitted: {missing:?}");
+    let st = status_json(job, b_store);
+    let splits = st["splits"].as_array().unwrap();
+    assert!(splits.iter().all(|s| s["state"] == "Done"), "{st}");
+    assert!(a_out.1.contains("Starved"), "the partitioned worker self-fenced: {}", a_out.1);
+    // The peer took over splits the partitioned worker was processing when the link broke.
+    let (a_lines, b_lines) = (JsonlSink::read(&sa).unwrap(), JsonlSink::read(&sb).unwrap());
+    let held: BTreeSet<&str> = a_lines
+        .iter()
+        .filter(|l| l.at_ms + 500 >= cut_ms && l.at_ms <= cut_ms)
+        .map(|l| l.split.as_str())
+        .collect();
+    let taken = held.iter().filter(|s| b_lines.iter().any(|l| l.split == **s && l.at_ms > cut_ms)).count();
+    assert!(taken > 0, "the peer took none of {held:?} over");
+    (a_out.1, b_out.1)
+}
+
+/// Waits for a worker; its exit code and stderr.
+fn finish(c: Child) -> (Option<i32>, String) {
+    let out = c.wait_with_output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn single_server(name: &str, how: Break) {
+    let server = NatsServer::start();
+    let proxy = Proxy::start(server.addr());
+    let run = Run { lease_secs: 3, extra: &[] };
+    partitioned_run(
+        name,
+        &proxy.url(),
+        &server.url(),
+        run,
+        || match how {
+            Break::Cut => proxy.cut(),
+            Break::Stall => proxy.stall(),
+        },
+        || proxy.heal(),
+    );
+}
+
+/// Replicated buckets on a 3-node cluster (NATS-NOTES: a stream leader election takes
+/// seconds, so a longer lease than on one server).
+const CLUSTER: Run<'static> = Run { lease_secs: 6, extra: &["--nats-replicas", "3"] };
+
+fn cluster_worker_partition(name: &str, how: Break) {
+    let cluster = NatsCluster::start(3);
+    // The partitioned worker knows one node, through the proxy; its peer knows the others.
+    let proxy = Proxy::start(cluster.nodes[0].addr());
+    let others = format!("{},{}", cluster.nodes[1].url(), cluster.nodes[2].url());
+    partitioned_run(
+        name,
+        &proxy.url(),
+        &others,
+        CLUSTER,
+        || match how {
+            Break::Cut => proxy.cut(),
+            Break::Stall => proxy.stall(),
+        },
+        || proxy.heal(),
+    );
+}
+
+#[test]
+fn a_worker_whose_link_to_the_server_is_cut_self_fences_and_the_job_completes() {
+    single_server("cut", Break::Cut);
+}
+
+#[test]
+fn a_worker_whose_link_to_the_server_stalls_self_fences_and_its_late_writes_are_fenced() {
+    single_server("stall", Break::Stall);
+}
+
+#[test]
+fn a_worker_cut_off_from_a_cluster_self_fences_and_the_job_completes() {
+    cluster_worker_partition("ccut", Break::Cut);
+}
+
+#[test]
+fn a_worker_whose_link_to_a_cluster_stalls_self_fences_and_the_job_completes() {
+    cluster_worker_partition("cstall", Break::Stall);
+}
+
+#[test]
+fn when_the_lease_streams_leader_node_is_cut_off_a_worker_on_it_self_fences_and_the_job_completes() {
+    let cluster = NatsCluster::start(3);
+    // The partitioned worker knows node 0 only, its peer the other two. Once they work, node 0
+    // is made the leader of the job's lease stream and cut off from the other nodes: it loses
+    // its quorum, the other two elect a new leader, and the worker on node 0 reaches nobody who
+    // can answer.
+    let others = format!("{},{}", cluster.nodes[1].url(), cluster.nodes[2].url());
+    let name = job("lcut");
+    let lease_stream = format!("KV_etl_coordination_{name}_lease");
+    partitioned_job(
+        &name,
+        &cluster.nodes[0].url(),
+        &others,
+        CLUSTER,
+        || {
+            cluster.make_leader(&lease_stream, 0);
+            cluster.cut_node(0);
+        },
+        || cluster.heal_node(0),
+    );
+}
