@@ -9,7 +9,7 @@
 //! must be caught.
 //!
 //! Too slow for every CI run (a release build per mutant); run it before resolving anything
-//! that touches the core or the simulator (CONTRIBUTING.md).
+//! that touches the core or the simulator (README, "Run the tests").
 
 use std::collections::BTreeSet;
 use std::io::Read;
