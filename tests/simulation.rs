@@ -1,5 +1,6 @@
-//! The simulator's own guarantees: determinism, the named scenarios, and that its checkers
-//! catch deliberately broken protocol variants ("the checkers have teeth").
+//! The simulator's own guarantees: determinism, a sweep, and the named scenarios. That its
+//! checkers catch broken protocol variants ("the checkers have teeth") is `cargo xtask mutants`
+//! (the catalogue `xtask/mutants.txt`), which runs this suite against every mutant too.
 
 use etl_coordination_sim::{Options, Scenario, run};
 
