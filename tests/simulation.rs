@@ -32,7 +32,14 @@ fn a_sweep_of_random_fault_schedules_keeps_every_invariant() {
         );
         match r.outcome {
             "complete" => outcomes[0] += 1,
-            "stalled" => outcomes[1] += 1,
+            "stalled" => {
+                // P12: only a poison split quarantines; kills, freezes and outages do not.
+                assert!(
+                    r.poison_splits > 0,
+                    "seed {seed} stalled without a poison split: healthy splits quarantined"
+                );
+                outcomes[1] += 1
+            }
             other => panic!("seed {seed}: outcome {other}"),
         }
         assert!(r.checks.values().sum::<u64>() > 0, "seed {seed} checked nothing");

@@ -3,10 +3,12 @@
 //! occur exactly once in a file, and what replaces it. Each mutant is applied on its own to a
 //! copy of the workspace (under `target/mutants/`, built with a target directory of its own so
 //! the main build is untouched and mutants share what did not change) and the simulation sweep
-//! runs against it, stopping at the first violation, then (if the sweep passed) the simulator's
-//! own suite (`tests/simulation.rs`: the named scenarios, such as a live twin with the same
-//! instance id). A mutant is caught when either fails; it survives when both pass. Every mutant
-//! must be caught.
+//! runs against it, stopping at the first violation; if the sweep passed, the simulator's own
+//! suite (`tests/simulation.rs`: the named scenarios, such as a live twin with the same
+//! instance id), then the core's rule tests (`worker_rules.rs`: interleavings too rare for a
+//! sweep, such as a deposed leader's garbage collection, or harmless to safety, such as a
+//! stale read adopted and then fenced by a CAS). A mutant is caught by the first net that
+//! fails, and the table says which; it survives when all pass. Every mutant must be caught.
 //!
 //! Too slow for every CI run (a release build per mutant); run it before resolving anything
 //! that touches the core or the simulator (README, "Run the tests").
@@ -156,11 +158,36 @@ fn first_violation(output: &str) -> Option<String> {
     output.lines().find_map(|l| l.trim().strip_prefix("VIOLATION ").map(str::to_owned))
 }
 
-/// Runs the simulator's own suite (the named scenarios) in the copy; `None` on a timeout, else
-/// the first failing test with its message.
-fn scenarios(ws: &Path, target: &Path, limit: Duration) -> Result<Option<Option<String>>> {
+/// The test suites run after the sweep, in order: (label, package, test target).
+const SUITES: [(&str, &str, &str); 2] = [
+    ("scenario test", "etl-coordination-tests", "simulation"),
+    ("rule test", "etl-coordination-core", "worker_rules"),
+];
+
+/// Runs every suite of [`SUITES`] in the copy; `None` on a timeout, else the first failing test
+/// with its message.
+fn suites(ws: &Path, target: &Path, limit: Duration) -> Result<Option<Option<String>>> {
+    for (label, package, test) in SUITES {
+        match suite(ws, target, label, package, test, limit)? {
+            Some(None) => {}
+            other => return Ok(other),
+        }
+    }
+    Ok(Some(None))
+}
+
+/// Runs one test target in the copy; `None` on a timeout, else the first failing test with its
+/// message.
+fn suite(
+    ws: &Path,
+    target: &Path,
+    label: &str,
+    package: &str,
+    test: &str,
+    limit: Duration,
+) -> Result<Option<Option<String>>> {
     let mut child = Command::new(env!("CARGO"))
-        .args(["test", "--release", "--quiet", "--package", "etl-coordination-tests", "--test", "simulation"])
+        .args(["test", "--release", "--quiet", "--package", package, "--test", test])
         .current_dir(ws)
         .env("CARGO_TARGET_DIR", target)
         .env("RUST_BACKTRACE", "0")
@@ -181,10 +208,12 @@ fn scenarios(ws: &Path, target: &Path, limit: Duration) -> Result<Option<Option<
             let text = format!("{out}{err}");
             let failed = text
                 .lines()
-                .skip_while(|l| !l.contains("panicked at"))
-                .nth(1)
-                .map(|msg| format!("scenario test: {}", msg.trim()))
-                .unwrap_or_else(|| format!("the simulator's suite failed:\n{text}"));
+                .find_map(|l| {
+                    l.strip_prefix("thread '").and_then(|r| r.split_once('\'')).map(|(t, _)| t.to_owned())
+                })
+                .zip(text.lines().skip_while(|l| !l.contains("panicked at")).nth(1))
+                .map(|(name, msg)| format!("{label} {name}: {}", msg.trim()))
+                .unwrap_or_else(|| format!("{label}s failed:\n{text}"));
             return Ok(Some(Some(failed)));
         }
         if t0.elapsed() > limit {
@@ -231,13 +260,13 @@ pub fn run(args: &[String]) -> Result<()> {
     sync(&root, &ws)?;
     // A sweep of the unmutated copy must pass, or nothing below means anything.
     let limit = Duration::from_secs(20 * 60);
-    println!("baseline: {seeds} seeds and the simulator's suite on the unmutated workspace");
+    println!("baseline: {seeds} seeds, the simulator's suite and the rule tests on the unmutated workspace");
     let t0 = Instant::now();
     match sweep(&ws, &target, seeds, limit)? {
-        Some((true, _)) => match scenarios(&ws, &target, limit)? {
+        Some((true, _)) => match suites(&ws, &target, limit)? {
             Some(None) => println!("baseline passed in {:.0}s", t0.elapsed().as_secs_f64()),
-            Some(Some(failed)) => bail!("the unmutated workspace fails the simulator's suite: {failed}"),
-            None => bail!("the unmutated workspace's simulator suite did not finish within {limit:?}"),
+            Some(Some(failed)) => bail!("the unmutated workspace fails a suite: {failed}"),
+            None => bail!("the unmutated workspace's suites did not finish within {limit:?}"),
         },
         Some((false, out)) => bail!("the unmutated workspace fails its sweep:\n{out}"),
         None => bail!("the unmutated workspace's sweep did not finish within {limit:?}"),
@@ -249,7 +278,7 @@ pub fn run(args: &[String]) -> Result<()> {
         std::fs::write(&path, apply(m, &original)?)?;
         let t0 = Instant::now();
         let result = sweep(&ws, &target, seeds, limit).and_then(|r| match r {
-            Some((true, _)) => Ok((Some((true, String::new())), scenarios(&ws, &target, limit)?)),
+            Some((true, _)) => Ok((Some((true, String::new())), suites(&ws, &target, limit)?)),
             other => Ok((other, Some(None))),
         });
         std::fs::write(&path, &original)?;

@@ -144,7 +144,7 @@ fn a_worker_whose_link_to_the_server_is_cut_self_fences_and_the_job_completes() 
 }
 
 #[test]
-fn a_worker_whose_link_to_the_server_stalls_self_fences_and_its_late_writes_are_fenced() {
+fn a_worker_whose_link_to_the_server_stalls_self_fences_and_the_job_completes() {
     single_server("stall", Break::Stall);
 }
 

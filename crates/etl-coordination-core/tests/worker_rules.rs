@@ -371,6 +371,157 @@ fn p7_a_lease_deleted_at_a_newer_revision_revokes_the_lane() {
     );
 }
 
+/// The expected revision of the split record CAS among `actions`.
+fn record_cas_expected(actions: &[Action]) -> Revision {
+    store_requests(actions)
+        .into_iter()
+        .find_map(|(b, q)| match q {
+            StoreRequest::CompareAndSwap { key, expected, .. }
+                if b == Bucket::State && key.as_str() == "split.s0" =>
+            {
+                Some(expected)
+            }
+            _ => None,
+        })
+        .expect("a record CAS")
+}
+
+#[test]
+fn p8_a_commit_read_answered_by_a_lagging_replica_is_never_adopted() {
+    let mut r = running(1);
+    r.auto = false;
+    let current = r.kv.get(Bucket::State, "split.s0").unwrap();
+    let a = r.feed(Input::Commit { split: sid("s0"), epoch: Epoch(1), progress: Bytes::from_static(b"10") });
+    assert_eq!(record_cas_expected(&a), current.revision);
+    // The commit's answer is lost: the worker reads the record to decide...
+    let a = r.answer(op_of(&a, 0), Err(StoreError::Indeterminate("no answer".into())));
+    let read = op_of(&a, 0);
+    r.pending.clear();
+    // ... and a lagging replica answers with an older revision of a record that still names it.
+    let mut older = r.kv.record("s0");
+    older.progress = None;
+    let stale = Entry {
+        key: keys::split(&sid("s0")),
+        value: records::encode(&older),
+        revision: Revision(current.revision.0 - 1),
+    };
+    let a = r.answer(read, Ok(StoreReply::Value(Some(stale))));
+    assert!(
+        a.contains(&Action::CommitDone {
+            split: sid("s0"),
+            epoch: Epoch(1),
+            outcome: CommitOutcome::Retryable
+        }),
+        "{a:?}"
+    );
+    // Nothing was adopted: the next commit is still fenced by our own last write.
+    let a = r.feed(Input::Commit { split: sid("s0"), epoch: Epoch(1), progress: Bytes::from_static(b"10") });
+    assert_eq!(record_cas_expected(&a), current.revision);
+}
+
+#[test]
+fn p7_a_renewal_read_answered_by_a_lagging_replica_is_never_adopted() {
+    let mut r = running(1);
+    r.auto = false;
+    let current = r.kv.get(Bucket::Lease, "split.s0").unwrap();
+    let lease_cas = |a: &[Action]| {
+        a.iter().find_map(|x| match x {
+            Action::Store {
+                op,
+                bucket: Bucket::Lease,
+                request: StoreRequest::CompareAndSwap { key, expected, .. },
+            } if key.as_str() == "split.s0" => Some((*op, *expected)),
+            _ => None,
+        })
+    };
+    let a = r.advance(Duration::from_secs(1));
+    let (op, expected) = lease_cas(&a).expect("the lease is renewed");
+    assert_eq!(expected, current.revision);
+    r.pending.clear();
+    // The renewal's answer is lost; the resolving read comes from a replica that lags behind.
+    let a = r.answer(op, Err(StoreError::Indeterminate("no answer".into())));
+    let read = a
+        .iter()
+        .find_map(|x| match x {
+            Action::Store { op, bucket: Bucket::Lease, request: StoreRequest::Get { key } }
+                if key.as_str() == "split.s0" =>
+            {
+                Some(*op)
+            }
+            _ => None,
+        })
+        .expect("the lease is read");
+    let stale = Entry { revision: Revision(current.revision.0 - 1), ..current.clone() };
+    r.answer(read, Ok(StoreReply::Value(Some(stale))));
+    // Nothing adopted: the next renewal is still against the revision the worker knows.
+    let a = r.advance(Duration::from_secs(1));
+    let (_, expected) = lease_cas(&a).expect("the lease is renewed again");
+    assert_eq!(expected, current.revision);
+}
+
+#[test]
+fn p10_an_end_read_answered_by_a_lagging_replica_is_never_adopted() {
+    let mut r = running(1);
+    r.auto = false;
+    let current = r.kv.get(Bucket::State, "split.s0").unwrap();
+    r.feed(Input::Drain);
+    r.pending.clear();
+    let a = r.feed(Input::LaneStopped { split: sid("s0"), epoch: Epoch(1) });
+    assert_eq!(record_cas_expected(&a), current.revision, "the release is fenced by our last write");
+    let a = r.answer(op_of(&a, 0), Err(StoreError::Indeterminate("no answer".into())));
+    let read = op_of(&a, 0);
+    r.pending.clear();
+    let stale = Entry { revision: Revision(current.revision.0 - 1), ..current.clone() };
+    r.answer(read, Ok(StoreReply::Value(Some(stale))));
+    // The end is written again later, still against the revision the worker knows.
+    let a = r.advance(Duration::from_secs(1));
+    assert_eq!(record_cas_expected(&a), current.revision);
+}
+
+#[test]
+fn p5_a_claim_read_answered_by_a_lagging_replica_is_never_adopted() {
+    let mut r = Rig::new(cfg("w1", 1));
+    r.plan = Some(plan(1, PlanKind::Final));
+    r.auto = false;
+    r.feed(Input::Start);
+    // Answer everything in order (with watch events) until the claim's record CAS is sent.
+    let is_claim = |q: &StoreRequest| {
+        matches!(q, StoreRequest::CompareAndSwap { key, value, .. }
+            if key.as_str() == "split.s0" && records::decode::<SplitRecord>(value).is_ok_and(|v| v.epoch == Epoch(1)))
+    };
+    let mut claim = None;
+    for _ in 0..200 {
+        let Some(i) = (!r.pending.is_empty()).then_some(0) else { break };
+        if r.pending[i].1 == Bucket::State && is_claim(&r.pending[i].2) {
+            let (op, _, req) = r.pending.remove(i);
+            claim = Some((op, req));
+            break;
+        }
+        r.apply_and_answer(i, None);
+    }
+    let (op, req) = claim.expect("the claim's record CAS");
+    let StoreRequest::CompareAndSwap { expected: base, .. } = req else { unreachable!() };
+    // Its answer is lost; the resolving read comes from a replica that lags behind the base.
+    let a = r.answer(op, Err(StoreError::Indeterminate("no answer".into())));
+    let read = op_of(&a, 0);
+    r.pending.clear();
+    let older = Entry {
+        key: keys::split(&sid("s0")),
+        value: records::encode(&SplitRecord::new()),
+        revision: Revision(base.0 - 1),
+    };
+    r.answer(read, Ok(StoreReply::Value(Some(older))));
+    // The worker reads again rather than re-basing its claim on the older record.
+    let a = r.advance(Duration::from_secs(1));
+    let again = store_requests(&a).into_iter().any(|(b, q)| {
+        b == Bucket::State && matches!(q, StoreRequest::Get { ref key } if key.as_str() == "split.s0")
+    });
+    let rebased = store_requests(&a).into_iter().any(|(b, q)| {
+        b == Bucket::State && matches!(q, StoreRequest::CompareAndSwap { ref key, expected, .. } if key.as_str() == "split.s0" && expected < base)
+    });
+    assert!(again && !rebased, "{a:?}");
+}
+
 #[test]
 fn p8_commits_cas_against_our_own_last_write_and_a_lost_swap_stops_the_lane_at_once() {
     let mut r = running(1);
@@ -546,6 +697,69 @@ fn p10_a_lane_past_its_drain_deadline_is_told_to_stop_at_once_and_its_split_rele
     let rec = r.kv.record("s0");
     assert_eq!((rec.state, rec.owner, rec.attempts), (SplitState::Unleased, None, 0));
     assert!(lease_of(&mut r.kv, "s0").is_none());
+}
+
+#[test]
+fn p11_a_starved_tenancy_that_cannot_resume_releases_its_record_instead_of_leaving_it_owned() {
+    let mut r = running(1);
+    r.auto = false;
+    r.expire = false;
+    // The store stops answering until the lane starves.
+    let mut starved = false;
+    for _ in 0..12 {
+        let a = r.advance(Duration::from_millis(500));
+        starved |= a.iter().any(|x| matches!(x, Action::StopLane { reason: StopReason::Starved, .. }));
+        if starved {
+            break;
+        }
+        for (op, _, _) in std::mem::take(&mut r.pending) {
+            r.answer(op, Err(StoreError::Unavailable("down".into())));
+        }
+    }
+    assert!(starved, "the lane starved");
+    // The store is back: the next renewal of the lease lands, so the tenancy resumes by moving
+    // its lease to epoch 2 by CAS; that CAS loses (someone else wrote the lease meanwhile).
+    let mut resume_cas = None;
+    for _ in 0..8 {
+        r.advance(Duration::from_millis(500));
+        for (op, bucket, req) in std::mem::take(&mut r.pending) {
+            let a = r.answer_applied(op, bucket, &req);
+            resume_cas = resume_cas.or_else(|| {
+                a.iter().find_map(|x| match x {
+                    Action::Store {
+                        op,
+                        bucket: Bucket::Lease,
+                        request: StoreRequest::CompareAndSwap { key, value, .. },
+                    } if key.as_str() == "split.s0"
+                        && records::decode::<records::LeaseRecord>(value).unwrap().epoch == Epoch(2) =>
+                    {
+                        Some(*op)
+                    }
+                    _ => None,
+                })
+            });
+        }
+        if resume_cas.is_some() {
+            break;
+        }
+    }
+    let op = resume_cas.expect("the tenancy tried to resume under epoch 2");
+    r.pending.retain(|(o, _, _)| *o != op);
+    let a =
+        r.feed(Input::StoreResult { op, result: Err(StoreError::RevisionMismatch(keys::split(&sid("s0")))) });
+    let release = store_requests(&a).into_iter().find_map(|(b, q)| match q {
+        StoreRequest::CompareAndSwap { key, value, .. }
+            if b == Bucket::State && key.as_str() == "split.s0" =>
+        {
+            Some(records::decode::<SplitRecord>(&value).unwrap())
+        }
+        _ => None,
+    });
+    let release = release.expect("the record is released, not left owned without a lease");
+    assert_eq!(
+        (release.state, release.owner, release.epoch, release.attempts),
+        (SplitState::Unleased, None, Epoch(1), 0)
+    );
 }
 
 #[test]

@@ -66,6 +66,8 @@ pub(crate) struct Task<S, P> {
     waiters: BTreeMap<(SplitId, Epoch), oneshot::Sender<CommitOutcome>>,
     done: bool,
     metrics: Metrics,
+    /// The planner call in flight: a new call (after a timeout) aborts the one it replaces.
+    planning: Option<tokio::task::AbortHandle>,
 }
 
 impl<S: Store, P: Planner> Task<S, P> {
@@ -102,6 +104,7 @@ impl<S: Store, P: Planner> Task<S, P> {
             waiters: BTreeMap::new(),
             done: false,
             metrics,
+            planning: None,
         };
         (task, control_tx, Lanes { rx: lanes_rx })
     }
@@ -265,11 +268,15 @@ impl<S: Store, P: Planner> Task<S, P> {
             Action::Plan { request } => {
                 let planner = self.planner.clone();
                 let tx = self.tx.clone();
+                // The planner runs in a task of its own so that a panic in it becomes a planner
+                // failure (retried with backoff) instead of a silent hang until `plan_timeout`;
+                // a call that timed out is aborted when the next one starts.
+                let call = tokio::spawn(async move { planner.plan().await });
+                if let Some(previous) = self.planning.replace(call.abort_handle()) {
+                    previous.abort();
+                }
                 tokio::spawn(async move {
-                    // The planner runs in a task of its own so that a panic in it becomes a
-                    // planner failure (retried with backoff) instead of a silent hang until
-                    // `plan_timeout`.
-                    let result = match tokio::spawn(async move { planner.plan().await }).await {
+                    let result = match call.await {
                         Ok(result) => result.map_err(|e| e.0),
                         Err(e) if e.is_panic() => {
                             Err(format!("the planner panicked: {}", panic_text(e.into_panic())))

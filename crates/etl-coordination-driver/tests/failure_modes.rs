@@ -463,6 +463,16 @@ async fn a_commit_whose_future_was_dropped_does_not_fail_the_next_one() {
 struct FlakyPlanner {
     inner: TestPlanner,
     calls: Arc<std::sync::atomic::AtomicU32>,
+    /// Set when the hung call is dropped (aborted).
+    hung_dropped: Arc<std::sync::atomic::AtomicBool>,
+}
+
+struct SetOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl Planner for FlakyPlanner {
@@ -473,7 +483,10 @@ impl Planner for FlakyPlanner {
     async fn plan(&self) -> Result<Plan, PlanError> {
         match self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
             0 => panic!("planner bug: listing page token missing"),
-            1 => std::future::pending().await,
+            1 => {
+                let _guard = SetOnDrop(self.hung_dropped.clone());
+                std::future::pending().await
+            }
             _ => self.inner.plan().await,
         }
     }
@@ -484,7 +497,9 @@ async fn a_planner_that_panics_or_hangs_is_retried_with_backoff_and_the_job_comp
     let stores = fresh_stores();
     let oracle = Oracle::default();
     let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
-    let flaky = FlakyPlanner { inner: planner(3, 20), calls: calls.clone() };
+    let hung_dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flaky =
+        FlakyPlanner { inner: planner(3, 20), calls: calls.clone(), hung_dropped: hung_dropped.clone() };
     let mut cfg = config("a");
     cfg.tuning.plan_timeout = Duration::from_secs(5);
     let t0 = tokio::time::Instant::now();
@@ -499,4 +514,5 @@ async fn a_planner_that_panics_or_hangs_is_retried_with_backoff_and_the_job_comp
     let waited = first_emit - t0;
     assert!(waited >= Duration::from_secs(5 + 1 + 2), "planning succeeded after {waited:?}");
     assert!(waited < Duration::from_secs(5 + 1 + 2 + 3), "planning succeeded after {waited:?}");
+    assert!(hung_dropped.load(std::sync::atomic::Ordering::SeqCst), "the hung call was aborted, not leaked");
 }

@@ -55,9 +55,11 @@ pub(crate) struct Checker {
     /// deadline of the latest lease write of that holder at that epoch that landed, or the
     /// holder's own delete.
     lease_deadline: BTreeMap<(SplitId, Epoch, Owner), Timestamp>,
-    /// How the lease of (split, epoch) came to be: created over nothing, or written over a live
-    /// lease (displaced holder), or a renewal of the holder's own lease at the epoch before.
-    lease_origin: BTreeMap<(SplitId, Epoch), LeaseOrigin>,
+    /// How the lease of (split, epoch, holder) came to be: created over nothing, or written
+    /// over a live lease (displaced holder), or a renewal of the holder's own lease at the epoch
+    /// before. Keyed by holder too: two workers can hold a lease at the same epoch one after
+    /// the other (an expiry that erases a write that just landed, then a create).
+    lease_origin: BTreeMap<(SplitId, Epoch, Owner), LeaseOrigin>,
     /// The tenancy each split record currently describes (P12: did it advance progress?).
     tenancy: BTreeMap<SplitId, Tenancy>,
     /// Claims by (split, new epoch): the acquisition reason the store's state implies.
@@ -223,7 +225,7 @@ impl Checker {
             t.as_ref().is_some_and(|t| t.progressed || p_new != t.base && new.epoch == old.epoch);
         let expected = if new.epoch == old.epoch.next() {
             // A new tenancy replaces the one `old` describes.
-            let origin = self.lease_origin.get(&(id.clone(), new.epoch)).cloned();
+            let origin = self.lease_origin.get(&(id.clone(), new.epoch, writer.clone())).cloned();
             let continuation = old.owner.as_ref() == Some(writer);
             let stolen = matches!(&origin, Some(LeaseOrigin::Displaced(v))
                 if old.owner.as_ref() == Some(v) && v.instance != writer.instance);
@@ -332,7 +334,7 @@ impl Checker {
             Some(p) if p.owner == new.owner => LeaseOrigin::Resumed,
             Some(p) => LeaseOrigin::Displaced(p.owner.clone()),
         };
-        self.lease_origin.insert((id.clone(), new.epoch), origin);
+        self.lease_origin.insert((id.clone(), new.epoch, new.owner.clone()), origin);
         let _ = at;
     }
 

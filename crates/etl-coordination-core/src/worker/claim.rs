@@ -204,8 +204,23 @@ impl Worker {
             }
             return;
         }
-        let epoch = self.held[&id].epoch;
-        let mine = match Read::of(result) {
+        let h = &self.held[&id];
+        let epoch = h.epoch;
+        let read = Read::of(result);
+        if let Read::Found(e) = &read
+            && h.lease_rev.is_some_and(|known| e.revision < known)
+        {
+            // A lagging replica (a resume knows the lease's revision): read again.
+            let pending = Pending::LeaseAcquireResolve { split: id.clone(), sent, write };
+            self.held.get_mut(&id).expect("held").op = None;
+            return self.retry_later(
+                now,
+                Bucket::Lease,
+                StoreRequest::Get { key: keys::split(&id) },
+                pending,
+            );
+        }
+        let mine = match read {
             Read::Found(e) => records::decode::<LeaseRecord>(&e.value)
                 .ok()
                 .filter(|l| l.owner == self.me && l.epoch == epoch)
@@ -232,6 +247,10 @@ impl Worker {
         if self.phase == Phase::Leaving && !self.held[id].displaced() {
             // Draining meanwhile: nobody held this lease, so give it back untouched.
             return self.abandon(id);
+        }
+        if self.held[id].resuming && self.held[id].descriptor.is_some() {
+            // A resume moves the same tenancy to a new epoch: nothing to read (P11).
+            return self.write_claim(id);
         }
         // The descriptor comes before the record: a tenancy is recorded only once its lane can
         // start at once, so one that never ran (its owner cut off or paused right after taking

@@ -172,18 +172,38 @@ impl Worker {
 
     /// Gives back a lease we hold but cannot use; best effort (it expires anyway).
     pub(super) fn abandon(&mut self, id: &SplitId) {
-        if let Some(h) = self.held.remove(id)
-            && let Some(rev) = h.lease_rev
-        {
-            self.retire(keys::split(id), rev);
+        if let Some(h) = self.held.remove(id) {
+            if let Some(rev) = h.lease_rev {
+                self.retire(keys::split(id), rev);
+            }
+            self.release_unresumed(id, &h);
         }
         self.blocked.insert(id.clone());
     }
 
     /// An acquisition lost its race (not an error, P5): forget it until something changes.
     pub(super) fn give_up_acquire(&mut self, id: &SplitId) {
-        self.held.remove(id);
+        if let Some(h) = self.held.remove(id) {
+            self.release_unresumed(id, &h);
+        }
         self.blocked.insert(id.clone());
+    }
+
+    /// P11, P12: a starved tenancy that could not move to its new epoch (its lease CAS lost, or
+    /// the worker started leaving) still owns the record at the old epoch: release it, by a CAS
+    /// against our last write that does nothing if the record moved, rather than leave it owned
+    /// without a lease (its next claimer would charge an attempt for a graceful end).
+    fn release_unresumed(&mut self, id: &SplitId, h: &Held) {
+        if !h.resuming {
+            return;
+        }
+        let request = StoreRequest::CompareAndSwap {
+            key: keys::split(id),
+            expected: h.record_rev,
+            value: records::encode(&self.release_record(&h.base)),
+            ttl: None,
+        };
+        self.send(Bucket::State, request, Pending::Cleanup);
     }
 
     /// Starts the lane of a tenancy whose lease and record are ours, unless trust lapsed

@@ -206,7 +206,8 @@ impl Worker {
     }
 
     /// P7: the view shows our record moved to another tenancy at a revision newer than our
-    /// last write to it: fenced. Only an ownership change bumps the epoch or names another
+    /// last write to it: fenced. Only once our claim is written (before that, the claim's CAS
+    /// is the fence: it fails, or it rebases on a write at the epoch it replaces). Only an ownership change bumps the epoch or names another
     /// owner; our own terminal commit clears the owner at the same epoch.
     fn fence_on_record(&mut self, id: &SplitId) {
         let Some(sv) = self.view.splits.get(id) else { return };
@@ -214,11 +215,7 @@ impl Worker {
         let Some(h) = self.held.get(id) else { return };
         let written = matches!(
             h.stage,
-            Stage::Running
-                | Stage::ReadingDesc
-                | Stage::Starved
-                | Stage::Stopping { .. }
-                | Stage::EndRetry { .. }
+            Stage::Running | Stage::Starved | Stage::Stopping { .. } | Stage::EndRetry { .. }
         );
         let moved = r.epoch != h.epoch || r.owner.as_ref().is_some_and(|o| *o != self.me);
         if written && moved && sv.record_rev > h.record_rev {

@@ -218,6 +218,12 @@ impl Rig {
         self.feed(Input::StoreResult { op, result })
     }
 
+    /// Answers a request taken from `pending` by applying it to the kv (no watch events).
+    pub fn answer_applied(&mut self, op: OpId, bucket: Bucket, req: &StoreRequest) -> Vec<Action> {
+        let (result, _) = self.kv.apply(bucket, req);
+        self.feed(Input::StoreResult { op, result })
+    }
+
     /// Applies a pending request to the kv, delivers its watch events, and answers with
     /// `result` instead of the real result (to model lost answers), or the real one.
     pub fn apply_and_answer(&mut self, index: usize, answer: Option<StoreResult>) -> Vec<Action> {

@@ -125,6 +125,11 @@ impl World {
             _ => {}
         }
         let owner = self.slots[slot].owner.clone();
+        if self.slots[slot].core_lanes.get(&split) == Some(&epoch) {
+            // P11 at every emission, not only after the core's inputs: between the lease's death
+            // in the store and the worker's own lapse of trust, nothing reaches the core.
+            self.checker.lane_running(self.now, &split, epoch, &owner);
+        }
         let current = self.current_record(&split);
         self.checker.on_emit(self.now, &split, next, epoch, &owner, current.as_ref());
         self.report.records_emitted += 1;
