@@ -341,6 +341,9 @@ impl World {
         s.owner = Owner { instance: s.instance.clone(), incarnation };
         // A new process: a monotonic clock with an origin and a rate of its own.
         s.clock = Clock::new(offset, drift_ppm);
+        if drift_ppm != 0 {
+            *self.report.faults.entry("clock_drifting").or_default() += 1; // (self.fault: `s` is borrowed)
+        }
         s.link = Link::default();
         let mut cfg = Config::new(s.instance.clone(), incarnation, "sim-planner-v1");
         cfg.tuning = Tuning {
@@ -381,6 +384,16 @@ impl World {
         }
         self.schedule(ms(250), Ev::ExpiryTick);
         if self.opts.faults {
+            // What this run's world is like (counted once per run).
+            if self.opts.splits > records::MANIFEST_CHUNK_LEN {
+                self.fault("plan_of_several_manifest_chunks");
+            }
+            if self.opts.mixed_capacity {
+                self.fault("mixed_max_in_flight");
+            }
+            if self.opts.op_timeout > Duration::from_secs(self.opts.lease_secs) {
+                self.fault("op_timeout_beyond_lease");
+            }
             let first = ms(self.rng.range(300, 2000));
             self.schedule(first, Ev::FaultTick);
         }

@@ -288,14 +288,19 @@ impl World {
     /// The expiry timer: overdue keys expire once their lateness has passed.
     pub(crate) fn expiry_tick(&mut self) {
         let now = self.now;
-        let due: Vec<Key> = self
+        let due: Vec<(Key, bool)> = self
             .lease
             .overdue(now)
             .into_iter()
-            .filter(|(k, d)| *d + self.expiry_lateness(k, *d) <= now)
-            .map(|(k, _)| k)
+            .filter_map(|(k, d)| {
+                let late = self.expiry_lateness(&k, d);
+                (d + late <= now).then_some((k, late > Duration::ZERO))
+            })
             .collect();
-        for key in due {
+        for (key, late) in due {
+            if late {
+                self.fault("expiry_late");
+            }
             self.lease.erase_as_expired(&key);
         }
         self.distribute(Bucket::State);
