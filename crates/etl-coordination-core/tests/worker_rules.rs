@@ -523,6 +523,51 @@ fn p5_a_claim_read_answered_by_a_lagging_replica_is_never_adopted() {
 }
 
 #[test]
+fn p8_a_conflict_while_an_earlier_commit_of_ours_may_land_is_resolved_by_reading() {
+    let mut r = running(1);
+    r.auto = false;
+    // A commit lands but its answer is lost, and so is the read that would have told.
+    let a = r.feed(Input::Commit { split: sid("s0"), epoch: Epoch(1), progress: Bytes::from_static(b"10") });
+    let (op, bucket, req) = r.pending.remove(0);
+    assert_eq!(op, op_of(&a, 0));
+    r.kv.apply(bucket, &req).0.expect("the commit lands");
+    let a = r.answer(op, Err(StoreError::Indeterminate("no answer".into())));
+    let a = r.answer(op_of(&a, 0), Err(StoreError::Unavailable("down".into())));
+    assert!(a.contains(&Action::CommitDone {
+        split: sid("s0"),
+        epoch: Epoch(1),
+        outcome: CommitOutcome::Retryable
+    }));
+    // The next commit conflicts with our own landed write: that is no loss; a read decides.
+    let a = r.feed(Input::Commit { split: sid("s0"), epoch: Epoch(1), progress: Bytes::from_static(b"20") });
+    let a = r.apply(op_of(&a, 0));
+    assert!(
+        !a.iter().any(|x| matches!(
+            x,
+            Action::StopLane { .. } | Action::CommitDone { outcome: CommitOutcome::Lost, .. }
+        )),
+        "{a:?}"
+    );
+    let a = r.apply(op_of(&a, 0));
+    assert!(
+        a.contains(&Action::CommitDone {
+            split: sid("s0"),
+            epoch: Epoch(1),
+            outcome: CommitOutcome::Retryable
+        }),
+        "{a:?}"
+    );
+    // The worker adopted its own landed write: the retried commit is fenced by it and lands.
+    let a = r.feed(Input::Commit { split: sid("s0"), epoch: Epoch(1), progress: Bytes::from_static(b"20") });
+    let a = r.apply(op_of(&a, 0));
+    assert!(
+        a.contains(&Action::CommitDone { split: sid("s0"), epoch: Epoch(1), outcome: CommitOutcome::Ok }),
+        "{a:?}"
+    );
+    assert_eq!(r.kv.record("s0").progress.as_deref(), Some(&b"20"[..]));
+}
+
+#[test]
 fn p8_commits_cas_against_our_own_last_write_and_a_lost_swap_stops_the_lane_at_once() {
     let mut r = running(1);
     r.auto = false;
