@@ -14,7 +14,6 @@
 //! that touches the core or the simulator (README, "Run the tests").
 
 use std::collections::BTreeSet;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -122,27 +121,26 @@ fn sync(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Builds and sweeps the copy at `ws`; `None` when it did not finish within `limit`.
-fn sweep(ws: &Path, target: &Path, seeds: u64, limit: Duration) -> Result<Option<(bool, String)>> {
+/// Runs `cargo args..` in the copy at `ws` (its own target directory), its output going to a
+/// file (a pipe could fill up and stall it); `None` when it did not finish within `limit`,
+/// else whether it succeeded and what it printed.
+fn cargo_in(ws: &Path, target: &Path, args: &[&str], limit: Duration) -> Result<Option<(bool, String)>> {
+    let log = target.join("mutants-last-run.log");
+    std::fs::create_dir_all(target)?;
+    let file = std::fs::File::create(&log)?;
     let mut child = Command::new(env!("CARGO"))
-        .args(["run", "--release", "--quiet", "--package", "xtask", "--", "sim", "--seeds"])
-        .arg(seeds.to_string())
-        .arg("--stop-on-violation")
+        .args(args)
         .current_dir(ws)
         .env("CARGO_TARGET_DIR", target)
         .env("RUST_BACKTRACE", "0")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(Stdio::from(file.try_clone()?))
+        .stderr(Stdio::from(file))
         .spawn()
         .context("running cargo")?;
     let t0 = Instant::now();
     loop {
         if let Some(status) = child.try_wait()? {
-            let mut out = String::new();
-            child.stdout.take().expect("piped").read_to_string(&mut out)?;
-            let mut err = String::new();
-            child.stderr.take().expect("piped").read_to_string(&mut err)?;
-            return Ok(Some((status.success(), format!("{out}{err}"))));
+            return Ok(Some((status.success(), std::fs::read_to_string(&log)?)));
         }
         if t0.elapsed() > limit {
             let _ = child.kill();
@@ -151,6 +149,24 @@ fn sweep(ws: &Path, target: &Path, seeds: u64, limit: Duration) -> Result<Option
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// Builds and sweeps the copy at `ws`, stopping at the first violation.
+fn sweep(ws: &Path, target: &Path, seeds: u64, limit: Duration) -> Result<Option<(bool, String)>> {
+    let seeds = seeds.to_string();
+    let args = [
+        "run",
+        "--release",
+        "--quiet",
+        "--package",
+        "xtask",
+        "--",
+        "sim",
+        "--seeds",
+        &seeds,
+        "--stop-on-violation",
+    ];
+    cargo_in(ws, target, &args, limit)
 }
 
 /// What caught the mutant: the first violation line of the sweep's summary.
@@ -186,43 +202,18 @@ fn suite(
     test: &str,
     limit: Duration,
 ) -> Result<Option<Option<String>>> {
-    let mut child = Command::new(env!("CARGO"))
-        .args(["test", "--release", "--quiet", "--package", package, "--test", test])
-        .current_dir(ws)
-        .env("CARGO_TARGET_DIR", target)
-        .env("RUST_BACKTRACE", "0")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("running cargo test")?;
-    let t0 = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait()? {
-            if status.success() {
-                return Ok(Some(None));
-            }
-            let mut out = String::new();
-            child.stdout.take().expect("piped").read_to_string(&mut out)?;
-            let mut err = String::new();
-            child.stderr.take().expect("piped").read_to_string(&mut err)?;
-            let text = format!("{out}{err}");
-            let failed = text
-                .lines()
-                .find_map(|l| {
-                    l.strip_prefix("thread '").and_then(|r| r.split_once('\'')).map(|(t, _)| t.to_owned())
-                })
-                .zip(text.lines().skip_while(|l| !l.contains("panicked at")).nth(1))
-                .map(|(name, msg)| format!("{label} {name}: {}", msg.trim()))
-                .unwrap_or_else(|| format!("{label}s failed:\n{text}"));
-            return Ok(Some(Some(failed)));
-        }
-        if t0.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Ok(None);
-        }
-        std::thread::sleep(Duration::from_millis(200));
+    let args = ["test", "--release", "--quiet", "--package", package, "--test", test];
+    let Some((passed, text)) = cargo_in(ws, target, &args, limit)? else { return Ok(None) };
+    if passed {
+        return Ok(Some(None));
     }
+    let failed = text
+        .lines()
+        .find_map(|l| l.strip_prefix("thread '").and_then(|r| r.split_once('\'')).map(|(t, _)| t.to_owned()))
+        .zip(text.lines().skip_while(|l| !l.contains("panicked at")).nth(1))
+        .map(|(name, msg)| format!("{label} {name}: {}", msg.trim()))
+        .unwrap_or_else(|| format!("{label}s failed:\n{text}"));
+    Ok(Some(Some(failed)))
 }
 
 pub fn run(args: &[String]) -> Result<()> {

@@ -26,6 +26,15 @@ enum Break {
     Stall,
 }
 
+impl Break {
+    fn apply(self, proxy: &Proxy) {
+        match self {
+            Break::Cut => proxy.cut(),
+            Break::Stall => proxy.stall(),
+        }
+    }
+}
+
 /// The knobs of a run: the lease, and the extra worker flags (replicas on a cluster).
 struct Run<'a> {
     lease_secs: u64,
@@ -103,17 +112,7 @@ fn single_server(name: &str, how: Break) {
     let server = NatsServer::start();
     let proxy = Proxy::start(server.addr());
     let run = Run { lease_secs: 3, extra: &[] };
-    partitioned_run(
-        name,
-        &proxy.url(),
-        &server.url(),
-        run,
-        || match how {
-            Break::Cut => proxy.cut(),
-            Break::Stall => proxy.stall(),
-        },
-        || proxy.heal(),
-    );
+    partitioned_run(name, &proxy.url(), &server.url(), run, || how.apply(&proxy), || proxy.heal());
 }
 
 /// Replicated buckets on a 3-node cluster (NATS-NOTES: a stream leader election takes
@@ -125,17 +124,7 @@ fn cluster_worker_partition(name: &str, how: Break) {
     // The partitioned worker knows one node, through the proxy; its peer knows the others.
     let proxy = Proxy::start(cluster.nodes[0].addr());
     let others = format!("{},{}", cluster.nodes[1].url(), cluster.nodes[2].url());
-    partitioned_run(
-        name,
-        &proxy.url(),
-        &others,
-        CLUSTER,
-        || match how {
-            Break::Cut => proxy.cut(),
-            Break::Stall => proxy.stall(),
-        },
-        || proxy.heal(),
-    );
+    partitioned_run(name, &proxy.url(), &others, CLUSTER, || how.apply(&proxy), || proxy.heal());
 }
 
 #[test]

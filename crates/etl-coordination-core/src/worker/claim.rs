@@ -321,13 +321,7 @@ impl Worker {
         if !self.is_current(&id, op) {
             return;
         }
-        let answer = Written::of(result);
-        let h = self.held.get_mut(&id).expect("held");
-        match answer {
-            Written::Applied(_) => h.record_in_doubt = false,
-            Written::InDoubt => h.record_in_doubt = true,
-            _ => {}
-        }
+        let answer = self.record_answer(&id, result);
         match answer {
             Written::Applied(rev) => self.claim_written(now, &id, rev),
             Written::Conflict | Written::InDoubt => {

@@ -62,13 +62,7 @@ impl Worker {
     pub(super) fn on_record_commit(&mut self, op: OpId, id: SplitId, result: StoreResult) {
         let Some(h) = self.held.get(&id) else { return };
         let Some(c) = h.commit.clone().filter(|c| c.op == op) else { return };
-        let answer = Written::of(result);
-        let h = self.held.get_mut(&id).expect("held");
-        match answer {
-            Written::Applied(_) => h.record_in_doubt = false,
-            Written::InDoubt => h.record_in_doubt = true,
-            _ => {}
-        }
+        let answer = self.record_answer(&id, result);
         match answer {
             Written::Applied(rev) => self.commit_applied(&id, rev),
             // P8: the fence said no and none of our writes to the record is in doubt: someone

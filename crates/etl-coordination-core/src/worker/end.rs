@@ -72,13 +72,7 @@ impl Worker {
         if !self.is_current(&id, op) {
             return;
         }
-        let answer = Written::of(result);
-        let h = self.held.get_mut(&id).expect("held");
-        match answer {
-            Written::Applied(_) => h.record_in_doubt = false,
-            Written::InDoubt => h.record_in_doubt = true,
-            _ => {}
-        }
+        let answer = self.record_answer(&id, result);
         match answer {
             Written::Applied(rev) => self.end_written(&id, rev),
             // No write of ours is in doubt: someone else wrote the record; the tenancy is over.

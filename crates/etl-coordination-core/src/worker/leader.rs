@@ -318,29 +318,15 @@ impl Worker {
                 }
             },
             Read::Absent => None,
-            Read::Failed(_) => {
-                // Read again later; the write in question (a term bump or a publication) is
-                // still the step in progress: re-planning here would list a plan twice.
-                let pending = Pending::HeadRead { stint: self.stint(), attempted };
-                return self.retry_later(
-                    now,
-                    Bucket::State,
-                    StoreRequest::Get { key: keys::plan_head() },
-                    pending,
-                );
-            }
+            // Read again later; the write in question (a term bump or a publication) is still
+            // the step in progress: re-planning here would list a plan twice.
+            Read::Failed(_) => return self.read_head_again(now, attempted),
         };
         if let (Some((rev, _)), Some((known, _))) = (&current, &l.head)
             && rev < known
         {
             // A lagging replica: read again.
-            let pending = Pending::HeadRead { stint: self.stint(), attempted };
-            return self.retry_later(
-                now,
-                Bucket::State,
-                StoreRequest::Get { key: keys::plan_head() },
-                pending,
-            );
+            return self.read_head_again(now, attempted);
         }
         let my_term = l.head.as_ref().map(|(_, h)| h.term);
         match current {
@@ -366,5 +352,11 @@ impl Worker {
             // Someone else bumped the term: we are deposed (I9).
             _ => self.step_down(),
         }
+    }
+
+    /// P4: reads the plan head again after a while (its last read decided nothing).
+    fn read_head_again(&mut self, now: Timestamp, attempted: PlanHead) {
+        let pending = Pending::HeadRead { stint: self.stint(), attempted };
+        self.retry_later(now, Bucket::State, StoreRequest::Get { key: keys::plan_head() }, pending);
     }
 }

@@ -10,7 +10,7 @@ use crate::store::{Bucket, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 
 use super::Worker;
-use super::outbox::Pending;
+use super::outbox::{Pending, Written};
 
 /// One split this worker holds, is acquiring, or is ending.
 #[derive(Debug, Clone)]
@@ -82,6 +82,22 @@ pub(super) struct CommitInFlight {
     pub(super) progress: Bytes,
     /// A terminal commit marks the split Done.
     pub(super) terminal: bool,
+}
+
+impl Worker {
+    /// Classifies the answer to a write of ours to the record of `id` and keeps track of
+    /// whether one of our writes to it may still land (P8: only then can a conflict be our own
+    /// doing).
+    pub(super) fn record_answer(&mut self, id: &SplitId, result: StoreResult) -> Written {
+        let answer = Written::of(result);
+        let h = self.held.get_mut(id).expect("held");
+        match answer {
+            Written::Applied(_) => h.record_in_doubt = false,
+            Written::InDoubt => h.record_in_doubt = true,
+            _ => {}
+        }
+        answer
+    }
 }
 
 impl Held {
