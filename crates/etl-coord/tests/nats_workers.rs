@@ -108,9 +108,9 @@ fn a_drained_worker_hands_over_at_once_without_consuming_attempts() {
     // Long leases: a pickup that waited for one would take 20 s.
     let args =
         ["--record-delay-ms", "3", "--split-size", "15000", "--lease-duration", "20s", "--max-attempts", "1"];
-    let a = worker(&job, "wa", &data, &sa, &args);
+    let mut a = worker(&job, "wa", &data, &sa, &args);
     let b = worker(&job, "wb", &data, &sb, &args);
-    wait_for_records(&sa, 100);
+    wait_for_records(&sa, 100, &mut a);
     let term_ms = etl_coord::sink::unix_ms();
     signal(&a, "-TERM");
     let a_out = a.wait_with_output().unwrap();
@@ -141,9 +141,9 @@ fn a_stopped_zombie_is_fenced_after_a_takeover_and_nothing_is_lost() {
     let job = job("zombie");
     let (sa, sb) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
     let args = ["--record-delay-ms", "4", "--split-size", "15000"];
-    let a = worker(&job, "wa", &data, &sa, &args);
+    let mut a = worker(&job, "wa", &data, &sa, &args);
     let b = worker(&job, "wb", &data, &sb, &args);
-    wait_for_records(&sa, 100);
+    wait_for_records(&sa, 100, &mut a);
     signal(&a, "-STOP"); // longer than the 3 s lease
     std::thread::sleep(Duration::from_secs(6));
     signal(&a, "-CONT");
@@ -233,9 +233,9 @@ fn workers_self_fence_through_a_nats_outage_and_finish_when_it_returns() {
             .unwrap()
     };
     let (sa, sb) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
-    let a = spawn("oa", &sa);
+    let mut a = spawn("oa", &sa);
     let b = spawn("ob", &sb);
-    wait_for_records(&sa, 100);
+    wait_for_records(&sa, 100, &mut a);
     // The store disappears for longer than a lease, then comes back with its data.
     server.kill();
     std::thread::sleep(Duration::from_secs(5));
@@ -263,7 +263,7 @@ fn when_the_leader_is_killed_another_worker_takes_over_with_a_new_term() {
         .zip(&sinks)
         .map(|(id, s)| (id.to_string(), worker(&job, id, &data, s, &args)))
         .collect();
-    wait_for_records(&sinks[0], 50);
+    wait_for_records(&sinks[0], 50, &mut workers[0].1);
     let leader = status_json(&job)["leader"].as_str().expect("a leader").to_owned();
     let term_before = status_json(&job)["plan"]["term"].as_u64().unwrap();
     let i = workers.iter().position(|(id, _)| *id == leader).expect("the leader is one of ours");
@@ -287,8 +287,8 @@ fn scale_up_from_one_to_three_workers_converges_to_plus_minus_one() {
     let job = job("scale");
     // 13 splits of one file each, slow enough not to finish during the test.
     let args = ["--record-delay-ms", "40", "--split-size", "1000", "--max-in-flight", "8"];
-    let a = worker(&job, "sa", &data, &tmp.path().join("sa.jsonl"), &args);
-    wait_for_records(&tmp.path().join("sa.jsonl"), 8);
+    let mut a = worker(&job, "sa", &data, &tmp.path().join("sa.jsonl"), &args);
+    wait_for_records(&tmp.path().join("sa.jsonl"), 8, &mut a);
     let b = worker(&job, "sb", &data, &tmp.path().join("sb.jsonl"), &args);
     let c = worker(&job, "sc", &data, &tmp.path().join("sc.jsonl"), &args);
     // Bounded wait for convergence: fair share ceil(13/3) = 5, so 5/4/4.
@@ -325,8 +325,8 @@ fn a_second_process_with_a_live_instance_id_exits_with_an_actionable_error() {
     let job = job("twin");
     // Slow enough that the job is still running when the twin has watched the id for 1.5 s.
     let args = ["--record-delay-ms", "20", "--split-size", "15000"];
-    let a = worker(&job, "same", &data, &tmp.path().join("a.jsonl"), &args);
-    wait_for_records(&tmp.path().join("a.jsonl"), 20);
+    let mut a = worker(&job, "same", &data, &tmp.path().join("a.jsonl"), &args);
+    wait_for_records(&tmp.path().join("a.jsonl"), 20, &mut a);
     let twin = worker(&job, "same", &data, &tmp.path().join("b.jsonl"), &args);
     let out = twin.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -392,8 +392,8 @@ fn coordination_continues_when_a_cluster_node_is_lost() {
             None => {}
         }
     }
-    let b = spawn("cb");
-    wait_for_records(&tmp.path().join("cb.jsonl"), 20);
+    let mut b = spawn("cb");
+    wait_for_records(&tmp.path().join("cb.jsonl"), 20, &mut b);
     // Lose one node for good.
     cluster.nodes[2].kill();
     let a_out = a.wait_with_output().unwrap();

@@ -19,6 +19,13 @@ use etl_coord::demo::input_keys;
 use etl_coord::sink::JsonlSink;
 use etl_coordination_testkit::{NatsCluster, NatsServer, Proxy};
 
+/// One test at a time: several clusters and their workers at once on a small machine stretch
+/// answers past the op timeout, and the faults are timed against the lease.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// How the partitioned worker's link breaks.
 #[derive(Clone, Copy, Debug)]
 enum Break {
@@ -41,9 +48,17 @@ struct Run<'a> {
     extra: &'a [&'a str],
 }
 
-/// Worker `pa` reaches NATS at `a_store`, worker `pb` at `b_store`; once `pa` is working,
-/// `partition` runs, the partition lasts two leases and a second (so `pa`'s trust lapses and
-/// its leases expire), then `heal` runs. Checks the outcome and returns both stderr logs.
+/// The faults of a run: `prepare` (once both workers work), `partition` (once `pa` works again
+/// after `prepare`), `heal` (after the partition lasted two leases and a second, so `pa`'s trust
+/// lapsed and its leases expired).
+struct Faults<P, C, H> {
+    prepare: P,
+    partition: C,
+    heal: H,
+}
+
+/// Worker `pa` reaches NATS at `a_store`, worker `pb` at `b_store`; `partition` and `heal`
+/// break and mend `pa`'s link. Checks the outcome and returns both stderr logs.
 fn partitioned_run(
     name: &str,
     a_store: &str,
@@ -52,34 +67,39 @@ fn partitioned_run(
     partition: impl FnOnce(),
     heal: impl FnOnce(),
 ) -> (String, String) {
-    partitioned_job(&job(name), a_store, b_store, run, partition, heal)
+    partitioned_job(&job(name), a_store, b_store, run, Faults { prepare: || {}, partition, heal })
 }
 
-/// [`partitioned_run`] of the job named `job`.
+/// [`partitioned_run`] of the job named `job`, with a step before the partition.
 fn partitioned_job(
     job: &str,
     a_store: &str,
     b_store: &str,
     run: Run<'_>,
-    partition: impl FnOnce(),
-    heal: impl FnOnce(),
+    faults: Faults<impl FnOnce(), impl FnOnce(), impl FnOnce()>,
 ) -> (String, String) {
-    let (tmp, data) = dataset(6, 300);
+    // Six splits of one file each, 15 s of work apiece: every split outlasts the partition, so
+    // the partitioned worker's lanes are still running when its trust lapses.
+    let (tmp, data) = dataset(6, 600);
     let expected = input_keys(&data).unwrap();
     let lease = format!("{}s", run.lease_secs);
-    let mut args = vec!["--record-delay-ms", "5", "--split-size", "15000", "--nats-op-timeout", "1s"];
+    let mut args = vec!["--record-delay-ms", "25", "--split-size", "30000", "--nats-op-timeout", "1s"];
     args.extend(["--lease-duration", &lease]);
     args.extend(run.extra);
     let (sa, sb) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
-    let a = worker(job, a_store, "pa", &data, &sa, &args);
+    let mut a = worker(job, a_store, "pa", &data, &sa, &args);
     let b = worker(job, b_store, "pb", &data, &sb, &args);
-    wait_for_records(&sa, 100);
+    wait_for_records(&sa, 100, &mut a);
+    (faults.prepare)();
+    // `pa` still holds splits when its link breaks: it writes records after `prepare`.
+    let written = records_written(&sa);
+    wait_for_records(&sa, written + 20, &mut a);
     let cut_ms = etl_coord::sink::unix_ms();
-    partition();
+    (faults.partition)();
     // The fault's duration, not a wait for a race: past it the partitioned worker must have
     // self-fenced (trust lapses within a lease of its last acknowledged renewal).
     std::thread::sleep(Duration::from_secs(run.lease_secs * 2 + 1));
-    heal();
+    (faults.heal)();
     let (a_out, b_out) = (finish(a), finish(b));
     assert_eq!(a_out.0, Some(0), "the partitioned worker ends cleanly: {}", a_out.1);
     assert_eq!(b_out.0, Some(0), "its peer ends cleanly: {}", b_out.1);
@@ -102,6 +122,16 @@ fn partitioned_job(
     (a_out.1, b_out.1)
 }
 
+/// How many records `sink` holds (a line being written is read again).
+fn records_written(sink: &std::path::Path) -> usize {
+    loop {
+        match JsonlSink::read(sink) {
+            Ok(lines) => return lines.len(),
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
 /// Waits for a worker; its exit code and stderr.
 fn finish(c: Child) -> (Option<i32>, String) {
     let out = c.wait_with_output().unwrap();
@@ -109,6 +139,7 @@ fn finish(c: Child) -> (Option<i32>, String) {
 }
 
 fn single_server(name: &str, how: Break) {
+    let _one = one_at_a_time();
     let server = NatsServer::start();
     let proxy = Proxy::start(server.addr());
     let run = Run { lease_secs: 3, extra: &[] };
@@ -120,6 +151,7 @@ fn single_server(name: &str, how: Break) {
 const CLUSTER: Run<'static> = Run { lease_secs: 6, extra: &["--nats-replicas", "3"] };
 
 fn cluster_worker_partition(name: &str, how: Break) {
+    let _one = one_at_a_time();
     let cluster = NatsCluster::start(3);
     // The partitioned worker knows one node, through the proxy; its peer knows the others.
     let proxy = Proxy::start(cluster.nodes[0].addr());
@@ -149,6 +181,7 @@ fn a_worker_whose_link_to_a_cluster_stalls_self_fences_and_the_job_completes() {
 
 #[test]
 fn when_the_lease_streams_leader_node_is_cut_off_a_worker_on_it_self_fences_and_the_job_completes() {
+    let _one = one_at_a_time();
     let cluster = NatsCluster::start(3);
     // The partitioned worker knows node 0 only, its peer the other two. Once they work, node 0
     // is made the leader of the job's lease stream and cut off from the other nodes: it loses
@@ -157,15 +190,10 @@ fn when_the_lease_streams_leader_node_is_cut_off_a_worker_on_it_self_fences_and_
     let others = format!("{},{}", cluster.nodes[1].url(), cluster.nodes[2].url());
     let name = job("lcut");
     let lease_stream = format!("KV_etl_coordination_{name}_lease");
-    partitioned_job(
-        &name,
-        &cluster.nodes[0].url(),
-        &others,
-        CLUSTER,
-        || {
-            cluster.make_leader(&lease_stream, 0);
-            cluster.cut_node(0);
-        },
-        || cluster.heal_node(0),
-    );
+    let faults = Faults {
+        prepare: || cluster.make_leader(&lease_stream, 0),
+        partition: || cluster.cut_node(0),
+        heal: || cluster.heal_node(0),
+    };
+    partitioned_job(&name, &cluster.nodes[0].url(), &others, CLUSTER, faults);
 }

@@ -195,12 +195,7 @@ pub async fn connect(config: &NatsConfig, job: &JobName) -> Result<NatsJob, Stor
         }
     }
     let js = jetstream::new(client.clone());
-    let account = tokio::time::timeout(config.op_timeout, js.query_account())
-        .await
-        .map_err(|_| StoreError::Unavailable("JetStream did not answer".into()))?
-        .map_err(|e| {
-            setup(format!("JetStream is not available at {} ({e}); start nats-server with -js (or a jetstream block in its config)", config.url))
-        })?;
+    let account = query_account(&js, config).await?;
     if account.requests.level < 1 {
         return Err(setup(format!(
             "JetStream API level {} at {} is too old (need 1, NATS 2.11); upgrade the server",
@@ -210,6 +205,51 @@ pub async fn connect(config: &NatsConfig, job: &JobName) -> Result<NatsJob, Stor
     let state = bucket(&client, &js, config, &format!("etl_coordination_{job}_state"), false).await?;
     let lease = bucket(&client, &js, config, &format!("etl_coordination_{job}_lease"), true).await?;
     Ok(NatsJob { state, lease })
+}
+
+/// How long setup retries what a server that is starting, electing or loaded answers (late,
+/// "temporarily unavailable", a bucket not yet visible on every node) before giving up.
+const SETUP_WINDOW: Duration = Duration::from_secs(15);
+
+/// The account's JetStream information (P1). A cluster still electing its meta leader answers
+/// "temporarily unavailable" and a loaded server answers late: both are retried for
+/// [`SETUP_WINDOW`] and then reported as unavailable. No responders (JetStream is not enabled)
+/// and any other API error are final, with what to do about them.
+async fn query_account(
+    js: &jetstream::Context,
+    config: &NatsConfig,
+) -> Result<jetstream::account::Account, StoreError> {
+    use jetstream::context::AccountErrorKind as K;
+    let not_enabled = |e: &dyn std::fmt::Display| {
+        setup(format!(
+            "JetStream is not available at {} ({e}); start nats-server with -js (or a jetstream block in its config)",
+            config.url
+        ))
+    };
+    let deadline = tokio::time::Instant::now() + SETUP_WINDOW;
+    let mut attempt = 0u64;
+    loop {
+        let last = match tokio::time::timeout(config.op_timeout, js.query_account()).await {
+            Ok(Ok(account)) => return Ok(account),
+            Err(_) => "timed out".to_owned(),
+            Ok(Err(e)) => match e.kind() {
+                K::TimedOut | K::Other => e.to_string(),
+                K::JetStream(j) if j.error_code() == jetstream::ErrorCode::CLUSTER_NOT_AVAILABLE => {
+                    e.to_string()
+                }
+                K::JetStream(_) | K::JetStreamUnavailable => return Err(not_enabled(&e)),
+            },
+        };
+        attempt += 1;
+        let pause = Duration::from_millis((50 * attempt).min(500));
+        if tokio::time::Instant::now() + pause > deadline {
+            return Err(StoreError::Unavailable(format!(
+                "JetStream at {} did not answer within {SETUP_WINDOW:?} ({last}); check that the server (or a quorum of the cluster) runs",
+                config.url
+            )));
+        }
+        tokio::time::sleep(pause).await;
+    }
 }
 
 async fn bucket(
@@ -256,14 +296,14 @@ async fn bucket(
 /// fails because another worker's create is in flight, and on a cluster a new stream becomes
 /// visible to every server (and gets a leader that answers for it) a moment later, so opening
 /// it or reading its configuration meanwhile says "stream not found". All of it is retried for
-/// up to 15 s; a bucket that still cannot be opened or created is reported as unavailable with
+/// [`SETUP_WINDOW`]; a bucket that still cannot be opened or created is reported as unavailable with
 /// the last errors.
 async fn open_or_create(
     js: &jetstream::Context,
     cfg: kv::Config,
     stream: &str,
 ) -> Result<(kv::Store, jetstream::stream::Stream, jetstream::stream::Config), StoreError> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let deadline = tokio::time::Instant::now() + SETUP_WINDOW;
     let mut attempt = 0u64;
     loop {
         let kv = match js.get_key_value(&cfg.bucket).await {

@@ -3,8 +3,11 @@
 //! Needs `NATS_URL` (a server >= 2.11) and `NATS_OLD_URL` (a 2.10.x server); `cargo xtask ci`
 //! starts both.
 
+use std::time::{Duration, Instant};
+
 use etl_coordination_core::{JobName, StoreError};
 use etl_coordination_nats::{NatsConfig, connect};
+use etl_coordination_testkit::{NatsCluster, NatsServer};
 
 fn env(name: &str) -> String {
     std::env::var(name)
@@ -67,4 +70,41 @@ async fn a_deleted_bucket_is_fatal_and_says_what_was_lost() {
     let StoreError::Setup(msg) = &err else { panic!("expected a setup error, got {err:?}") };
     assert!(msg.contains("is gone") && msg.contains("plan and progress"), "{msg}");
     assert!(err.is_fatal());
+}
+
+#[tokio::test]
+async fn a_server_without_jetstream_is_refused_at_once_saying_how_to_enable_it() {
+    let server = NatsServer::start_without_jetstream();
+    let t = Instant::now();
+    let err = connect(&NatsConfig::new(server.url()), &JobName::new("nojs").unwrap()).await.unwrap_err();
+    let StoreError::Setup(msg) = &err else { panic!("expected a setup error, got {err:?}") };
+    assert!(msg.contains("-js") && msg.contains(&server.url()), "says where and what to do: {msg}");
+    assert!(err.is_fatal());
+    // Final, not retried as a server still starting would be (that waits 15 s).
+    assert!(t.elapsed() < Duration::from_secs(10), "took {:?}", t.elapsed());
+}
+
+/// A cluster electing its JetStream meta leader (pods starting together) answers "temporarily
+/// unavailable" or late: setup waits for it instead of failing the worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_a_jetstream_quorum_at_startup_is_waited_for() {
+    let cluster = NatsCluster::start(3);
+    cluster.cut_node(0);
+    let t = Instant::now();
+    while cluster.meta_leader_seen_by(0).is_some() {
+        assert!(t.elapsed() < Duration::from_secs(30), "node 0 still sees a meta leader");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut cfg = NatsConfig::new(cluster.nodes[0].url());
+    cfg.op_timeout = Duration::from_millis(500);
+    let job = JobName::new(format!("quorum{}", std::process::id())).unwrap();
+    let setup = tokio::spawn(async move { connect(&cfg, &job).await });
+    // The fault's duration: node 0 has no quorum for 2 s of the setup, then it has.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!setup.is_finished(), "setup gave up while the cluster had no quorum: {:?}", setup.await);
+    cluster.heal_node(0);
+    let job = setup.await.unwrap().expect("setup succeeds once the cluster has a quorum");
+    use etl_coordination_store::Store;
+    let k = etl_coordination_core::Key::new("x").unwrap();
+    job.state.create(&k, bytes::Bytes::from_static(b"v"), None).await.unwrap();
 }

@@ -41,14 +41,24 @@ impl NatsServer {
         Self::spawn("single", "")
     }
 
-    fn spawn(name: &str, cluster: &str) -> NatsServer {
+    /// A single server without JetStream (a misconfigured deployment).
+    pub fn start_without_jetstream() -> NatsServer {
+        Self::spawn("nojs", "jetstream: disabled")
+    }
+
+    /// A server named `name` with `extra` configuration (a cluster block, or JetStream off).
+    fn spawn(name: &str, extra: &str) -> NatsServer {
         let dir = tempfile::tempdir().expect("temp dir");
         let (port, monitor) = (free_port(), free_port());
         let config = dir.path().join("nats.conf");
         let store = dir.path().join("js");
+        let jetstream = if extra.contains("jetstream: disabled") {
+            String::new()
+        } else {
+            format!("jetstream {{ store_dir: {:?} }}", store.display().to_string())
+        };
         let text = format!(
-            "server_name: {name}\nlisten: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\njetstream {{ store_dir: {:?} }}\n{cluster}\n",
-            store.display().to_string()
+            "server_name: {name}\nlisten: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\n{jetstream}\n{extra}\n"
         );
         std::fs::write(&config, text).expect("write nats.conf");
         let mut s = NatsServer { child: None, name: name.to_owned(), port, monitor, config, dir };
@@ -203,14 +213,18 @@ impl NatsCluster {
         c
     }
 
+    /// The JetStream meta leader node `k` knows of, if any.
+    pub fn meta_leader_seen_by(&self, k: usize) -> Option<String> {
+        self.nodes[k]
+            .monitor("/jsz")
+            .and_then(|j| j["meta_cluster"]["leader"].as_str().map(str::to_owned))
+            .filter(|l| !l.is_empty())
+    }
+
     fn wait_for_meta_leader(&self) {
         let t = Instant::now();
         loop {
-            let leader = self.nodes[0]
-                .monitor("/jsz")
-                .and_then(|j| j["meta_cluster"]["leader"].as_str().map(str::to_owned))
-                .filter(|l| !l.is_empty());
-            if leader.is_some() {
+            if self.meta_leader_seen_by(0).is_some() {
                 return;
             }
             assert!(

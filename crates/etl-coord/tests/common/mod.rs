@@ -47,18 +47,39 @@ pub fn records_in(sinks: &[&Path]) -> BTreeSet<String> {
     sinks.iter().flat_map(|p| JsonlSink::read(p).unwrap_or_default()).map(|l| l.record).collect()
 }
 
-/// Waits (at most 30 s) until `sink` holds `n` records.
-pub fn wait_for_records(sink: &Path, n: usize) {
+/// Waits until `sink` holds `n` records, written by `writer`. Fails, with the writer's output,
+/// if the writer exits first or the records are not there within 60 s (a slow machine takes
+/// seconds; a worker that never started takes forever).
+pub fn wait_for_records(sink: &Path, n: usize, writer: &mut Child) {
     let t = Instant::now();
-    while JsonlSink::read(sink).map(|l| l.len()).unwrap_or(0) < n && t.elapsed() < Duration::from_secs(30) {
+    loop {
+        let held = JsonlSink::read(sink).map(|l| l.len()).unwrap_or(0);
+        if held >= n {
+            return;
+        }
+        if let Some(status) = writer.try_wait().unwrap() {
+            let mut err = String::new();
+            if let Some(mut e) = writer.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            panic!(
+                "the worker writing {} exited ({status}) with {held} of {n} records: {err}",
+                sink.display()
+            );
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{} holds {held} of {n} records after 60 s",
+            sink.display()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
 /// `etl-coord status --json` of `job` on `store`. A store that does not answer in time (a
-/// cluster still catching up after a partition healed) is asked again, up to five times.
+/// cluster still electing leaders after a partition healed) is asked again, for up to 30 s.
 pub fn status_json(job: &str, store: &str) -> serde_json::Value {
-    let mut tries = 0;
+    let t = Instant::now();
     loop {
         let out = Command::new(env!("CARGO_BIN_EXE_etl-coord"))
             .args(["status", "--json", "--job", job, "--store", store])
@@ -68,8 +89,7 @@ pub fn status_json(job: &str, store: &str) -> serde_json::Value {
         if out.status.success() {
             return serde_json::from_slice(&out.stdout).unwrap();
         }
-        tries += 1;
-        assert!(tries < 5 && err.contains("unavailable"), "{err}");
+        assert!(t.elapsed() < Duration::from_secs(30) && err.contains("unavailable"), "{err}");
         std::thread::sleep(Duration::from_secs(1));
     }
 }
