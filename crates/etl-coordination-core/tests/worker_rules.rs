@@ -568,6 +568,71 @@ fn p8_a_conflict_while_an_earlier_commit_of_ours_may_land_is_resolved_by_reading
 }
 
 #[test]
+fn p8_a_commit_not_landed_yet_stays_in_doubt_so_a_conflict_on_its_retry_is_no_loss() {
+    let mut r = running(1);
+    r.auto = false;
+    // A commit's answer times out; the write is still pending (a stream leader cut off from its
+    // followers holds it) and the read shows the record unchanged.
+    let a = r.feed(Input::Commit { split: sid("s0"), epoch: Epoch(1), progress: Bytes::from_static(b"10") });
+    let (op, bucket, first) = r.pending.remove(0);
+    assert_eq!(op, op_of(&a, 0));
+    let a = r.answer(op, Err(StoreError::Indeterminate("no acknowledgement".into())));
+    let a = r.apply(op_of(&a, 0));
+    assert!(
+        a.contains(&Action::CommitDone {
+            split: sid("s0"),
+            epoch: Epoch(1),
+            outcome: CommitOutcome::Retryable
+        }),
+        "{a:?}"
+    );
+    // The retry is refused because of the pending write (NATS-NOTES: the leader checks the
+    // expected revision against what it holds), and the record still reads unchanged: no loss.
+    let a = r.feed(Input::Commit { split: sid("s0"), epoch: Epoch(1), progress: Bytes::from_static(b"20") });
+    let retry = op_of(&a, 0);
+    r.pending.retain(|(o, _, _)| *o != retry);
+    let a = r.answer(retry, Err(StoreError::RevisionMismatch(keys::split(&sid("s0")))));
+    let lost = |a: &[Action]| {
+        a.iter().any(|x| {
+            matches!(x, Action::StopLane { .. } | Action::CommitDone { outcome: CommitOutcome::Lost, .. })
+        })
+    };
+    assert!(!lost(&a), "{a:?}");
+    let a = r.apply(op_of(&a, 0));
+    assert!(!lost(&a), "{a:?}");
+    assert!(
+        a.contains(&Action::CommitDone {
+            split: sid("s0"),
+            epoch: Epoch(1),
+            outcome: CommitOutcome::Retryable
+        }),
+        "{a:?}"
+    );
+    // Then the first write lands after all: the next commit conflicts with it, a read adopts it,
+    // and the commit after that lands on top of it.
+    r.kv.apply(bucket, &first).0.expect("the first commit lands late");
+    let a = r.feed(Input::Commit { split: sid("s0"), epoch: Epoch(1), progress: Bytes::from_static(b"20") });
+    let a = r.apply(op_of(&a, 0));
+    assert!(!lost(&a), "{a:?}");
+    let a = r.apply(op_of(&a, 0));
+    assert!(
+        a.contains(&Action::CommitDone {
+            split: sid("s0"),
+            epoch: Epoch(1),
+            outcome: CommitOutcome::Retryable
+        }),
+        "{a:?}"
+    );
+    let a = r.feed(Input::Commit { split: sid("s0"), epoch: Epoch(1), progress: Bytes::from_static(b"20") });
+    let a = r.apply(op_of(&a, 0));
+    assert!(
+        a.contains(&Action::CommitDone { split: sid("s0"), epoch: Epoch(1), outcome: CommitOutcome::Ok }),
+        "{a:?}"
+    );
+    assert_eq!(r.kv.record("s0").progress.as_deref(), Some(&b"20"[..]));
+}
+
+#[test]
 fn p8_commits_cas_against_our_own_last_write_and_a_lost_swap_stops_the_lane_at_once() {
     let mut r = running(1);
     r.auto = false;

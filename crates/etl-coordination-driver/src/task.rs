@@ -16,7 +16,7 @@ use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info, trace, warn};
 
 use crate::config::{DriverConfig, JobStores, OnStall};
 use crate::lane::{Lane, LaneMsg, Lanes, Stop};
@@ -220,8 +220,10 @@ impl<S: Store, P: Planner> Task<S, P> {
 
     fn handle(&mut self, input: Input) {
         let now = self.now();
+        trace!(?now, ?input, "core input");
         let actions = self.worker.handle(now, input);
         for action in actions {
+            trace!(?action, "core action");
             self.act(action);
         }
     }

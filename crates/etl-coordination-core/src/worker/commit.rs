@@ -108,12 +108,18 @@ impl Worker {
             return self.commit_applied(&id, entry.revision);
         }
         // Only the owner of this epoch writes a record without bumping the epoch, so an unchanged
-        // owner and epoch prove nobody else wrote: our earlier in-doubt write moved the revision.
+        // owner and epoch prove nobody else wrote: our earlier in-doubt write moved the revision,
+        // or (the revision we know) it has not landed yet. Not landed yet is not never: a write
+        // past its timeout can still land, and a stream leader refuses a CAS against the old
+        // revision while it holds our earlier write unreplicated. So it stays in doubt, and a
+        // conflict on the retry is read again instead of taken as a loss.
         if rec.epoch == h.epoch && rec.owner.as_ref() == Some(&self.me) && rec.state == SplitState::Owned {
             let h = self.held.get_mut(&id).expect("held");
-            h.record_rev = entry.revision;
-            h.record = rec;
-            h.record_in_doubt = false;
+            if entry.revision > h.record_rev {
+                h.record_rev = entry.revision;
+                h.record = rec;
+                h.record_in_doubt = false;
+            }
             return self.finish_commit(&id, CommitOutcome::Retryable);
         }
         self.commit_lost(&id);

@@ -129,11 +129,12 @@ impl Worker {
         if rec.epoch == h.epoch && rec.owner.as_ref() == Some(&self.me) && rec.state == SplitState::Owned {
             // Still ours: only this tenancy wrote since (an earlier in-doubt commit landed). End
             // from what is durable now, never from our older copy: progress must not regress (I1).
+            // Our earlier write stays in doubt while the revision has not moved (it may land yet).
             let end = h.end.clone().expect("ending has an end");
             h.end_write = Some(end_record(&self.cfg, &rec, &end));
+            h.record_in_doubt &= entry.revision == h.record_rev;
             h.record = rec;
             h.record_rev = entry.revision;
-            h.record_in_doubt = false;
             return self.write_end(&id);
         }
         // Someone else owns it now: this tenancy is over.
