@@ -345,7 +345,8 @@ fn a_second_process_with_a_live_instance_id_exits_with_an_actionable_error() {
 fn coordination_continues_when_a_cluster_node_is_lost() {
     let mut cluster = NatsCluster::start(3);
     let url = cluster.urls();
-    let (tmp, data) = dataset(6, 300);
+    // Splits of 10 s: the job outlasts a steal (if one worker took every split first) and the loss.
+    let (tmp, data) = dataset(6, 1000);
     let expected = input_keys(&data).unwrap();
     let job = job("clusterloss");
     let spawn = |id: &str| {
@@ -367,7 +368,7 @@ fn coordination_continues_when_a_cluster_node_is_lost() {
                 "--lease-duration",
                 "15s",
                 "--split-size",
-                "15000",
+                "50000",
                 "--record-delay-ms",
                 "10",
                 "--nats-op-timeout",
@@ -378,21 +379,9 @@ fn coordination_continues_when_a_cluster_node_is_lost() {
             .spawn()
             .unwrap()
     };
-    // The cluster elects its JetStream meta leader within seconds; workers retry until ready
-    // (a worker that cannot create its buckets exits 1, so start them once the cluster answers).
-    let t = Instant::now();
-    let mut a = spawn("ca");
-    while t.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(500));
-        match a.try_wait().unwrap() {
-            Some(_) => a = spawn("ca"),
-            None if JsonlSink::read(&tmp.path().join("ca.jsonl")).map(|l| !l.is_empty()).unwrap_or(false) => {
-                break;
-            }
-            None => {}
-        }
-    }
-    let mut b = spawn("cb");
+    // Both work when the node is lost (setup waits out a cluster still electing).
+    let (mut a, mut b) = (spawn("ca"), spawn("cb"));
+    wait_for_records(&tmp.path().join("ca.jsonl"), 20, &mut a);
     wait_for_records(&tmp.path().join("cb.jsonl"), 20, &mut b);
     // Lose one node for good.
     cluster.nodes[2].kill();
