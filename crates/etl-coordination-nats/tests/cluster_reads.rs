@@ -1,6 +1,7 @@
 //! Reads that decide something must not go backwards: on a 3-node cluster with buckets of 3
 //! replicas, a get right after an acknowledged write returns that write, through a connection
-//! to any node, also while a follower is down or lagging behind. With direct gets (what
+//! to any node, also while a follower is down or lagging behind (where a read may also fail:
+//! "unavailable" decides nothing in the core, an older answer would). With direct gets (what
 //! async-nats uses by default) the healthy phase alone fails: NATS-NOTES measured about one
 //! read in forty answered by a replica that had not applied the write yet.
 //!
@@ -29,14 +30,25 @@ async fn state_store(url: &str, job: &JobName) -> NatsStore {
     panic!("cannot connect to {url}: {last:?}")
 }
 
+/// Which reads may fail (answer "unavailable", which decides nothing) instead of answering.
+#[derive(Clone, Copy, PartialEq)]
+enum MayFail {
+    Never,
+    /// Reads through this node (cut off from the leader).
+    Node(usize),
+    /// Any read, now and then: a cluster that lost a node re-elects its JetStream meta leader
+    /// (if it was the lost one) and answers "temporarily unavailable" meanwhile.
+    Any,
+}
+
 /// Writes `rounds` new values and reads each back at once through every reader; returns how
-/// many reads failed (allowed only through `may_fail`). A read that returns an older revision
+/// many reads failed (allowed only as `may_fail` says). A read that returns an older revision
 /// fails the test.
 async fn write_then_read(
     rounds: usize,
     writer: &NatsStore,
     readers: &[(usize, &NatsStore)],
-    may_fail: Option<usize>,
+    may_fail: MayFail,
     key: &Key,
     rev: &mut Revision,
     phase: &str,
@@ -53,7 +65,7 @@ async fn write_then_read(
                     "{phase}, round {round}: read through node {node} went backwards"
                 ),
                 Ok(None) => panic!("{phase}, round {round}: read through node {node} found nothing"),
-                Err(e) if may_fail == Some(*node) => {
+                Err(e) if may_fail == MayFail::Node(*node) || may_fail == MayFail::Any => {
                     assert!(matches!(e, StoreError::Unavailable(_)), "{e:?}");
                     failed += 1;
                 }
@@ -100,13 +112,14 @@ async fn a_read_after_an_acknowledged_write_returns_it_also_with_a_follower_down
     let all: Vec<(usize, &NatsStore)> = stores.iter().enumerate().collect();
 
     // Healthy: every node returns the write.
-    write_then_read(300, &stores[leader], &all, None, &key, &mut rev, "healthy").await;
+    write_then_read(300, &stores[leader], &all, MayFail::Never, &key, &mut rev, "healthy").await;
 
     // A follower lags (its route links stalled): the leader and the other follower are a
     // quorum, so writes are acknowledged; reads through the lagging node reach the leader or
     // fail (the route is stalled), but never answer from the stale replica.
     cluster.stall_node(follower);
-    let failed = write_then_read(10, &stores[leader], &all, Some(follower), &key, &mut rev, "lagging").await;
+    let failed =
+        write_then_read(10, &stores[leader], &all, MayFail::Node(follower), &key, &mut rev, "lagging").await;
     assert!(failed > 0, "reads through the stalled follower reached the leader: it was not cut off");
     cluster.heal_node(follower);
     println!("lagging follower: {failed} of 10 reads through it failed, none went backwards");
@@ -115,6 +128,9 @@ async fn a_read_after_an_acknowledged_write_returns_it_also_with_a_follower_down
     cluster.nodes[other].kill();
     settle(&stores[leader], &key, &mut rev).await;
     let up: Vec<(usize, &NatsStore)> = all.iter().copied().filter(|(i, _)| *i != other).collect();
-    write_then_read(200, &stores[leader], &up, None, &key, &mut rev, "follower down").await;
+    let failed =
+        write_then_read(200, &stores[leader], &up, MayFail::Any, &key, &mut rev, "follower down").await;
+    assert!(failed <= 20, "{failed} of 400 reads with a follower down failed");
+    println!("follower down: {failed} of 400 reads unavailable, none went backwards");
     cluster.nodes[other].restart();
 }
