@@ -29,7 +29,11 @@ impl Clock {
         let since = local.0.saturating_sub(self.offset_us) as i128;
         let t = since * 1_000_000 / (1_000_000 + self.drift_ppm as i128);
         let mut g = Timestamp(t.max(0) as u64);
-        // Integer rounding: step forward until the clock really reads `local`.
+        // Integer rounding (a slow clock reads the same microsecond at two global times): step
+        // back while an earlier time reads it too, forward until the clock really reads `local`.
+        while g.0 > 0 && self.local(Timestamp(g.0 - 1)) >= local {
+            g = Timestamp(g.0 - 1);
+        }
         while self.local(g) < local {
             g = Timestamp(g.0 + 1);
         }
