@@ -47,9 +47,10 @@ impl NatsServer {
     }
 
     /// A server named `name` with `extra` configuration (a cluster block, or JetStream off).
+    /// Free ports are picked by binding port 0 and letting go, so another process may take
+    /// one before the server binds it: then the server starts again on fresh ports.
     fn spawn(name: &str, extra: &str) -> NatsServer {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let (port, monitor) = (free_port(), free_port());
+        let mut dir = tempfile::tempdir().expect("temp dir");
         let config = dir.path().join("nats.conf");
         let store = dir.path().join("js");
         let jetstream = if extra.contains("jetstream: disabled") {
@@ -57,17 +58,36 @@ impl NatsServer {
         } else {
             format!("jetstream {{ store_dir: {:?} }}", store.display().to_string())
         };
-        let text = format!(
-            "server_name: {name}\nlisten: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\n{jetstream}\n{extra}\n"
-        );
-        std::fs::write(&config, text).expect("write nats.conf");
-        let mut s = NatsServer { child: None, name: name.to_owned(), port, monitor, config, dir };
-        s.restart();
-        s
+        let mut tries = 0;
+        loop {
+            let (port, monitor) = (free_port(), free_port());
+            let text = format!(
+                "server_name: {name}\nlisten: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\n{jetstream}\n{extra}\n"
+            );
+            std::fs::write(&config, text).expect("write nats.conf");
+            let mut s =
+                NatsServer { child: None, name: name.to_owned(), port, monitor, config: config.clone(), dir };
+            match s.launch() {
+                Ok(()) => return s,
+                Err(log) if log.contains("address already in use") && tries < 5 => {
+                    tries += 1;
+                    dir = std::mem::replace(&mut s.dir, tempfile::tempdir().expect("temp dir"));
+                }
+                Err(log) => panic!("{name} did not start: {log}"),
+            }
+        }
     }
 
     /// Starts the server again (same ports, same data) after [`kill`](Self::kill).
     pub fn restart(&mut self) {
+        if let Err(log) = self.launch() {
+            panic!("{} did not start again: {log}", self.name);
+        }
+    }
+
+    /// Starts the process and waits until it says it is ready; its log if it exits first or
+    /// is not ready within 15 s.
+    fn launch(&mut self) -> Result<(), String> {
         assert!(self.child.is_none(), "{} is running", self.name);
         let log = std::fs::File::create(self.dir.path().join("server.log")).expect("log file");
         let child = Command::new(bin())
@@ -79,10 +99,15 @@ impl NatsServer {
             .expect("nats-server starts");
         self.child = Some(child);
         let t = Instant::now();
-        while TcpStream::connect(loopback(self.port)).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(15), "{} did not listen: {}", self.name, self.log());
+        while !self.log().contains("Server is ready") {
+            let exited = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()).is_some();
+            if exited || t.elapsed() > Duration::from_secs(15) {
+                self.kill();
+                return Err(self.log());
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
+        Ok(())
     }
 
     /// Kills the server (SIGKILL, like a crash); [`restart`](Self::restart) brings it back.
