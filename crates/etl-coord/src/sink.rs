@@ -36,9 +36,15 @@ pub struct JsonlSink {
 }
 
 impl JsonlSink {
-    /// Appends to `path` (created if missing).
+    /// Appends to `path` (created if missing). A line a crash cut short (no newline at the end
+    /// of the file) is cut off first: its record was never committed, so it is emitted again.
     pub fn open(path: &Path) -> std::io::Result<Self> {
-        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        let file = OpenOptions::new().create(true).append(true).read(true).open(path)?;
+        let bytes = std::fs::read(path)?;
+        if bytes.last().is_some_and(|b| *b != b'\n') {
+            let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+            file.set_len(whole as u64)?;
+        }
         Ok(JsonlSink { out: Arc::new(Mutex::new(Some(BufWriter::new(file)))) })
     }
 
@@ -68,14 +74,50 @@ impl JsonlSink {
         Ok(())
     }
 
-    /// Reads a sink file back (for checks).
+    /// Reads a sink file back (for checks). A last line without its newline is a write in
+    /// progress, or one a crash cut short (never committed): it is not read.
     pub fn read(path: &Path) -> std::io::Result<Vec<SinkLine>> {
-        let text = std::fs::read_to_string(path)?;
+        let mut text = std::fs::read_to_string(path)?;
+        if !text.ends_with('\n') {
+            text.truncate(text.rfind('\n').map_or(0, |i| i + 1));
+        }
         text.lines()
             .filter(|l| !l.trim().is_empty())
             .map(|l| {
                 serde_json::from_str(l).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(record: &str) -> SinkLine {
+        SinkLine { split: "s".into(), record: record.into(), epoch: 1, instance: "w".into(), at_ms: 0 }
+    }
+
+    #[test]
+    fn a_line_cut_short_by_a_crash_is_not_read_and_is_cut_off_when_the_sink_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.jsonl");
+        let sink = JsonlSink::open(&path).unwrap();
+        sink.write(&line("a")).unwrap();
+        sink.write(&line("b")).unwrap();
+        sink.flush().unwrap();
+        drop(sink);
+        // A SIGKILL while the buffer was being written: half a line, no newline.
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(br#"{"split":"s","rec"#).unwrap();
+        drop(f);
+        let records =
+            |p: &Path| JsonlSink::read(p).unwrap().into_iter().map(|l| l.record).collect::<Vec<_>>();
+        assert_eq!(records(&path), ["a", "b"]);
+        // The restarted process appends after the last whole line.
+        let sink = JsonlSink::open(&path).unwrap();
+        sink.write(&line("c")).unwrap();
+        sink.flush().unwrap();
+        assert_eq!(records(&path), ["a", "b", "c"]);
     }
 }
