@@ -54,6 +54,9 @@ pub(crate) struct View {
     pub quarantined: usize,
     pub workers: BTreeMap<InstanceId, (Revision, PresenceRecord)>,
     pub leader: Option<(Revision, LeaderRecord)>,
+    /// The newest revision of the leader key seen (put or delete): a read of it at an older
+    /// revision comes from a lagging replica and decides nothing.
+    pub leader_seen: Revision,
     pub plan_head: Option<(Revision, PlanHead)>,
 }
 
@@ -72,6 +75,7 @@ impl View {
             quarantined: 0,
             workers: BTreeMap::new(),
             leader: None,
+            leader_seen: Revision(0),
             plan_head: None,
         }
     }

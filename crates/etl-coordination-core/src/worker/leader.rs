@@ -4,7 +4,7 @@
 use crate::ids::{OpId, Revision};
 use crate::io::{Event, PlanKind};
 use crate::records::{self, LeaderRecord, ManifestRef, PlanHead, PlanStatus, keys};
-use crate::store::{Bucket, StoreRequest, StoreResult};
+use crate::store::{Bucket, StoreError, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 
 use super::outbox::{Pending, Read, Written};
@@ -102,7 +102,11 @@ impl Worker {
         if !is_attempt && !is_renewal {
             return;
         }
-        let read = Read::of(result);
+        let mut read = Read::of(result);
+        if matches!(&read, Read::Found(e) if e.revision < self.view.leader_seen) {
+            // A lagging replica (the watch already showed a newer revision): decides nothing.
+            read = Read::Failed(StoreError::Unavailable("a stale read of the leader key".into()));
+        }
         let mine = match &read {
             Read::Found(e) => records::decode::<LeaderRecord>(&e.value)
                 .ok()

@@ -127,6 +127,7 @@ impl Worker {
                         Err(e) => undecodable(self, e),
                     }
                 } else if entry.key == keys::leader() {
+                    self.view.leader_seen = self.view.leader_seen.max(entry.revision);
                     match records::decode::<LeaderRecord>(&entry.value) {
                         Ok(l) => {
                             if self.view.leader.as_ref().is_none_or(|(r, _)| *r <= entry.revision) {
@@ -262,10 +263,13 @@ impl Worker {
                     if self.view.workers.get(&inst).is_some_and(|(r, _)| *r < rev) {
                         self.view.workers.remove(&inst);
                     }
-                } else if key == keys::leader() && self.view.leader.as_ref().is_some_and(|(r, _)| *r < rev) {
-                    self.view.leader = None;
-                    if self.leader.as_ref().is_some_and(|l| l.rev < rev) {
-                        self.step_down();
+                } else if key == keys::leader() {
+                    self.view.leader_seen = self.view.leader_seen.max(rev);
+                    if self.view.leader.as_ref().is_some_and(|(r, _)| *r < rev) {
+                        self.view.leader = None;
+                        if self.leader.as_ref().is_some_and(|l| l.rev < rev) {
+                            self.step_down();
+                        }
                     }
                 }
             }
