@@ -6,7 +6,9 @@ mod rig;
 use std::time::Duration;
 
 use bytes::Bytes;
-use etl_coordination_core::records::{self, Meta, PresenceRecord, SplitRecord, SplitState, keys};
+use etl_coordination_core::records::{
+    self, LeaderRecord, Meta, PresenceRecord, SplitRecord, SplitState, keys,
+};
 use etl_coordination_core::*;
 use rig::*;
 
@@ -248,6 +250,80 @@ fn p4_a_deposed_leaders_publication_loses_its_swap() {
     assert!(stored.term >= 2);
     assert!(r.log.contains(&Action::Event(Event::Leadership { leader: false, term: 1 })), "{:?}", r.log);
     assert!(r.started().is_empty());
+}
+
+#[test]
+fn p4_a_read_of_the_leader_key_older_than_one_seen_makes_nobody_leader() {
+    // w1 leads, then its renewals go unanswered: it steps down with the key still naming it.
+    let mut r = running(1);
+    r.auto = false;
+    r.expire = false;
+    let leader_rev = r.kv.get(Bucket::Lease, "leader").unwrap().revision;
+    let is_leader_write = |q: &StoreRequest| matches!(q, StoreRequest::CompareAndSwap { key, .. } | StoreRequest::Create { key, .. } if key.as_str() == "leader");
+    let mut stepped_down = false;
+    for _ in 0..8 {
+        r.advance(Duration::from_millis(500));
+        stepped_down |=
+            r.log.iter().any(|a| matches!(a, Action::Event(Event::Leadership { leader: false, .. })));
+        if stepped_down {
+            break;
+        }
+        for (op, _, _) in std::mem::take(&mut r.pending) {
+            r.answer(op, Err(StoreError::Unavailable("down".into())));
+        }
+    }
+    assert!(stepped_down, "{:?}", r.log);
+    for (op, _, _) in std::mem::take(&mut r.pending) {
+        r.answer(op, Err(StoreError::Unavailable("down".into())));
+    }
+    // It tries to take the key back by CAS; the answer is lost, so it reads the key.
+    let mut attempt = None;
+    for _ in 0..4 {
+        attempt = r
+            .pending
+            .iter()
+            .find(|(_, b, q)| *b == Bucket::Lease && is_leader_write(q))
+            .map(|(op, _, _)| *op);
+        if attempt.is_some() {
+            break;
+        }
+        r.advance(Duration::from_millis(500));
+    }
+    let op = attempt.expect("a new attempt at the leader key");
+    let a = r.answer(op, Err(StoreError::Indeterminate("no answer".into())));
+    let read = op_of(&a, 0);
+    // Meanwhile its watch shows the key expire and a peer take it.
+    let w2 = LeaderRecord { owner: Owner { instance: id("w2"), incarnation: Incarnation(2) }, term: 0 };
+    r.feed(Input::Watch {
+        watch: WatchId::Leases,
+        event: WatchEvent::Delete {
+            key: keys::leader(),
+            revision: Revision(leader_rev.0 + 100),
+            cause: DeleteCause::Expired,
+        },
+    });
+    r.feed(Input::Watch {
+        watch: WatchId::Leases,
+        event: WatchEvent::Put(Entry {
+            key: keys::leader(),
+            value: records::encode(&w2),
+            revision: Revision(leader_rev.0 + 101),
+        }),
+    });
+    r.take_log();
+    // A lagging replica answers the read with the old key, still naming w1: that decides nothing.
+    let mine = LeaderRecord { owner: Owner { instance: id("w1"), incarnation: Incarnation(1) }, term: 0 };
+    let stale = Entry { key: keys::leader(), value: records::encode(&mine), revision: leader_rev };
+    r.answer(read, Ok(StoreReply::Value(Some(stale))));
+    r.advance(Duration::from_millis(100));
+    let bumps =
+        r.pending.iter().filter(|(_, _, q)| matches!(q, StoreRequest::CompareAndSwap { key, .. } | StoreRequest::Create { key, .. } if key.as_str() == "plan.head")).count();
+    assert_eq!(bumps, 0, "no term bump: {:?}", r.pending);
+    assert!(
+        !r.log.iter().any(|a| matches!(a, Action::Event(Event::Leadership { leader: true, .. }))),
+        "{:?}",
+        r.log
+    );
 }
 
 fn plan_request(r: &Rig) -> u64 {
