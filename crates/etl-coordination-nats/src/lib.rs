@@ -211,6 +211,29 @@ pub async fn connect(config: &NatsConfig, job: &JobName) -> Result<NatsJob, Stor
 /// "temporarily unavailable", a bucket not yet visible on every node) before giving up.
 const SETUP_WINDOW: Duration = Duration::from_secs(15);
 
+/// Pauses between setup attempts: growing by 50 ms up to 500 ms, within [`SETUP_WINDOW`].
+struct SetupRetry {
+    deadline: tokio::time::Instant,
+    attempt: u64,
+}
+
+impl SetupRetry {
+    fn new() -> Self {
+        SetupRetry { deadline: tokio::time::Instant::now() + SETUP_WINDOW, attempt: 0 }
+    }
+
+    /// Waits before the next attempt; false (without waiting) once the window is used up.
+    async fn pause(&mut self) -> bool {
+        self.attempt += 1;
+        let pause = Duration::from_millis((50 * self.attempt).min(500));
+        if tokio::time::Instant::now() + pause > self.deadline {
+            return false;
+        }
+        tokio::time::sleep(pause).await;
+        true
+    }
+}
+
 /// The account's JetStream information (P1). A cluster still electing its meta leader answers
 /// "temporarily unavailable" and a loaded server answers late: both are retried for
 /// [`SETUP_WINDOW`] and then reported as unavailable. No responders (JetStream is not enabled)
@@ -226,8 +249,7 @@ async fn query_account(
             config.url
         ))
     };
-    let deadline = tokio::time::Instant::now() + SETUP_WINDOW;
-    let mut attempt = 0u64;
+    let mut retry = SetupRetry::new();
     loop {
         let last = match tokio::time::timeout(config.op_timeout, js.query_account()).await {
             Ok(Ok(account)) => return Ok(account),
@@ -240,15 +262,12 @@ async fn query_account(
                 K::JetStream(_) | K::JetStreamUnavailable => return Err(not_enabled(&e)),
             },
         };
-        attempt += 1;
-        let pause = Duration::from_millis((50 * attempt).min(500));
-        if tokio::time::Instant::now() + pause > deadline {
+        if !retry.pause().await {
             return Err(StoreError::Unavailable(format!(
                 "JetStream at {} did not answer within {SETUP_WINDOW:?} ({last}); check that the server (or a quorum of the cluster) runs",
                 config.url
             )));
         }
-        tokio::time::sleep(pause).await;
     }
 }
 
@@ -303,8 +322,7 @@ async fn open_or_create(
     cfg: kv::Config,
     stream: &str,
 ) -> Result<(kv::Store, jetstream::stream::Stream, jetstream::stream::Config), StoreError> {
-    let deadline = tokio::time::Instant::now() + SETUP_WINDOW;
-    let mut attempt = 0u64;
+    let mut retry = SetupRetry::new();
     loop {
         let kv = match js.get_key_value(&cfg.bucket).await {
             Ok(kv) => Ok(kv),
@@ -320,15 +338,12 @@ async fn open_or_create(
             },
             Err(e) => e,
         };
-        attempt += 1;
-        let pause = Duration::from_millis((50 * attempt).min(500));
-        if tokio::time::Instant::now() + pause > deadline {
+        if !retry.pause().await {
             return Err(StoreError::Unavailable(format!(
                 "cannot create or open bucket {} ({last})",
                 cfg.bucket
             )));
         }
-        tokio::time::sleep(pause).await;
     }
 }
 
