@@ -139,13 +139,7 @@ impl Worker {
             // says it is ours (a store outage outlived our lease, say). The CAS against our last
             // write does nothing if someone else moved the record; a claimer racing it re-bases
             // on the release and charges no attempt (P12: an outage is no evidence of poison).
-            let request = StoreRequest::CompareAndSwap {
-                key: keys::split(id),
-                expected: h.record_rev,
-                value: records::encode(&self.release_record(&h.record)),
-                ttl: None,
-            };
-            self.send(Bucket::State, request, Pending::Cleanup);
+            self.release_if_unmoved(id, h.record_rev, &h.record);
         }
         self.blocked.insert(id.clone());
         // If the lease still names us after all (a renewal landed just before the fence), give
@@ -213,10 +207,16 @@ impl Worker {
         if !h.resuming {
             return;
         }
+        self.release_if_unmoved(id, h.record_rev, &h.base);
+    }
+
+    /// A best-effort release of `record` (the tenancy is over): a CAS against our last write,
+    /// `expected`, which does nothing if someone else moved the record meanwhile.
+    fn release_if_unmoved(&mut self, id: &SplitId, expected: Revision, record: &SplitRecord) {
         let request = StoreRequest::CompareAndSwap {
             key: keys::split(id),
-            expected: h.record_rev,
-            value: records::encode(&self.release_record(&h.base)),
+            expected,
+            value: records::encode(&self.release_record(record)),
             ttl: None,
         };
         self.send(Bucket::State, request, Pending::Cleanup);
