@@ -1042,3 +1042,136 @@ fn records_never_name_a_split_the_manifest_does_not_list() {
     }
     let _ = SplitRecord::new();
 }
+
+/// Answers every pending request in order (applied, with its watch events), except reads of
+/// `split`'s descriptor, answered absent (as a replica lagging behind its write would), until
+/// `until`; returns how many reads were answered absent.
+fn answer_descriptor_absent(r: &mut Rig, split: &str, until: Timestamp) -> usize {
+    let desc = format!("desc.{split}");
+    let mut misses = 0;
+    while r.now < until {
+        while !r.pending.is_empty() {
+            let is_desc = matches!(&r.pending[0].2, StoreRequest::Get { key } if key.as_str() == desc);
+            if is_desc {
+                let op = r.pending[0].0;
+                r.answer(op, Ok(StoreReply::Value(None)));
+                misses += 1;
+            } else {
+                r.apply_and_answer(0, None);
+            }
+        }
+        r.advance(Duration::from_millis(100));
+    }
+    misses
+}
+
+fn record_writes(r: &Rig, split: &str) -> usize {
+    let key = format!("split.{split}");
+    r.kv.history
+        .iter()
+        .filter(|(b, q)| {
+            *b == Bucket::State
+                && matches!(q, StoreRequest::CompareAndSwap { key: k, .. } if k.as_str() == key)
+        })
+        .count()
+}
+
+#[test]
+fn p12_a_missing_descriptor_is_read_again_for_a_lease_duration_before_it_counts() {
+    let mut r = Rig::new(cfg("w1", 1));
+    r.plan = Some(plan(1, PlanKind::Final));
+    r.auto = false;
+    r.feed(Input::Start);
+    // Seeds 104120 and 201380: a replica lagging behind the descriptor's write answered every
+    // re-read absent. Well inside a lease duration (3 s), many absent reads decide nothing.
+    let misses = answer_descriptor_absent(&mut r, "s0", Timestamp::from_millis(2_000));
+    assert!(misses >= 5, "re-read {misses} times");
+    assert_eq!(record_writes(&r, "s0"), 0, "no claim, no failure while the descriptor may be lagging");
+    // The replica catches up: the claim is written and the lane starts, no attempt charged.
+    r.auto = true;
+    let pending: Vec<_> = std::mem::take(&mut r.pending);
+    for (op, bucket, req) in pending {
+        r.answer_applied(op, bucket, &req);
+    }
+    r.advance(Duration::from_millis(500));
+    assert_eq!(r.started(), vec![(sid("s0"), Epoch(1))]);
+    assert_eq!(r.kv.record("s0").attempts, 0);
+}
+
+#[test]
+fn p12_a_descriptor_absent_for_a_lease_duration_makes_the_split_unprocessable() {
+    let mut r = Rig::new(cfg("w1", 1));
+    r.plan = Some(plan(1, PlanKind::Final));
+    r.auto = false;
+    r.feed(Input::Start);
+    answer_descriptor_absent(&mut r, "s0", Timestamp::from_millis(6_000));
+    let rec = r.kv.record("s0");
+    assert_eq!(rec.last_error.as_deref(), Some("descriptor missing from the store"));
+    assert_eq!((rec.attempts, rec.owner), (1, None));
+    assert!(r.started().is_empty(), "no lane runs without its descriptor");
+}
+
+/// Answers pending requests in order (applied, with watch events) until one matches `want`,
+/// which is taken out unanswered.
+fn until_pending(r: &mut Rig, want: impl Fn(Bucket, &StoreRequest) -> bool) -> (OpId, Bucket, StoreRequest) {
+    for _ in 0..500 {
+        if let Some(i) = r.pending.iter().position(|(_, b, q)| want(*b, q)) {
+            return r.pending.remove(i);
+        }
+        assert!(!r.pending.is_empty(), "the worker went quiet before sending the request");
+        r.apply_and_answer(0, None);
+    }
+    panic!("the request was never sent")
+}
+
+#[test]
+fn p6_an_earlier_acquisition_found_landed_by_a_later_ones_read_is_given_back() {
+    let mut r = Rig::new(cfg("w1", 1));
+    r.plan = Some(plan(1, PlanKind::Final));
+    r.auto = false;
+    r.feed(Input::Start);
+    let lease_create = |b: Bucket, q: &StoreRequest| {
+        b == Bucket::Lease && matches!(q, StoreRequest::Create { key, .. } if key.as_str() == "split.s0")
+    };
+    let lease_read = |b: Bucket, q: &StoreRequest| {
+        b == Bucket::Lease && matches!(q, StoreRequest::Get { key } if key.as_str() == "split.s0")
+    };
+    // The first acquisition's lease write times out, and so does the read that would decide it:
+    // the acquisition is given up.
+    let (first, _, first_req) = until_pending(&mut r, lease_create);
+    r.answer(first, Err(StoreError::Indeterminate("no answer".into())));
+    let (read, _, _) = until_pending(&mut r, lease_read);
+    r.answer(read, Err(StoreError::Unavailable("no answer".into())));
+    // The next round tries again; its write is in doubt too, and meanwhile the first one
+    // lands (late, no watch event yet).
+    r.advance(Duration::from_secs(1));
+    let (second, _, _) = until_pending(&mut r, lease_create);
+    let (landed, _) = r.kv.apply(Bucket::Lease, &first_req);
+    assert!(landed.is_ok(), "{landed:?}");
+    let rev = r.kv.get(Bucket::Lease, "split.s0").expect("the first write landed").revision;
+    r.answer(second, Err(StoreError::Indeterminate("no answer".into())));
+    // The second acquisition's read finds a lease naming us, written by the first. How that
+    // write took the lease decides the acquisition reason and the attempt (P6, P12), and the
+    // second cannot know it (seed 56664): it gives the lease back and claims nothing.
+    let (read, bucket, req) = until_pending(&mut r, lease_read);
+    let a = r.answer_applied(read, bucket, &req);
+    let sent = store_requests(&a);
+    assert!(
+        sent.iter().any(|(b, q)| *b == Bucket::Lease
+            && matches!(q, StoreRequest::Delete { key, expected } if key.as_str() == "split.s0" && *expected == rev)),
+        "{sent:?}"
+    );
+    assert!(
+        !sent.iter().any(|(b, q)| *b == Bucket::State
+            && matches!(q, StoreRequest::Get { key } if key.as_str() == "desc.s0")),
+        "the acquisition went on with a lease it cannot account for: {sent:?}"
+    );
+    // Once given back, the split is claimed afresh (by a create, as what it is).
+    r.auto = true;
+    let pending: Vec<_> = std::mem::take(&mut r.pending);
+    for (op, bucket, req) in pending {
+        r.answer_applied(op, bucket, &req);
+    }
+    r.advance(Duration::from_secs(1));
+    assert_eq!(r.started(), vec![(sid("s0"), Epoch(1))]);
+}

@@ -11,7 +11,8 @@ use super::outbox::{Pending, Read, Written};
 use super::tenancy::{End, Held, Stage};
 use super::{Phase, Worker};
 
-/// Reads of an absent descriptor before the split is called unprocessable.
+/// Reads of an absent descriptor before the split is called unprocessable; they must also span
+/// at least a lease duration (see [`Worker::descriptor_gone`]).
 const DESC_MISSES_MAX: u32 = 5;
 
 impl Worker {
@@ -145,6 +146,7 @@ impl Worker {
                 end_write: None,
                 resuming: false,
                 desc_misses: 0,
+                desc_first_miss: None,
                 descriptor: None,
                 record_in_doubt: false,
             },
@@ -181,9 +183,9 @@ impl Worker {
     }
 
     /// The read decides an in-doubt acquisition. The lease counts as ours if it names us at
-    /// the epoch we set out to take; trust is credited from the send time only if the value is
-    /// the one this very write carried (an earlier attempt of ours may have written it, at a
-    /// time we no longer know): otherwise the lease is renewed at once to earn trust (P11).
+    /// the epoch we set out to take and carries this very write (trust is then credited from
+    /// its send time, P11). One written by an earlier attempt of ours is kept only by a resume
+    /// (renewed at once to earn trust); any other acquisition gives it back.
     pub(super) fn on_lease_acquire_resolve(
         &mut self,
         now: Timestamp,
@@ -229,9 +231,20 @@ impl Worker {
         };
         match mine {
             Some((rev, true)) => self.lease_acquired(&id, rev, sent),
-            Some((rev, false)) => {
+            // An earlier attempt of the same resume: the same tenancy, so keep it, but earn
+            // trust by a renewal.
+            Some((rev, false)) if self.held[&id].resuming => {
                 self.lease_acquired(&id, rev, Timestamp::ZERO);
                 self.renew_lease(now, &id);
+            }
+            // A given-up acquisition of ours landed late. How it took the lease (created after
+            // an expiry, or over a live owner's) decides the reason and whether the previous
+            // tenancy is charged an attempt (P6, P12), and this one cannot tell: give the lease
+            // back, and let the next acquisition decide from the store as it is then (seed 56664:
+            // a late create adopted by a steal called an expired tenancy stolen).
+            Some((rev, false)) => {
+                self.give_up_acquire(&id);
+                self.retire(keys::split(&id), rev);
             }
             None => self.give_up_acquire(&id),
         }
@@ -440,16 +453,20 @@ impl Worker {
                 }
             },
             // Descriptors are written before the manifest that lists them and never deleted, so
-            // an absent one is most likely a read from a lagging replica: read again a few
-            // times before calling the split unprocessable (P12: a stale read is no poison).
-            Read::Absent if self.held[&id].desc_misses + 1 >= DESC_MISSES_MAX => {
+            // an absent one is most likely a read from a lagging replica: read again, for at
+            // least a lease duration, before calling the split unprocessable (P12: a stale read
+            // is no poison).
+            Read::Absent if self.descriptor_gone(now, &id) => {
                 self.held.get_mut(&id).expect("held").end =
                     Some(unusable("descriptor missing from the store".into()));
                 self.write_claim(&id);
             }
             Read::Absent | Read::Failed(_) => {
                 let h = self.held.get_mut(&id).expect("held");
-                h.desc_misses += u32::from(matches!(read, Read::Absent));
+                if matches!(read, Read::Absent) {
+                    h.desc_misses += 1;
+                    h.desc_first_miss.get_or_insert(now);
+                }
                 h.op = None;
                 self.retry_later(
                     now,
@@ -459,6 +476,16 @@ impl Worker {
                 );
             }
         }
+    }
+
+    /// Whether one more absent read makes the descriptor missing for good: [`DESC_MISSES_MAX`]
+    /// absent reads, the first a lease duration ago or more. A count alone is not enough: the
+    /// re-reads are paced by the short retry backoff, and all of them could be answered by a
+    /// replica lagging behind the descriptor's write (seeds 104120 and 201380).
+    fn descriptor_gone(&self, now: Timestamp, id: &SplitId) -> bool {
+        let h = &self.held[id];
+        let since = h.desc_first_miss.unwrap_or(now);
+        h.desc_misses + 1 >= DESC_MISSES_MAX && now.saturating_since(since) >= self.cfg.tuning.lease_duration
     }
 
     /// Lease and record are ours: start the lane, or (quarantined by this claim, or the

@@ -42,8 +42,10 @@ pub(super) struct Held {
     pub(super) end_write: Option<SplitRecord>,
     /// A starved tenancy resuming under a new epoch (P11): no attempt, no acquisition event.
     pub(super) resuming: bool,
-    /// Reads that found no descriptor (possibly from a lagging replica).
+    /// Reads that found no descriptor (possibly from a lagging replica), and when the first
+    /// of them was answered.
     pub(super) desc_misses: u32,
+    pub(super) desc_first_miss: Option<Timestamp>,
     /// The split's descriptor, read before the claim.
     pub(super) descriptor: Option<Bytes>,
     /// A write of ours to the record may still land (its answer was in doubt): a conflict may
