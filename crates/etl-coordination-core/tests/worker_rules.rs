@@ -252,8 +252,10 @@ fn p4_a_deposed_leaders_publication_loses_its_swap() {
     assert!(r.started().is_empty());
 }
 
-#[test]
-fn p4_a_read_of_the_leader_key_older_than_one_seen_makes_nobody_leader() {
+/// w1 leads, then its renewals go unanswered: it steps down with the key still naming it, tries
+/// to take it back by CAS, and that CAS's answer is lost. Returns the rig, the read resolving
+/// the CAS (unanswered), and the key's revision (the one the CAS expects).
+fn deposed_leader_resolving() -> (Rig, OpId, Revision) {
     // w1 leads, then its renewals go unanswered: it steps down with the key still naming it.
     let mut r = running(1);
     r.auto = false;
@@ -292,6 +294,12 @@ fn p4_a_read_of_the_leader_key_older_than_one_seen_makes_nobody_leader() {
     let op = attempt.expect("a new attempt at the leader key");
     let a = r.answer(op, Err(StoreError::Indeterminate("no answer".into())));
     let read = op_of(&a, 0);
+    (r, read, leader_rev)
+}
+
+#[test]
+fn p4_a_read_of_the_leader_key_older_than_one_seen_makes_nobody_leader() {
+    let (mut r, read, leader_rev) = deposed_leader_resolving();
     // Meanwhile its watch shows the key expire and a peer take it.
     let w2 = LeaderRecord { owner: Owner { instance: id("w2"), incarnation: Incarnation(2) }, term: 0 };
     r.feed(Input::Watch {
@@ -885,8 +893,10 @@ fn p10_a_lane_past_its_drain_deadline_is_told_to_stop_at_once_and_its_split_rele
     assert!(lease_of(&mut r.kv, "s0").is_none());
 }
 
-#[test]
-fn p11_a_starved_tenancy_that_cannot_resume_releases_its_record_instead_of_leaving_it_owned() {
+/// A single worker runs s0; the store stops answering until the lane starves, then comes back:
+/// the next renewal lands and the tenancy tries to resume by moving its lease to epoch 2 by CAS.
+/// Returns the rig and that CAS, taken out of `pending` unanswered.
+fn starved_then_resuming() -> (Rig, OpId, StoreRequest) {
     let mut r = running(1);
     r.auto = false;
     r.expire = false;
@@ -903,8 +913,6 @@ fn p11_a_starved_tenancy_that_cannot_resume_releases_its_record_instead_of_leavi
         }
     }
     assert!(starved, "the lane starved");
-    // The store is back: the next renewal of the lease lands, so the tenancy resumes by moving
-    // its lease to epoch 2 by CAS; that CAS loses (someone else wrote the lease meanwhile).
     let mut resume_cas = None;
     for _ in 0..8 {
         r.advance(Duration::from_millis(500));
@@ -930,7 +938,15 @@ fn p11_a_starved_tenancy_that_cannot_resume_releases_its_record_instead_of_leavi
         }
     }
     let op = resume_cas.expect("the tenancy tried to resume under epoch 2");
-    r.pending.retain(|(o, _, _)| *o != op);
+    let i = r.pending.iter().position(|(o, _, _)| *o == op).expect("pending");
+    let (op, _, req) = r.pending.remove(i);
+    (r, op, req)
+}
+
+#[test]
+fn p11_a_starved_tenancy_that_cannot_resume_releases_its_record_instead_of_leaving_it_owned() {
+    // The resume's lease CAS loses (someone else wrote the lease meanwhile).
+    let (mut r, op, _) = starved_then_resuming();
     let a =
         r.feed(Input::StoreResult { op, result: Err(StoreError::RevisionMismatch(keys::split(&sid("s0")))) });
     let release = store_requests(&a).into_iter().find_map(|(b, q)| match q {
@@ -1174,4 +1190,76 @@ fn p6_an_earlier_acquisition_found_landed_by_a_later_ones_read_is_given_back() {
     }
     r.advance(Duration::from_secs(1));
     assert_eq!(r.started(), vec![(sid("s0"), Epoch(1))]);
+    let reasons: Vec<_> = r
+        .log
+        .iter()
+        .filter_map(|a| match a {
+            Action::Event(Event::Acquired { reason, .. }) => Some(*reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasons, vec![AcquisitionReason::Create]);
+}
+
+#[test]
+fn p11_a_resume_whose_resolving_read_lags_reads_again_and_resumes() {
+    let (mut r, op, req) = starved_then_resuming();
+    // The resume's CAS lands, but its answer is lost; the read that resolves it is answered by
+    // a replica lagging behind the lease's last renewal.
+    let known = match &req {
+        StoreRequest::CompareAndSwap { expected, .. } => *expected,
+        other => panic!("{other:?}"),
+    };
+    let (landed, _) = r.kv.apply(Bucket::Lease, &req);
+    assert!(landed.is_ok(), "{landed:?}");
+    let a = r.answer(op, Err(StoreError::Indeterminate("no answer".into())));
+    let read = op_of(&a, 0);
+    r.pending.retain(|(o, _, _)| *o != read);
+    let lease = records::LeaseRecord {
+        owner: Owner { instance: id("w1"), incarnation: Incarnation(1) },
+        epoch: Epoch(1),
+        write: 0,
+    };
+    let stale = Entry {
+        key: keys::split(&sid("s0")),
+        value: records::encode(&lease),
+        revision: Revision(known.0 - 1),
+    };
+    r.answer(read, Ok(StoreReply::Value(Some(stale))));
+    // It reads again, and the answer of that read decides: the tenancy resumes under epoch 2.
+    for _ in 0..6 {
+        r.advance(Duration::from_millis(500));
+        for (op, bucket, req) in std::mem::take(&mut r.pending) {
+            r.answer_applied(op, bucket, &req);
+        }
+    }
+    assert_eq!(r.started().last(), Some(&(sid("s0"), Epoch(2))), "{:?}", r.log);
+    assert_eq!(r.kv.record("s0").epoch, Epoch(2));
+}
+
+#[test]
+fn p4_a_read_finding_our_leader_key_unmoved_makes_nobody_leader_until_a_write_is_acknowledged() {
+    let (mut r, read, leader_rev) = deposed_leader_resolving();
+    // The read finds the key still naming w1 at the revision the CAS expected: the CAS has not
+    // landed (yet). Trust counted from the CAS's send time could outlive the key (P11).
+    r.take_log();
+    let mine = LeaderRecord { owner: Owner { instance: id("w1"), incarnation: Incarnation(1) }, term: 0 };
+    let unmoved = Entry { key: keys::leader(), value: records::encode(&mine), revision: leader_rev };
+    r.answer(read, Ok(StoreReply::Value(Some(unmoved))));
+    let leads =
+        |r: &Rig| r.log.iter().any(|a| matches!(a, Action::Event(Event::Leadership { leader: true, .. })));
+    assert!(!leads(&r), "{:?}", r.log);
+    // The next round takes the key back by a CAS whose answer is known: then it leads.
+    let mut retaken = false;
+    for _ in 0..4 {
+        r.advance(Duration::from_millis(500));
+        for (op, bucket, req) in std::mem::take(&mut r.pending) {
+            retaken |= matches!(&req, StoreRequest::CompareAndSwap { key, expected, .. } if key.as_str() == "leader" && *expected == leader_rev);
+            r.answer_applied(op, bucket, &req);
+        }
+        if leads(&r) {
+            break;
+        }
+    }
+    assert!(retaken && leads(&r), "{:?}", r.log);
 }

@@ -433,6 +433,9 @@ impl Worker {
             return;
         }
         let unusable = |error: String| End::Fail { error, unprocessable: true };
+        // Whether trust lapsed meanwhile (we were paused or cut off) on a plain claim: it gives
+        // the lease back rather than record a tenancy (see above).
+        let lapsed = |h: &Held| h.trusted_until <= now && !h.displaced();
         let read = Read::of(result);
         match read {
             Read::Found(ref e) => match records::decode::<Descriptor>(&e.value) {
@@ -440,13 +443,16 @@ impl Worker {
                     let h = self.held.get_mut(&id).expect("held");
                     h.descriptor = Some(d.descriptor);
                     h.op = None;
-                    if h.trusted_until <= now && !h.displaced() {
+                    if lapsed(h) {
                         return self.abandon(&id);
                     }
                     self.write_claim(&id);
                 }
                 Err(err) => {
                     self.event(Event::Undecodable { key: e.key.to_string(), error: err.to_string() });
+                    if lapsed(&self.held[&id]) {
+                        return self.abandon(&id);
+                    }
                     self.held.get_mut(&id).expect("held").end =
                         Some(unusable(format!("undecodable descriptor: {err}")));
                     self.write_claim(&id);
@@ -457,6 +463,9 @@ impl Worker {
             // least a lease duration, before calling the split unprocessable (P12: a stale read
             // is no poison).
             Read::Absent if self.descriptor_gone(now, &id) => {
+                if lapsed(&self.held[&id]) {
+                    return self.abandon(&id);
+                }
                 self.held.get_mut(&id).expect("held").end =
                     Some(unusable("descriptor missing from the store".into()));
                 self.write_claim(&id);

@@ -111,16 +111,25 @@ impl Worker {
             Read::Found(e) => records::decode::<LeaderRecord>(&e.value)
                 .ok()
                 .filter(|l| l.owner == self.me)
-                .map(|_| e.revision),
+                .map(|l| (e.revision, l)),
             Read::Absent | Read::Failed(_) => None,
         };
         if is_attempt {
+            // The key names us, but which write put it there cannot be told: this attempt, an
+            // earlier one landing late (sent earlier), or none since the revision this CAS
+            // expected (not landed yet). Trust counted from this attempt's send time could
+            // outlive the key (P11). Leadership waits for a write whose answer is known: the
+            // next round re-takes the key by CAS at the revision read.
             self.leader_attempt = None;
-            if let Some(rev) = mine {
-                self.become_leader(rev, sent);
+            if let Some((rev, l)) = mine {
+                self.view.leader_seen = self.view.leader_seen.max(rev);
+                if self.view.leader.as_ref().is_none_or(|(r, _)| *r <= rev) {
+                    self.view.leader = Some((rev, l));
+                }
             }
             return;
         }
+        let mine = mine.map(|(rev, _)| rev);
         let trust = self.cfg.tuning.lease_trust();
         let l = self.leader.as_mut().expect("leader");
         l.renewing = None;

@@ -161,6 +161,9 @@ impl Worker {
             Pending::RecordClaimRead { split } => {
                 self.held.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::WritingRecord)
             }
+            Pending::LeaseAcquireResolve { split, .. } => {
+                self.held.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::AcquiringLease)
+            }
             _ => true,
         }
     }
@@ -168,7 +171,9 @@ impl Worker {
     /// A retried op is the new current op of whatever it belongs to.
     pub(super) fn rebind_retry(&mut self, op: OpId, pending: &Pending) {
         match pending {
-            Pending::DescRead { split } | Pending::RecordClaimRead { split } => {
+            Pending::DescRead { split }
+            | Pending::RecordClaimRead { split }
+            | Pending::LeaseAcquireResolve { split, .. } => {
                 if let Some(h) = self.held.get_mut(split) {
                     h.op = Some(op);
                 }
