@@ -20,11 +20,56 @@ fn the_same_seed_replays_the_same_trace() {
     }
 }
 
+/// Every fault of the world's model, as the report counts it: a kind that stops being injected
+/// (a branch made unreachable, a probability set to zero) fails the sweep below.
+const FAULT_KINDS: &[&str] = &[
+    "bucket_unreachable_for_all",
+    "bucket_unreachable_for_one",
+    "clock_drifting",
+    "clock_jump_forward",
+    "crash_for_good",
+    "crash_restart_new_id",
+    "crash_restart_same_id",
+    "expiry_late",
+    "lane_slow_to_drain",
+    "lane_slow_to_stop",
+    "leader_killed",
+    "leader_killed_mid_plan",
+    "link_stalled",
+    "link_stalled_briefly",
+    "mixed_max_in_flight",
+    "op_timeout_beyond_lease",
+    "partition_one_worker",
+    "pause_longer_than_lease",
+    "pause_short",
+    "pending_write_dropped",
+    "plan_of_several_manifest_chunks",
+    "planner_error",
+    "planner_hang",
+    "planner_panic",
+    "poison_crash",
+    "renewal_erased_by_expiry",
+    "request_lost",
+    "response_lost",
+    "scale_down_drain",
+    "scale_up",
+    "stale_read",
+    "store_outage_long",
+    "store_outage_short",
+    "stream_leader_stuck_lease",
+    "stream_leader_stuck_state",
+    "watch_dropped",
+    "write_refused_while_one_is_pending",
+    "writes_fail_reads_succeed",
+];
+
 #[test]
 fn a_sweep_of_random_fault_schedules_keeps_every_invariant() {
     let mut outcomes = [0u32; 2];
+    let mut faults = std::collections::BTreeSet::new();
     for seed in 0..300 {
         let r = run(seed, &Options::for_seed(seed));
+        faults.extend(r.faults.keys().copied());
         assert!(
             r.violation.is_none(),
             "seed {seed}: {}\n  reproduce: cargo xtask sim --seed {seed}",
@@ -45,6 +90,10 @@ fn a_sweep_of_random_fault_schedules_keeps_every_invariant() {
         assert!(r.checks.values().sum::<u64>() > 0, "seed {seed} checked nothing");
     }
     assert!(outcomes[0] > 0 && outcomes[1] > 0, "both outcomes must occur: {outcomes:?}");
+    let missing: Vec<&str> = FAULT_KINDS.iter().copied().filter(|k| !faults.contains(k)).collect();
+    assert!(missing.is_empty(), "faults never injected in 300 seeds: {missing:?}");
+    let unknown: Vec<&str> = faults.iter().copied().filter(|k| !FAULT_KINDS.contains(k)).collect();
+    assert!(unknown.is_empty(), "faults injected but not listed here: {unknown:?}");
 }
 
 #[test]

@@ -536,7 +536,14 @@ impl Store for NatsStore {
                 None => expected = 0,
             }
         }
-        Err(StoreError::AlreadyExists(key.clone()))
+        // Refused every time, yet no live value to report: another write to the key is in
+        // process at the stream leader (it refuses expected-sequence publishes for a subject
+        // while one is uncommitted, e.g. cut off from its followers). That write may land or
+        // not; this create applied nothing.
+        Err(StoreError::Unavailable(format!(
+            "creating {key}: refused 5 times with no live value to report (another write to it is \
+             pending at the stream leader); nothing was written"
+        )))
     }
 
     async fn compare_and_swap(

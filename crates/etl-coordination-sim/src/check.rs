@@ -359,6 +359,29 @@ impl Checker {
         });
     }
 
+    /// P7: a tenancy is fenced only when somebody else moved its record or lease. A fence
+    /// while both still name the holder (and no other owner's write to them is waiting at a
+    /// stuck stream leader) is spurious: safe, but its work since the last commit is redone
+    /// elsewhere (e.g. a conflict on a retry that our own earlier write, still waiting at the
+    /// leader, caused).
+    pub fn on_fenced(
+        &mut self,
+        at: Timestamp,
+        id: &SplitId,
+        owner: &Owner,
+        record: Option<&SplitRecord>,
+        lease: Option<&LeaseRecord>,
+        foreign_write_waiting: bool,
+    ) {
+        let ours = record.is_some_and(|r| r.state == SplitState::Owned && r.owner.as_ref() == Some(owner))
+            && lease.is_some_and(|l| l.owner == *owner);
+        self.ensure(at, "P7", !ours || foreign_write_waiting, || {
+            format!(
+                "split {id}: {owner} fenced itself although its record and lease in the store still name it"
+            )
+        });
+    }
+
     /// P4: a split record deleted (garbage collection) must not belong to a published manifest.
     pub fn on_record_deleted(&mut self, at: Timestamp, id: &SplitId, writer: &Owner) {
         self.ensure(at, "P4", !self.published.contains(id), || {

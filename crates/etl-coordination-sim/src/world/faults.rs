@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use etl_coordination_core::{Bucket, Input};
 
-use super::net::bi;
+use super::net::{Stuck, bi};
 use super::{Ev, Status, World, ms};
 
 impl World {
@@ -163,6 +163,20 @@ impl World {
                 let life = self.slots[slot].life;
                 self.slots[slot].tick_at = Some(self.now);
                 self.schedule(Duration::ZERO, Ev::Tick { slot, life });
+            }
+            124..=128 => {
+                // A stream's leader loses its quorum: writes wait and land late or never.
+                let bucket = if self.rng.chance(0.5) { Bucket::State } else { Bucket::Lease };
+                if self.stuck[bi(bucket)].is_none() {
+                    let t = self.opts.op_timeout.as_millis() as u64;
+                    let dur = ms(self.rng.range(t / 2, (t * 2).max(lease * 2)));
+                    self.fault(match bucket {
+                        Bucket::State => "stream_leader_stuck_state",
+                        Bucket::Lease => "stream_leader_stuck_lease",
+                    });
+                    self.stuck[bi(bucket)] = Some(Stuck { until: self.now + dur, pending: Vec::new() });
+                    self.schedule(dur, Ev::StreamRecovered { bucket });
+                }
             }
             _ => {}
         }

@@ -24,7 +24,7 @@ use crate::clock::Clock;
 use crate::options::{Options, Report, Scenario};
 use crate::rng::Rng;
 use lanes::Lane;
-use net::{History, Link, Sub};
+use net::{History, Link, Sent, Stuck, Sub};
 
 /// A run that needs more events than this is livelocked.
 const MAX_EVENTS: u64 = 6_000_000;
@@ -72,6 +72,12 @@ pub(crate) enum Ev {
         request: StoreRequest,
         writer: Owner,
         answer: Answer,
+        /// When the sender's op timeout runs out (an answer after it is never delivered).
+        deadline: Timestamp,
+    },
+    /// A stuck stream leader regains its quorum or steps down (see `net::Stuck`).
+    StreamRecovered {
+        bucket: Bucket,
     },
     OpenWatch {
         slot: usize,
@@ -203,6 +209,13 @@ pub(crate) struct World {
     imbalance: (u32, u32),
     /// Lease-bucket revisions written by requests whose writer got no answer (in doubt).
     pub unacked_lease_writes: std::collections::BTreeSet<etl_coordination_core::Revision>,
+    /// Per bucket: a stream leader that lost its quorum, with the writes it holds.
+    pub stuck: [Option<Stuck>; 2],
+    /// Reads answered stale (by slot, life and op) whose answers have not been delivered yet.
+    pub stale_answers: std::collections::BTreeSet<(usize, u32, OpId)>,
+    /// The input being delivered is a stale answer: what the core decides on it may be wrong
+    /// in a way it cannot tell (an absent key from a lagging replica).
+    on_stale_answer: bool,
 }
 
 impl World {
@@ -274,6 +287,9 @@ impl World {
             final_listings: BTreeMap::new(),
             imbalance: (0, 0),
             unacked_lease_writes: Default::default(),
+            stuck: Default::default(),
+            stale_answers: Default::default(),
+            on_stale_answer: false,
         }
     }
 
@@ -498,9 +514,10 @@ impl World {
                 self.slots[slot].tick_at = None;
                 self.deliver(slot, Input::Tick);
             }
-            Ev::StoreApply { slot, life, op, bucket, request, writer, answer } => {
-                self.store_apply(slot, life, op, bucket, request, writer, answer)
+            Ev::StoreApply { slot, life, op, bucket, request, writer, answer, deadline } => {
+                self.store_apply(Sent { slot, life, op, bucket, request, writer, answer, deadline })
             }
+            Ev::StreamRecovered { bucket } => self.recover_stream(bucket),
             Ev::OpenWatch { slot, life, watch } => self.open_watch(slot, life, watch),
             Ev::LaneStep { slot, life, split, epoch } => {
                 if self.slots[slot].life != life {
@@ -548,6 +565,10 @@ impl World {
         if core.is_stopped() {
             return;
         }
+        let life = self.slots[slot].life;
+        self.on_stale_answer =
+            matches!(&input, Input::StoreResult { op, .. } if self.stale_answers.remove(&(slot, life, *op)));
+        let core = self.slots[slot].core.as_mut().expect("checked above");
         let actions = core.handle(now, input);
         let deadline = core.next_deadline();
         self.mix(actions.len() as u64);
@@ -684,6 +705,18 @@ impl World {
                     *m = m.max(ms);
                 }
             }
+            Event::Revoked { split, reason: StopReason::Fenced } => {
+                let (now, who) = (self.now, self.slots[slot].owner.clone());
+                let record =
+                    self.state.get(now, &keys::split(&split)).and_then(|e| records::decode(&e.value).ok());
+                let lease =
+                    self.lease.get(now, &keys::split(&split)).and_then(|e| records::decode(&e.value).ok());
+                // Excused: another owner's write waits at a stuck leader (it may land), or the
+                // fence was decided on a stale answer (a lagging replica's "absent" looks like
+                // an expiry; only reads through the stream leader tell them apart).
+                let waiting = self.foreign_write_waiting(&split, &who) || self.on_stale_answer;
+                self.checker.on_fenced(now, &split, &who, record.as_ref(), lease.as_ref(), waiting);
+            }
             Event::Quarantined { .. } => self.report.quarantined += 1,
             Event::Released { split } if self.opts.scenario == Scenario::DrainPickup => {
                 self.released_at.insert(split, self.now);
@@ -789,6 +822,9 @@ impl World {
         self.safety_over = true;
         self.faults_on = false;
         self.outage_until = self.now;
+        for bucket in [Bucket::State, Bucket::Lease] {
+            self.recover_stream(bucket);
+        }
         for slot in 0..self.slots.len() {
             self.slots[slot].link.heal(self.now);
             if self.slots[slot].status == Status::Paused {

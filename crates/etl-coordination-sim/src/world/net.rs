@@ -9,6 +9,8 @@
 //! - TTL expiry runs on a 250 ms timer and fires up to `expiry_late_max` late; until it fires
 //!   an overdue key is live and CAS-able; a renewal that lands just before the old revision's
 //!   expiry can be acknowledged and then erased by it;
+//! - a stream's leader can lose its quorum: writes wait (refusing others to the same key) and
+//!   land late or never (`Stuck`);
 //! - watches deliver events in order with small delays and rare lag spikes.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -16,8 +18,8 @@ use std::time::Duration;
 
 use etl_coordination_core::records::{self, LeaseRecord, PlanHead, SplitRecord, keys};
 use etl_coordination_core::{
-    Bucket, Entry, Key, OpId, Owner, Prefix, Revision, StoreError, StoreReply, StoreRequest, StoreResult,
-    Timestamp, WatchEvent, WatchId,
+    Bucket, Entry, Key, OpId, Owner, Prefix, Revision, SplitId, StoreError, StoreReply, StoreRequest,
+    StoreResult, Timestamp, WatchEvent, WatchId,
 };
 use etl_coordination_memory::MemoryKv;
 
@@ -53,6 +55,32 @@ impl Link {
     fn refuses(&self, now: Timestamp, bucket: Bucket, write: bool) -> bool {
         now < self.cut_until || now < self.bucket_down[bi(bucket)] || (write && now < self.writes_fail_until)
     }
+}
+
+/// A request on its way to the store, as the sender sent it.
+#[derive(Debug)]
+pub(crate) struct Sent {
+    pub slot: usize,
+    pub life: u32,
+    pub op: OpId,
+    pub bucket: Bucket,
+    pub request: StoreRequest,
+    pub writer: Owner,
+    pub answer: Answer,
+    /// When the sender's op timeout runs out: an answer after it is never delivered.
+    pub deadline: Timestamp,
+}
+
+/// A stream leader cut off from its followers (what the real-process test that cuts the lease
+/// stream leader's node off showed): it takes writes but cannot commit them. They wait, in
+/// order, until it regains its quorum (they land late) or steps down (the next leader never saw
+/// some or all of them). Meanwhile reads show the committed state, expiries wait too, and a
+/// write to a key with one already waiting is refused: JetStream rejects an expected-sequence
+/// publish while another for the same subject is in process, so a retry against the revision
+/// a read shows conflicts although nobody else wrote.
+pub(crate) struct Stuck {
+    pub until: Timestamp,
+    pub pending: Vec<Sent>,
 }
 
 /// A watch subscription of one worker.
@@ -140,35 +168,45 @@ impl World {
         } else {
             Answer::After(answered_at.saturating_since(apply_at))
         };
-        self.schedule_at(apply_at, Ev::StoreApply { slot, life, op, bucket, request, writer, answer });
+        let deadline = now + timeout;
+        self.schedule_at(
+            apply_at,
+            Ev::StoreApply { slot, life, op, bucket, request, writer, answer, deadline },
+        );
     }
 
     /// A request reaches the store.
     /// `life` is the sender's incarnation: a dead process's answer never reaches its successor,
     /// whose operation ids start again.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn store_apply(
-        &mut self,
-        slot: usize,
-        life: u32,
-        op: OpId,
-        bucket: Bucket,
-        request: StoreRequest,
-        writer: Owner,
-        answer: Answer,
-    ) {
-        let write = request.is_write();
-        let link = self.slots[slot].link;
+    pub(crate) fn store_apply(&mut self, sent: Sent) {
+        let write = sent.request.is_write();
+        let link = self.slots[sent.slot].link;
         if self.now < self.outage_until || self.now < link.cut_until {
             // The server went down, or the connection was reset, with the request in flight.
-            if let Answer::After(_) = answer {
+            if let Answer::After(_) = sent.answer {
                 let timeout = self.opts.op_timeout;
-                self.respond(slot, life, op, no_answer(write, timeout), timeout);
+                self.respond(sent.slot, sent.life, sent.op, no_answer(write, timeout), timeout);
             }
             return;
         }
-        let result =
-            if write { self.apply_write(&writer, bucket, request) } else { self.read(bucket, request) };
+        if write && self.stuck[bi(sent.bucket)].is_some() {
+            return self.hold_at_stuck_leader(sent);
+        }
+        self.apply_and_answer(sent);
+    }
+
+    fn apply_and_answer(&mut self, sent: Sent) {
+        let Sent { slot, life, op, bucket, request, writer, answer, .. } = sent;
+        let write = request.is_write();
+        let result = if write {
+            self.apply_write(&writer, bucket, request)
+        } else {
+            let (result, stale) = self.read(bucket, request);
+            if stale && answer != Answer::Dropped {
+                self.stale_answers.insert((slot, life, op));
+            }
+            result
+        };
         if let (Ok(StoreReply::Written(rev)), Answer::Dropped, Bucket::Lease) = (&result, answer, bucket) {
             // The writer never learns this write landed (its answer is in doubt).
             self.unacked_lease_writes.insert(*rev);
@@ -180,31 +218,118 @@ impl World {
         }
     }
 
+    /// A write reaches a stream leader that cannot commit: it waits with the others, in order;
+    /// one to a key that already has a write waiting is refused at once.
+    fn hold_at_stuck_leader(&mut self, mut sent: Sent) {
+        let now = self.now;
+        let key = written_key(&sent.request).clone();
+        let stuck = self.stuck[bi(sent.bucket)].as_ref().expect("stuck");
+        let until = stuck.until;
+        if stuck.pending.iter().any(|p| written_key(&p.request) == &key) {
+            self.fault("write_refused_while_one_is_pending");
+            let result = match sent.request {
+                // The backend reads the key after the refusal: a live value is reported as such;
+                // none means nothing it could write over, and nothing was applied.
+                StoreRequest::Create { .. } if self.kv(sent.bucket).get(now, &key).is_some() => {
+                    Err(StoreError::AlreadyExists(key))
+                }
+                StoreRequest::Create { .. } => Err(StoreError::Unavailable(format!(
+                    "creating {key}: another write to it is pending at the stream leader"
+                ))),
+                _ => Err(StoreError::RevisionMismatch(key)),
+            };
+            if let Answer::After(d) = sent.answer {
+                self.respond(sent.slot, sent.life, sent.op, result, d);
+            }
+            return;
+        }
+        if !self.would_apply(sent.bucket, &sent.request) {
+            // The leader checks the expected revision on arrival: a write that cannot apply is
+            // refused at once, as it would be by a healthy leader.
+            return self.apply_and_answer(sent);
+        }
+        if let Answer::After(d) = sent.answer
+            && until + d > sent.deadline
+        {
+            // The sender times out before the leader can answer.
+            let timeout = self.opts.op_timeout;
+            let wait = sent.deadline.saturating_since(now);
+            self.respond(sent.slot, sent.life, sent.op, no_answer(true, timeout), wait);
+            sent.answer = Answer::Dropped;
+        }
+        self.stuck[bi(sent.bucket)].as_mut().expect("stuck").pending.push(sent);
+    }
+
+    /// Whether another owner's write to the record or lease of `split` waits at a stuck leader.
+    pub(crate) fn foreign_write_waiting(&self, split: &SplitId, me: &Owner) -> bool {
+        let key = keys::split(split);
+        self.stuck
+            .iter()
+            .flatten()
+            .flat_map(|s| &s.pending)
+            .any(|p| *written_key(&p.request) == key && p.writer != *me)
+    }
+
+    /// Whether a write's condition holds against the committed state (it would apply now).
+    fn would_apply(&mut self, bucket: Bucket, request: &StoreRequest) -> bool {
+        let now = self.now;
+        let current = self.kv(bucket).get(now, written_key(request)).map(|e| e.revision);
+        match request {
+            StoreRequest::Create { .. } => current.is_none(),
+            StoreRequest::CompareAndSwap { expected, .. } | StoreRequest::Delete { expected, .. } => {
+                current == Some(*expected)
+            }
+            other => unreachable!("not a write: {other:?}"),
+        }
+    }
+
+    /// The stuck leader of `bucket` regains its quorum or steps down: the next leader's log has
+    /// every waiting write, a prefix of them (the ones replicated in time), or none.
+    pub(crate) fn recover_stream(&mut self, bucket: Bucket) {
+        let Some(stuck) = self.stuck[bi(bucket)].take() else { return };
+        let n = stuck.pending.len() as u64;
+        let keep = match self.rng.range(0, 3) {
+            0 | 1 => n,
+            2 => self.rng.range(0, n),
+            _ => 0,
+        };
+        for (i, sent) in stuck.pending.into_iter().enumerate() {
+            if (i as u64) < keep {
+                self.apply_and_answer(sent);
+                continue;
+            }
+            self.fault("pending_write_dropped");
+            if let Answer::After(_) = sent.answer {
+                let (timeout, wait) = (self.opts.op_timeout, sent.deadline.saturating_since(self.now));
+                self.respond(sent.slot, sent.life, sent.op, no_answer(true, timeout), wait);
+            }
+        }
+    }
+
     /// A read, possibly answered by a replica that lags behind (history as of an earlier time).
-    fn read(&mut self, bucket: Bucket, request: StoreRequest) -> StoreResult {
+    /// Also says whether the answer is stale (differs from the store's current state).
+    fn read(&mut self, bucket: Bucket, request: StoreRequest) -> (StoreResult, bool) {
         let now = self.now;
         if !(self.faults_on && self.opts.stale_reads > 0.0 && self.rng.chance(self.opts.stale_reads)) {
-            return self.kv(bucket).execute(now, request);
+            return (self.kv(bucket).execute(now, request), false);
         }
         let lag = ms(self.rng.range(0, self.opts.max_lag.as_millis() as u64));
         let as_of = Timestamp(now.0.saturating_sub(lag.as_micros() as u64));
         self.fault("stale_read");
+        let current = self.kv(bucket).execute(now, request.clone());
         let h = &self.history[bi(bucket)];
-        match request {
+        let answer = match request {
             StoreRequest::Get { key } => Ok(StoreReply::Value(as_of_entry(h, &key, as_of))),
             StoreRequest::List { prefix } => Ok(StoreReply::Entries(as_of_list(h, &prefix, as_of))),
             other => unreachable!("not a read: {other:?}"),
-        }
+        };
+        let stale = answer != current;
+        (answer, stale)
     }
 
     fn apply_write(&mut self, writer: &Owner, bucket: Bucket, request: StoreRequest) -> StoreResult {
         let now = self.now;
-        let key = match &request {
-            StoreRequest::Create { key, .. }
-            | StoreRequest::CompareAndSwap { key, .. }
-            | StoreRequest::Delete { key, .. } => key.clone(),
-            other => unreachable!("not a write: {other:?}"),
-        };
+        let key = written_key(&request).clone();
         let old = self.kv(bucket).get(now, &key);
         let old_deadline = self.kv(bucket).expires_at(&key);
         let is_cas = matches!(request, StoreRequest::CompareAndSwap { .. });
@@ -285,9 +410,13 @@ impl World {
         ms(h % (max + 1))
     }
 
-    /// The expiry timer: overdue keys expire once their lateness has passed.
+    /// The expiry timer: overdue keys expire once their lateness has passed (and not while the
+    /// lease stream's leader cannot commit: expiry markers are writes of the leader's too).
     pub(crate) fn expiry_tick(&mut self) {
         let now = self.now;
+        if self.stuck[bi(Bucket::Lease)].is_some() {
+            return;
+        }
         let due: Vec<(Key, bool)> = self
             .lease
             .overdue(now)
@@ -376,6 +505,15 @@ impl World {
             let input = etl_coordination_core::Input::WatchFailed { watch: s.watch };
             self.schedule(d, Ev::ToWorker { slot: s.slot, life: s.life, input });
         }
+    }
+}
+
+fn written_key(request: &StoreRequest) -> &Key {
+    match request {
+        StoreRequest::Create { key, .. }
+        | StoreRequest::CompareAndSwap { key, .. }
+        | StoreRequest::Delete { key, .. } => key,
+        other => unreachable!("not a write: {other:?}"),
     }
 }
 
