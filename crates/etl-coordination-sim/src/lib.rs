@@ -6,15 +6,16 @@
 //! (requests land in the order sent; a stalled link delivers them late, after their timeouts; a
 //! cut link refuses them; writes or one bucket can fail alone), reads may come from a lagging
 //! replica, TTL expiry fires late and overdue keys stay CAS-able, an acknowledged renewal can
-//! be erased by the previous revision's expiry, and every worker runs on its own drifting,
-//! jumping clock. Faults are mixed at random per seed: crashes and restarts (same and new
+//! be erased by the previous revision's expiry, a stream's leader can lose its quorum (writes
+//! wait and land late or never, a write to a key with one waiting is refused, expiries wait),
+//! and every worker runs on its own drifting, jumping clock. Faults are mixed at random per seed: crashes and restarts (same and new
 //! instance ids), pauses longer than a lease, store outages, partitions of one worker, poison
 //! splits, scale up and down, leader death mid-plan, planner errors, hangs and panics, lanes
 //! slow to stop, open plans that grow, plans of more than one manifest chunk.
 //!
 //! A run has a safety phase with faults, then a liveness phase without them that must reach
-//! Complete or Stalled in bounded time. The invariants I1-I9 and the rules P4, P6, P10, P11,
-//! P12 are checked continuously by [`check`]'s checkers, including a record-level oracle: every
+//! Complete or Stalled in bounded time. The invariants I1-I9 and the rules P4, P6, P7, P10,
+//! P11, P12 are checked continuously by [`check`]'s checkers, including a record-level oracle: every
 //! split is a range of records, lanes emit them and commit progress, so loss and regression are
 //! checked on data.
 
