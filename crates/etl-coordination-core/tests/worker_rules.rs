@@ -1263,3 +1263,128 @@ fn p4_a_read_finding_our_leader_key_unmoved_makes_nobody_leader_until_a_write_is
     }
     assert!(retaken && leads(&r), "{:?}", r.log);
 }
+
+/// How many writes (CAS or create) to `key` in `bucket` are among `actions`.
+fn writes_to(actions: &[Action], bucket: Bucket, key: &str) -> usize {
+    store_requests(actions)
+        .into_iter()
+        .filter(|(b, q)| {
+            *b == bucket
+                && matches!(q, StoreRequest::CompareAndSwap { key: k, .. } | StoreRequest::Create { key: k, .. } if k.as_str() == key)
+        })
+        .count()
+}
+
+#[test]
+fn p5_a_claim_refused_while_the_record_has_not_moved_is_sent_again_only_after_the_backoff() {
+    let mut r = Rig::new(cfg("w1", 1));
+    r.plan = Some(plan(1, PlanKind::Final));
+    r.auto = false;
+    r.feed(Input::Start);
+    let is_claim = |q: &StoreRequest| {
+        matches!(q, StoreRequest::CompareAndSwap { key, value, .. }
+            if key.as_str() == "split.s0" && records::decode::<SplitRecord>(value).is_ok_and(|v| v.epoch == Epoch(1)))
+    };
+    let mut claim = None;
+    for _ in 0..200 {
+        let Some(i) = (!r.pending.is_empty()).then_some(0) else { break };
+        if r.pending[i].1 == Bucket::State && is_claim(&r.pending[i].2) {
+            let (op, _, req) = r.pending.remove(i);
+            claim = Some((op, req));
+            break;
+        }
+        r.apply_and_answer(i, None);
+    }
+    let (op, req) = claim.expect("the claim's record CAS");
+    // A stream leader holding another write to the record refuses the claim, and the read shows
+    // the record as the claim found it: nothing moved.
+    let a = r.answer(op, Err(StoreError::RevisionMismatch(keys::split(&sid("s0")))));
+    let read = op_of(&a, 0);
+    let a = r.apply(read);
+    assert_eq!(writes_to(&a, Bucket::State, "split.s0"), 0, "re-sent at once: {a:?}");
+    // A moment later (less than the backoff, a third of a heartbeat): still nothing.
+    let a = r.advance(Duration::from_millis(10));
+    assert_eq!(writes_to(&a, Bucket::State, "split.s0"), 0, "{a:?}");
+    // After the backoff the same claim goes again.
+    let a = r.advance(Duration::from_secs(1));
+    let again: Vec<_> =
+        store_requests(&a).into_iter().filter(|(b, q)| *b == Bucket::State && is_claim(q)).collect();
+    assert_eq!(again, vec![(Bucket::State, req)], "{a:?}");
+}
+
+#[test]
+fn p10_an_end_write_refused_while_the_record_has_not_moved_is_retried_only_after_the_backoff() {
+    let mut r = running(1);
+    r.auto = false;
+    // The lane fails: the end write's answer is lost while the write waits at the stream
+    // leader, and the read shows the record unchanged (not landed yet, maybe never).
+    let a =
+        r.feed(Input::Fail { split: sid("s0"), epoch: Epoch(1), error: "boom".into(), unprocessable: false });
+    let end = op_of(&a, 0);
+    r.pending.retain(|(o, _, _)| *o != end);
+    let a = r.answer(end, Err(StoreError::Indeterminate("no answer".into())));
+    let a = r.apply(op_of(&a, 0));
+    // A retry now would be refused by that leader for as long as it holds the first write.
+    assert_eq!(writes_to(&a, Bucket::State, "split.s0"), 0, "re-sent at once: {a:?}");
+    let a = r.advance(Duration::from_millis(10));
+    assert_eq!(writes_to(&a, Bucket::State, "split.s0"), 0, "{a:?}");
+    let a = r.advance(Duration::from_secs(1));
+    assert_eq!(writes_to(&a, Bucket::State, "split.s0"), 1, "{a:?}");
+}
+
+#[test]
+fn p4_a_refused_leader_attempt_is_not_repeated_on_every_input() {
+    let mut r = Rig::new(cfg("w1", 1));
+    r.auto = false;
+    r.feed(Input::Start);
+    // Answer everything until the leader key's create is sent.
+    let mut create = None;
+    for _ in 0..200 {
+        let Some(i) = (!r.pending.is_empty()).then_some(0) else { break };
+        if matches!(&r.pending[i].2, StoreRequest::Create { key, .. } if *key == keys::leader()) {
+            create = Some(r.pending.remove(i).0);
+            break;
+        }
+        r.apply_and_answer(i, None);
+    }
+    let op = create.expect("a leader attempt");
+    // Refused with nothing to report (another worker's create waits at the stream leader).
+    let a = r.answer(op, Err(StoreError::Unavailable("creating leader: another write is pending".into())));
+    assert_eq!(writes_to(&a, Bucket::Lease, "leader"), 0, "{a:?}");
+    // Inputs keep coming (here: watch events); no new attempt until the backoff has passed.
+    let mut attempts = 0;
+    for _ in 0..5 {
+        let a = r.feed(Input::Watch { watch: WatchId::Plan, event: WatchEvent::SnapshotComplete });
+        attempts += writes_to(&a, Bucket::Lease, "leader");
+    }
+    assert_eq!(attempts, 0);
+    let a = r.advance(Duration::from_secs(1));
+    assert_eq!(writes_to(&a, Bucket::Lease, "leader"), 1, "{a:?}");
+}
+
+#[test]
+fn p4_a_term_bump_refused_while_the_head_has_not_moved_is_sent_again_only_after_the_backoff() {
+    let mut r = Rig::new(cfg("w1", 1));
+    r.plan = Some(plan(1, PlanKind::Final));
+    r.auto = false;
+    r.feed(Input::Start);
+    let mut bump = None;
+    for _ in 0..200 {
+        let Some(i) = (!r.pending.is_empty()).then_some(0) else { break };
+        if matches!(&r.pending[i].2, StoreRequest::Create { key, .. } if *key == keys::plan_head()) {
+            bump = Some(r.pending.remove(i).0);
+            break;
+        }
+        r.apply_and_answer(i, None);
+    }
+    let op = bump.expect("the first term bump");
+    // Refused with nothing there (another write to the head waits at the stream leader); the
+    // read finds no head: the term is still to be established, against the same state.
+    let a = r.answer(op, Err(StoreError::Unavailable("creating plan.head: another write is pending".into())));
+    let a = r.apply(op_of(&a, 0));
+    assert_eq!(writes_to(&a, Bucket::State, "plan.head"), 0, "re-sent at once: {a:?}");
+    let a = r.advance(Duration::from_millis(10));
+    assert_eq!(writes_to(&a, Bucket::State, "plan.head"), 0, "{a:?}");
+    let a = r.advance(Duration::from_secs(1));
+    assert_eq!(writes_to(&a, Bucket::State, "plan.head"), 1, "{a:?}");
+}

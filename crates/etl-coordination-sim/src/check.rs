@@ -72,7 +72,7 @@ pub(crate) struct Checker {
 
 /// How the lease of a tenancy was taken.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum LeaseOrigin {
+pub(crate) enum LeaseOrigin {
     /// Created: no live lease was there (it expired or was deleted).
     Created,
     /// Written by CAS over a live lease held by someone else (steal, reclaim).
@@ -314,6 +314,29 @@ impl Checker {
                 reason.label()
             )
         });
+    }
+
+    /// How the lease of `id` at `epoch` held by `owner` was taken, as far as the checker knows.
+    pub(crate) fn lease_origin(&self, id: &SplitId, epoch: Epoch, owner: &Owner) -> Option<LeaseOrigin> {
+        self.lease_origin.get(&(id.clone(), epoch, owner.clone())).cloned()
+    }
+
+    /// Replaces that origin (or removes it), returning the one it replaced: a record write that
+    /// waited at a stuck stream leader is judged by the acquisition it was made for, which a
+    /// later acquisition of the same epoch may have replaced meanwhile (the lease is another
+    /// stream and went on).
+    pub(crate) fn replace_lease_origin(
+        &mut self,
+        id: &SplitId,
+        epoch: Epoch,
+        owner: &Owner,
+        origin: Option<LeaseOrigin>,
+    ) -> Option<LeaseOrigin> {
+        let key = (id.clone(), epoch, owner.clone());
+        match origin {
+            Some(o) => self.lease_origin.insert(key, o),
+            None => self.lease_origin.remove(&key),
+        }
     }
 
     /// A lease write landed (P11 deadlines; how each tenancy's lease was taken).

@@ -315,6 +315,28 @@ impl Worker {
 
     /// P5: the fenced record CAS against the revision the acquisition was based on.
     fn write_claim(&mut self, id: &SplitId) {
+        let (request, record) = self.claim_request(id);
+        let op = self.send(Bucket::State, request, Pending::RecordClaim { split: id.clone() });
+        let h = self.held.get_mut(id).expect("held");
+        h.record = record;
+        h.stage = Stage::WritingRecord;
+        h.op = Some(op);
+    }
+
+    /// The claim CAS again, after the retry backoff: it was refused although the record had not
+    /// moved, so a write to it is still in process at the stream leader (one of ours in doubt,
+    /// or another's). Retrying at once would hammer that leader until the write's fate is
+    /// decided.
+    fn write_claim_later(&mut self, now: Timestamp, id: &SplitId) {
+        let (request, record) = self.claim_request(id);
+        let h = self.held.get_mut(id).expect("held");
+        h.record = record;
+        h.stage = Stage::WritingRecord;
+        h.op = None;
+        self.retry_later(now, Bucket::State, request, Pending::RecordClaim { split: id.clone() });
+    }
+
+    fn claim_request(&self, id: &SplitId) -> (StoreRequest, SplitRecord) {
         let h = &self.held[id];
         let record = self.claim_record(h);
         let request = StoreRequest::CompareAndSwap {
@@ -323,11 +345,7 @@ impl Worker {
             value: records::encode(&record),
             ttl: None,
         };
-        let op = self.send(Bucket::State, request, Pending::RecordClaim { split: id.clone() });
-        let h = self.held.get_mut(id).expect("held");
-        h.record = record;
-        h.stage = Stage::WritingRecord;
-        h.op = Some(op);
+        (request, record)
     }
 
     pub(super) fn on_record_claim(&mut self, now: Timestamp, op: OpId, id: SplitId, result: StoreResult) {
@@ -397,6 +415,7 @@ impl Worker {
         // nobody else can bump the epoch: retry against the fresh revision, from the fresh record
         // (its progress is the latest durable one). The CAS still fences.
         if rec.epoch == h.base.epoch && !rec.is_terminal() {
+            let unmoved = entry.revision == h.record_rev;
             if rec.state == SplitState::Unleased {
                 // The previous owner released (or failed) it gracefully after all (also when we
                 // set out to steal it: the victim let go first).
@@ -407,6 +426,9 @@ impl Worker {
             }
             h.base = rec;
             h.record_rev = entry.revision;
+            if unmoved {
+                return self.write_claim_later(now, &id);
+            }
             return self.write_claim(&id);
         }
         self.view.put_record(&id, entry.revision, rec);

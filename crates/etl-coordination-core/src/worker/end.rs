@@ -122,6 +122,7 @@ impl Worker {
             return;
         }
         let Ok(rec) = records::decode::<SplitRecord>(&entry.value) else { return self.delete_lease(&id) };
+        let backoff = self.retry_backoff();
         let h = self.held.get_mut(&id).expect("held");
         if Some(&rec) == h.end_write.as_ref() {
             return self.end_written(&id, entry.revision);
@@ -131,10 +132,18 @@ impl Worker {
             // from what is durable now, never from our older copy: progress must not regress (I1).
             // Our earlier write stays in doubt while the revision has not moved (it may land yet).
             let end = h.end.clone().expect("ending has an end");
+            let unmoved = entry.revision == h.record_rev;
             h.end_write = Some(end_record(&self.cfg, &rec, &end));
-            h.record_in_doubt &= entry.revision == h.record_rev;
+            h.record_in_doubt &= unmoved;
             h.record = rec;
             h.record_rev = entry.revision;
+            if unmoved {
+                // Refused although nothing moved: our earlier write is still in process at the
+                // stream leader. End again after the backoff, not in a loop against it.
+                h.stage = Stage::EndRetry { at: now + backoff };
+                h.op = None;
+                return;
+            }
             return self.write_end(&id);
         }
         // Someone else owns it now: this tenancy is over.

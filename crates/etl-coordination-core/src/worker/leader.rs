@@ -1,7 +1,7 @@
 //! Leadership (P4): the leader lease (won by create, kept by renewals, P7), the term bump on the
 //! plan head that fences a deposed leader's writes (I9), and stepping down.
 
-use crate::ids::{OpId, Revision};
+use crate::ids::{OpId, Owner, Revision};
 use crate::io::{Event, PlanKind};
 use crate::records::{self, LeaderRecord, ManifestRef, PlanHead, PlanStatus, keys};
 use crate::store::{Bucket, StoreError, StoreRequest, StoreResult};
@@ -46,9 +46,10 @@ impl Worker {
         if self.leader.is_some() {
             return self.drive_plan(now);
         }
-        if self.leader_attempt.is_some() {
+        if self.leader_attempt.is_some() || self.leader_retry_at.is_some_and(|at| now < at) {
             return;
         }
+        self.leader_retry_at = None;
         if let Some((rev, l)) = &self.view.leader {
             // The leader key still names this process (we stepped down on a lapse of trust, or
             // a renewal's answer was lost): renew it by CAS rather than wait for it to expire.
@@ -75,7 +76,13 @@ impl Worker {
     }
 
     /// P4: the leader lease is ours, in doubt (read it), or someone else's.
-    pub(super) fn on_leader_create(&mut self, op: OpId, sent: Timestamp, result: StoreResult) {
+    pub(super) fn on_leader_create(
+        &mut self,
+        now: Timestamp,
+        op: OpId,
+        sent: Timestamp,
+        result: StoreResult,
+    ) {
         if self.leader_attempt != Some(op) {
             return;
         }
@@ -90,8 +97,12 @@ impl Worker {
                 );
                 self.leader_attempt = Some(op);
             }
-            // Someone else leads; the watch will show it.
-            Written::Conflict | Written::Unavailable | Written::Fatal(_) => {}
+            // Someone else leads (the watch will show it), or a write to the key is in process
+            // at the stream leader, or the store is unavailable: try again after the backoff.
+            Written::Conflict | Written::Unavailable => {
+                self.leader_retry_at = Some(now + self.retry_backoff());
+            }
+            Written::Fatal(_) => {}
         }
     }
 
@@ -236,14 +247,16 @@ impl Worker {
     /// P4: bump the term before planning, so a deposed leader's in-flight plan write loses its
     /// swap.
     pub(super) fn bump_term(&mut self, current: Option<(Revision, PlanHead)>) {
-        let (request, head) = match current {
+        let (request, head) = Self::term_bump(&self.me, current);
+        self.send(Bucket::State, request, Pending::HeadWrite { stint: self.stint(), head });
+    }
+
+    /// The head write that bumps the term over `current`.
+    fn term_bump(me: &Owner, current: Option<(Revision, PlanHead)>) -> (StoreRequest, PlanHead) {
+        match current {
             None => {
-                let head = PlanHead {
-                    term: 1,
-                    leader: self.me.clone(),
-                    status: PlanStatus::Planning,
-                    manifest: None,
-                };
+                let head =
+                    PlanHead { term: 1, leader: me.clone(), status: PlanStatus::Planning, manifest: None };
                 (
                     StoreRequest::Create { key: keys::plan_head(), value: records::encode(&head), ttl: None },
                     head,
@@ -254,7 +267,7 @@ impl Worker {
                 let needs_plan = old.manifest.is_none_or(|m| m.kind == PlanKind::Open);
                 let head = PlanHead {
                     term: old.term + 1,
-                    leader: self.me.clone(),
+                    leader: me.clone(),
                     status: if needs_plan { PlanStatus::Planning } else { PlanStatus::Published },
                     manifest: old.manifest,
                 };
@@ -268,8 +281,7 @@ impl Worker {
                     head,
                 )
             }
-        };
-        self.send(Bucket::State, request, Pending::HeadWrite { stint: self.stint(), head });
+        }
     }
 
     /// P4: a head write (term bump or publication) landed, or the read decides what happened.
@@ -342,11 +354,14 @@ impl Worker {
             return self.read_head_again(now, attempted);
         }
         let my_term = l.head.as_ref().map(|(_, h)| h.term);
+        let known_rev = l.head.as_ref().map(|(r, _)| *r);
         match current {
             // Our in-doubt write landed.
             Some((rev, h)) if h == attempted => self.head_written(now, rev, h),
             // Still our term and nobody else wrote (only the term's leader writes the head):
-            // send the same write against the fresh revision.
+            // send the same write against the fresh revision. If the head has not moved since
+            // our last write, the refusal came from a write still in process at the stream
+            // leader (ours in doubt): wait the retry backoff rather than hammer it.
             Some((rev, h)) if my_term == Some(h.term) && h.leader == self.me && attempted.term == h.term => {
                 let request = StoreRequest::CompareAndSwap {
                     key: keys::plan_head(),
@@ -354,16 +369,28 @@ impl Worker {
                     value: records::encode(&attempted),
                     ttl: None,
                 };
-                self.send(
-                    Bucket::State,
-                    request,
-                    Pending::HeadWrite { stint: self.stint(), head: attempted },
-                );
+                self.send_head_write(now, request, attempted, known_rev == Some(rev));
             }
-            // No term established yet: bump against what is there now.
-            current if my_term.is_none() => self.bump_term(current),
+            // No term established yet: bump against what is there now (after the backoff if it
+            // is still the head our bump set out to replace: the refusal was not someone's bump).
+            current if my_term.is_none() => {
+                let unmoved =
+                    current.as_ref().map_or(attempted.term == 1, |(_, h)| attempted.term == h.term + 1);
+                let (request, head) = Self::term_bump(&self.me, current);
+                self.send_head_write(now, request, head, unmoved);
+            }
             // Someone else bumped the term: we are deposed (I9).
             _ => self.step_down(),
+        }
+    }
+
+    /// Sends a head write now, or after the retry backoff.
+    fn send_head_write(&mut self, now: Timestamp, request: StoreRequest, head: PlanHead, later: bool) {
+        let pending = Pending::HeadWrite { stint: self.stint(), head };
+        if later {
+            self.retry_later(now, Bucket::State, request, pending);
+        } else {
+            self.send(Bucket::State, request, pending);
         }
     }
 

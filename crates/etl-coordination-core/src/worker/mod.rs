@@ -68,6 +68,10 @@ pub struct Worker {
     leader: Option<Box<Leading>>,
     /// A leader lease create or re-take in flight.
     leader_attempt: Option<OpId>,
+    /// After an attempt that was refused or found the store unavailable: no new attempt before
+    /// then (a stream leader holding someone's write refuses every attempt until its fate is
+    /// decided; every input would otherwise send another).
+    leader_retry_at: Option<Timestamp>,
     /// Splits this worker holds or is acquiring or ending.
     held: BTreeMap<SplitId, Held>,
     /// Splits not to attempt again until the next heartbeat or a watch event about them.
@@ -118,6 +122,7 @@ impl Worker {
             presence: Presence::default(),
             leader: None,
             leader_attempt: None,
+            leader_retry_at: None,
             held: BTreeMap::new(),
             blocked: BTreeSet::new(),
             retries: Vec::new(),
@@ -213,7 +218,7 @@ impl Worker {
             Pending::PresenceTakeover => self.on_presence_takeover(now, result),
             Pending::PresenceRenew => self.on_presence_renew(result),
             Pending::PresenceResolve => self.on_presence_resolve(now, result),
-            Pending::LeaderCreate { sent } => self.on_leader_create(op, sent, result),
+            Pending::LeaderCreate { sent } => self.on_leader_create(now, op, sent, result),
             Pending::LeaderRenew { sent } => self.on_leader_renew(op, sent, result),
             Pending::LeaderResolve { sent } => self.on_leader_resolve(op, sent, result),
             // Results of an earlier leadership stint are stale: that stint is over.

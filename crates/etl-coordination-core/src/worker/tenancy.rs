@@ -158,7 +158,7 @@ impl Worker {
             Pending::DescRead { split } => {
                 self.held.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::ReadingDesc)
             }
-            Pending::RecordClaimRead { split } => {
+            Pending::RecordClaimRead { split } | Pending::RecordClaim { split } => {
                 self.held.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::WritingRecord)
             }
             Pending::LeaseAcquireResolve { split, .. } => {
@@ -173,6 +173,7 @@ impl Worker {
         match pending {
             Pending::DescRead { split }
             | Pending::RecordClaimRead { split }
+            | Pending::RecordClaim { split }
             | Pending::LeaseAcquireResolve { split, .. } => {
                 if let Some(h) = self.held.get_mut(split) {
                     h.op = Some(op);

@@ -27,6 +27,8 @@ pub(super) enum Timer {
     LeaseTrust(SplitId),
     /// P11: trust in the leader lease lapses; the worker steps down.
     LeaderTrust,
+    /// P4: a refused leader attempt may be made again.
+    LeaderRetry,
     /// P10: a stopping lane's commit deadline passed; its split is released anyway.
     StopDeadline(SplitId),
     /// P10, P12: a failed end record write is retried.
@@ -74,6 +76,9 @@ impl Worker {
                 _ => {}
             }
         }
+        if let Some(at) = self.leader_retry_at {
+            f(Timer::LeaderRetry, at);
+        }
         if let Some(l) = &self.leader {
             f(Timer::LeaderTrust, l.trusted_until);
             if let Some(at) = l.replan_at {
@@ -119,6 +124,8 @@ impl Worker {
             }
             Timer::LeaseTrust(id) => self.starve(now, &id),
             Timer::LeaderTrust => self.leader_trust_lapsed(now),
+            // Leadership is evaluated after every input, this tick included.
+            Timer::LeaderRetry => self.leader_retry_at = None,
             Timer::StopDeadline(id) => self.stop_deadline_passed(now, &id),
             Timer::EndRetry(id) => self.end_retry_due(now, &id),
             Timer::DrainDeadline => self.drain_deadline_passed(now),

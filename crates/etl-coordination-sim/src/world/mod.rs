@@ -515,7 +515,17 @@ impl World {
                 self.deliver(slot, Input::Tick);
             }
             Ev::StoreApply { slot, life, op, bucket, request, writer, answer, deadline } => {
-                self.store_apply(Sent { slot, life, op, bucket, request, writer, answer, deadline })
+                self.store_apply(Sent {
+                    slot,
+                    life,
+                    op,
+                    bucket,
+                    request,
+                    writer,
+                    answer,
+                    deadline,
+                    accepted_origin: None,
+                })
             }
             Ev::StreamRecovered { bucket } => self.recover_stream(bucket),
             Ev::OpenWatch { slot, life, watch } => self.open_watch(slot, life, watch),

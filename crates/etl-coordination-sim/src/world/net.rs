@@ -18,12 +18,13 @@ use std::time::Duration;
 
 use etl_coordination_core::records::{self, LeaseRecord, PlanHead, SplitRecord, keys};
 use etl_coordination_core::{
-    Bucket, Entry, Key, OpId, Owner, Prefix, Revision, SplitId, StoreError, StoreReply, StoreRequest,
+    Bucket, Entry, Epoch, Key, OpId, Owner, Prefix, Revision, SplitId, StoreError, StoreReply, StoreRequest,
     StoreResult, Timestamp, WatchEvent, WatchId,
 };
 use etl_coordination_memory::MemoryKv;
 
 use super::{Answer, Ev, World, ms, us};
+use crate::check::LeaseOrigin;
 
 /// Every version of every key, with the time it was applied, back to the longest replica lag.
 pub(crate) type History = BTreeMap<Key, VecDeque<(Timestamp, Option<Entry>)>>;
@@ -69,6 +70,9 @@ pub(crate) struct Sent {
     pub answer: Answer,
     /// When the sender's op timeout runs out: an answer after it is never delivered.
     pub deadline: Timestamp,
+    /// For a split record write waiting at a stuck leader: the lease origin of the acquisition
+    /// it was made for, when the leader took it (what the checker judges it by).
+    pub accepted_origin: Option<(SplitId, Epoch, Option<LeaseOrigin>)>,
 }
 
 /// A stream leader cut off from its followers (what the real-process test that cuts the lease
@@ -257,6 +261,14 @@ impl World {
             self.respond(sent.slot, sent.life, sent.op, no_answer(true, timeout), wait);
             sent.answer = Answer::Dropped;
         }
+        if sent.bucket == Bucket::State
+            && let Some(id) = keys::parse_split(&key)
+            && let Some(value) = written_value(&sent.request)
+            && let Ok(record) = records::decode::<SplitRecord>(value)
+        {
+            let origin = self.checker.lease_origin(&id, record.epoch, &sent.writer);
+            sent.accepted_origin = Some((id, record.epoch, origin));
+        }
         self.stuck[bi(sent.bucket)].as_mut().expect("stuck").pending.push(sent);
     }
 
@@ -293,9 +305,16 @@ impl World {
             2 => self.rng.range(0, n),
             _ => 0,
         };
-        for (i, sent) in stuck.pending.into_iter().enumerate() {
+        for (i, mut sent) in stuck.pending.into_iter().enumerate() {
             if (i as u64) < keep {
+                let Some((id, epoch, origin)) = sent.accepted_origin.take() else {
+                    self.apply_and_answer(sent);
+                    continue;
+                };
+                let writer = sent.writer.clone();
+                let now_origin = self.checker.replace_lease_origin(&id, epoch, &writer, origin);
                 self.apply_and_answer(sent);
+                self.checker.replace_lease_origin(&id, epoch, &writer, now_origin);
                 continue;
             }
             self.fault("pending_write_dropped");
@@ -505,6 +524,13 @@ impl World {
             let input = etl_coordination_core::Input::WatchFailed { watch: s.watch };
             self.schedule(d, Ev::ToWorker { slot: s.slot, life: s.life, input });
         }
+    }
+}
+
+fn written_value(request: &StoreRequest) -> Option<&bytes::Bytes> {
+    match request {
+        StoreRequest::Create { value, .. } | StoreRequest::CompareAndSwap { value, .. } => Some(value),
+        _ => None,
     }
 }
 
