@@ -42,10 +42,12 @@ async fn a_leader_without_its_quorum_refuses_a_second_write_to_a_key_with_one_pe
     let key = Key::new("k").unwrap();
     let rev = store.create(&key, Bytes::from_static(b"v0"), None).await.unwrap();
 
-    // The leader loses its followers: its clients still reach it, it cannot commit.
+    // The leader loses its followers: its clients still reach it, it cannot commit. (Leadership
+    // can still move right after the bucket is created: make sure the node we cut leads.)
+    cluster.make_leader(stream, leader);
     cluster.cut_node(leader);
     let pending = store.compare_and_swap(&key, rev, Bytes::from_static(b"v1"), None).await;
-    assert!(matches!(pending, Err(StoreError::Indeterminate(_))), "{pending:?}");
+    assert!(matches!(pending, Err(StoreError::Indeterminate(_))), "the write through the cut-off leader: {pending:?}");
 
     // The write is in process at the leader: the committed state is unchanged, and a retry
     // against the revision it shows is refused (nobody else wrote).
