@@ -1388,3 +1388,83 @@ fn p4_a_term_bump_refused_while_the_head_has_not_moved_is_sent_again_only_after_
     let a = r.advance(Duration::from_secs(1));
     assert_eq!(writes_to(&a, Bucket::State, "plan.head"), 1, "{a:?}");
 }
+
+/// Answers everything in order (with watch events) until the claim's record CAS (epoch 1) of
+/// `split.s0` is sent; returns it unanswered.
+fn until_claim(r: &mut Rig) -> (OpId, StoreRequest) {
+    let is_claim = |q: &StoreRequest| {
+        matches!(q, StoreRequest::CompareAndSwap { key, value, .. }
+            if key.as_str() == "split.s0" && records::decode::<SplitRecord>(value).is_ok_and(|v| v.epoch == Epoch(1)))
+    };
+    for _ in 0..200 {
+        let Some(i) = (!r.pending.is_empty()).then_some(0) else { break };
+        if r.pending[i].1 == Bucket::State && is_claim(&r.pending[i].2) {
+            let (op, _, req) = r.pending.remove(i);
+            return (op, req);
+        }
+        r.apply_and_answer(i, None);
+    }
+    panic!("no claim was sent")
+}
+
+#[test]
+fn p12_a_late_claim_of_an_earlier_acquisition_of_ours_is_released_not_adopted() {
+    let mut r = Rig::new(cfg("w1", 1));
+    r.plan = Some(plan(1, PlanKind::Final));
+    r.auto = false;
+    r.feed(Input::Start);
+    let (op, _) = until_claim(&mut r);
+    // Meanwhile a claim an earlier acquisition of ours sent (and gave up while it waited at a
+    // stuck stream leader) lands: epoch 1, us, but decided as a steal of someone's tenancy.
+    let mut late = r.kv.record("s0");
+    late.epoch = Epoch(1);
+    late.owner = Some(Owner { instance: id("w1"), incarnation: Incarnation(1) });
+    late.state = SplitState::Owned;
+    late.last_end = Some(records::EndReason::Stolen);
+    let landed = r.kv.put(Bucket::State, &keys::split(&sid("s0")), &late);
+    let a = r.answer(op, Err(StoreError::RevisionMismatch(keys::split(&sid("s0")))));
+    let a = r.apply(op_of(&a, 0));
+    // That tenancy never ran: it is released against the revision read (no attempt), and this
+    // acquisition gives its lease back; no lane starts.
+    let reqs = store_requests(&a);
+    let released = reqs.iter().any(|(b, q)| {
+        *b == Bucket::State
+            && matches!(q, StoreRequest::CompareAndSwap { key, expected, value, .. }
+                if key.as_str() == "split.s0" && *expected == landed
+                    && records::decode::<SplitRecord>(value).is_ok_and(|v| v.state == SplitState::Unleased && v.owner.is_none() && v.attempts == 0))
+    });
+    let lease_back = reqs.iter().any(|(b, q)| {
+        *b == Bucket::Lease && matches!(q, StoreRequest::Delete { key, .. } if key.as_str() == "split.s0")
+    });
+    assert!(released && lease_back, "{a:?}");
+    assert!(r.started().is_empty(), "{:?}", r.log);
+}
+
+#[test]
+fn p4_a_delayed_head_write_is_not_sent_after_the_worker_stepped_down() {
+    let mut r = Rig::new(cfg("w1", 1));
+    r.plan = Some(plan(1, PlanKind::Final));
+    r.auto = false;
+    r.feed(Input::Start);
+    let mut bump = None;
+    for _ in 0..200 {
+        let Some(i) = (!r.pending.is_empty()).then_some(0) else { break };
+        if matches!(&r.pending[i].2, StoreRequest::Create { key, .. } if *key == keys::plan_head()) {
+            bump = Some(r.pending.remove(i).0);
+            break;
+        }
+        r.apply_and_answer(i, None);
+    }
+    let op = bump.expect("the first term bump");
+    let a = r.answer(op, Err(StoreError::Unavailable("creating plan.head: another write is pending".into())));
+    r.apply(op_of(&a, 0));
+    // The bump waits its backoff; meanwhile the leader key is gone and another worker leads.
+    let leader_rev = r.kv.get(Bucket::Lease, "leader").expect("our leader key").revision;
+    let other = LeaderRecord { owner: Owner { instance: id("w9"), incarnation: Incarnation(9) }, term: 0 };
+    let entry =
+        Entry { key: keys::leader(), value: records::encode(&other), revision: Revision(leader_rev.0 + 100) };
+    r.feed(Input::Watch { watch: WatchId::Leases, event: WatchEvent::Put(entry) });
+    r.pending.clear();
+    let a = r.advance(Duration::from_secs(1));
+    assert_eq!(writes_to(&a, Bucket::State, "plan.head"), 0, "a deposed worker wrote the head: {a:?}");
+}

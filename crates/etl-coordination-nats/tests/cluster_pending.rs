@@ -47,7 +47,10 @@ async fn a_leader_without_its_quorum_refuses_a_second_write_to_a_key_with_one_pe
     cluster.make_leader(stream, leader);
     cluster.cut_node(leader);
     let pending = store.compare_and_swap(&key, rev, Bytes::from_static(b"v1"), None).await;
-    assert!(matches!(pending, Err(StoreError::Indeterminate(_))), "the write through the cut-off leader: {pending:?}");
+    assert!(
+        matches!(pending, Err(StoreError::Indeterminate(_))),
+        "the write through the cut-off leader: {pending:?}"
+    );
 
     // The write is in process at the leader: the committed state is unchanged, and a retry
     // against the revision it shows is refused (nobody else wrote).

@@ -336,7 +336,7 @@ impl Worker {
         self.retry_later(now, Bucket::State, request, Pending::RecordClaim { split: id.clone() });
     }
 
-    fn claim_request(&self, id: &SplitId) -> (StoreRequest, SplitRecord) {
+    pub(super) fn claim_request(&self, id: &SplitId) -> (StoreRequest, SplitRecord) {
         let h = &self.held[id];
         let record = self.claim_record(h);
         let request = StoreRequest::CompareAndSwap {
@@ -430,6 +430,16 @@ impl Worker {
                 return self.write_claim_later(now, &id);
             }
             return self.write_claim(&id);
+        }
+        if rec.epoch == h.epoch && rec.owner.as_ref() == Some(&self.me) && rec.state == SplitState::Owned {
+            // A claim of an earlier acquisition of ours (given up while its write was in doubt)
+            // landed late: that tenancy never ran. It is released (no attempt: nothing ran, no
+            // evidence against the data), not adopted (its reason and attempts were decided for
+            // a lease we no longer hold), and this acquisition gives its lease back.
+            let (rev, record) = (entry.revision, rec.clone());
+            self.view.put_record(&id, entry.revision, rec);
+            self.release_if_unmoved(&id, rev, &record);
+            return self.abandon(&id);
         }
         self.view.put_record(&id, entry.revision, rec);
         self.abandon(&id);

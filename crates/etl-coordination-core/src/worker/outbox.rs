@@ -183,7 +183,7 @@ impl Worker {
             std::mem::take(&mut self.retries).into_iter().partition(|r| r.at <= now);
         self.retries = keep;
         for r in due {
-            if !self.retry_wanted(&r.pending) {
+            if !self.retry_wanted(&r.pending, &r.request) {
                 continue;
             }
             let op = self.send(r.bucket, r.request, r.pending.clone());

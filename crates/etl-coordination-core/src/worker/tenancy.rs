@@ -153,17 +153,25 @@ impl Worker {
 
     /// Whether a delayed retry still belongs to a live step: the split may have been lost and
     /// re-acquired meanwhile (a new tenancy runs its own reads), or already moved on.
-    pub(super) fn retry_wanted(&self, pending: &Pending) -> bool {
+    /// A delayed write must also be the very write its step would send now: a claim CAS of an
+    /// earlier tenancy of the split (given up meanwhile) never goes out for a later one, and a
+    /// head write only for the leadership stint that queued it.
+    pub(super) fn retry_wanted(&self, pending: &Pending, request: &StoreRequest) -> bool {
         match pending {
             Pending::DescRead { split } => {
                 self.held.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::ReadingDesc)
             }
-            Pending::RecordClaimRead { split } | Pending::RecordClaim { split } => {
+            Pending::RecordClaimRead { split } => {
                 self.held.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::WritingRecord)
+            }
+            Pending::RecordClaim { split } => {
+                self.held.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::WritingRecord)
+                    && self.claim_request(split).0 == *request
             }
             Pending::LeaseAcquireResolve { split, .. } => {
                 self.held.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::AcquiringLease)
             }
+            Pending::HeadWrite { stint, .. } => self.leader.as_ref().is_some_and(|l| l.stint == *stint),
             _ => true,
         }
     }
@@ -220,7 +228,7 @@ impl Worker {
 
     /// A best-effort release of `record` (the tenancy is over): a CAS against our last write,
     /// `expected`, which does nothing if someone else moved the record meanwhile.
-    fn release_if_unmoved(&mut self, id: &SplitId, expected: Revision, record: &SplitRecord) {
+    pub(super) fn release_if_unmoved(&mut self, id: &SplitId, expected: Revision, record: &SplitRecord) {
         let request = StoreRequest::CompareAndSwap {
             key: keys::split(id),
             expected,

@@ -211,11 +211,12 @@ pub(crate) struct World {
     pub unacked_lease_writes: std::collections::BTreeSet<etl_coordination_core::Revision>,
     /// Per bucket: a stream leader that lost its quorum, with the writes it holds.
     pub stuck: [Option<Stuck>; 2],
-    /// Reads answered stale (by slot, life and op) whose answers have not been delivered yet.
-    pub stale_answers: std::collections::BTreeSet<(usize, u32, OpId)>,
-    /// The input being delivered is a stale answer: what the core decides on it may be wrong
-    /// in a way it cannot tell (an absent key from a lagging replica).
-    on_stale_answer: bool,
+    /// Reads a lagging replica answered (by slot, life and op, not delivered yet), with the
+    /// keys it called absent although the store has them.
+    pub stale_answers: BTreeMap<(usize, u32, OpId), Vec<etl_coordination_core::Key>>,
+    /// The keys the answer being delivered calls absent wrongly: a fence of their split decided
+    /// on it is one the core cannot avoid (it cannot tell that "absent" from an expiry).
+    stale_absent: Vec<etl_coordination_core::Key>,
 }
 
 impl World {
@@ -289,7 +290,7 @@ impl World {
             unacked_lease_writes: Default::default(),
             stuck: Default::default(),
             stale_answers: Default::default(),
-            on_stale_answer: false,
+            stale_absent: Vec::new(),
         }
     }
 
@@ -576,8 +577,12 @@ impl World {
             return;
         }
         let life = self.slots[slot].life;
-        self.on_stale_answer =
-            matches!(&input, Input::StoreResult { op, .. } if self.stale_answers.remove(&(slot, life, *op)));
+        self.stale_absent = match &input {
+            Input::StoreResult { op, .. } => {
+                self.stale_answers.remove(&(slot, life, *op)).unwrap_or_default()
+            }
+            _ => Vec::new(),
+        };
         let core = self.slots[slot].core.as_mut().expect("checked above");
         let actions = core.handle(now, input);
         let deadline = core.next_deadline();
@@ -722,9 +727,10 @@ impl World {
                 let lease =
                     self.lease.get(now, &keys::split(&split)).and_then(|e| records::decode(&e.value).ok());
                 // Excused: another owner's write waits at a stuck leader (it may land), or the
-                // fence was decided on a stale answer (a lagging replica's "absent" looks like
-                // an expiry; only reads through the stream leader tell them apart).
-                let waiting = self.foreign_write_waiting(&split, &who) || self.on_stale_answer;
+                // answer being handled is a lagging replica's "absent" for this split's record
+                // or lease (it looks like an expiry; only reads through the leader tell).
+                let waiting = self.foreign_write_waiting(&split, &who)
+                    || self.stale_absent.contains(&keys::split(&split));
                 self.checker.on_fenced(now, &split, &who, record.as_ref(), lease.as_ref(), waiting);
             }
             Event::Quarantined { .. } => self.report.quarantined += 1,

@@ -205,9 +205,9 @@ impl World {
         let result = if write {
             self.apply_write(&writer, bucket, request)
         } else {
-            let (result, stale) = self.read(bucket, request);
-            if stale && answer != Answer::Dropped {
-                self.stale_answers.insert((slot, life, op));
+            let (result, missing) = self.read(bucket, request);
+            if !missing.is_empty() && answer != Answer::Dropped {
+                self.stale_answers.insert((slot, life, op), missing);
             }
             result
         };
@@ -326,11 +326,12 @@ impl World {
     }
 
     /// A read, possibly answered by a replica that lags behind (history as of an earlier time).
-    /// Also says whether the answer is stale (differs from the store's current state).
-    fn read(&mut self, bucket: Bucket, request: StoreRequest) -> (StoreResult, bool) {
+    /// Also gives the keys the answer calls absent although the store has them (a lagging
+    /// replica's "absent" the core cannot tell from an expiry).
+    fn read(&mut self, bucket: Bucket, request: StoreRequest) -> (StoreResult, Vec<Key>) {
         let now = self.now;
         if !(self.faults_on && self.opts.stale_reads > 0.0 && self.rng.chance(self.opts.stale_reads)) {
-            return (self.kv(bucket).execute(now, request), false);
+            return (self.kv(bucket).execute(now, request), Vec::new());
         }
         let lag = ms(self.rng.range(0, self.opts.max_lag.as_millis() as u64));
         let as_of = Timestamp(now.0.saturating_sub(lag.as_micros() as u64));
@@ -342,8 +343,16 @@ impl World {
             StoreRequest::List { prefix } => Ok(StoreReply::Entries(as_of_list(h, &prefix, as_of))),
             other => unreachable!("not a read: {other:?}"),
         };
-        let stale = answer != current;
-        (answer, stale)
+        let present = |r: &StoreResult| -> Vec<Key> {
+            match r {
+                Ok(StoreReply::Value(Some(e))) => vec![e.key.clone()],
+                Ok(StoreReply::Entries(es)) => es.iter().map(|e| e.key.clone()).collect(),
+                _ => Vec::new(),
+            }
+        };
+        let answered = present(&answer);
+        let missing = present(&current).into_iter().filter(|k| !answered.contains(k)).collect();
+        (answer, missing)
     }
 
     fn apply_write(&mut self, writer: &Owner, bucket: Bucket, request: StoreRequest) -> StoreResult {
