@@ -29,7 +29,7 @@ struct Slot {
 /// the moment its TTL runs out. [`MemoryKv::with_explicit_expiry`] models NATS more closely: a
 /// key past its TTL stays live (readable and CAS-able) until [`MemoryKv::expire`] (the server's
 /// expiry timer) removes it.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct MemoryKv {
     slots: BTreeMap<Key, Slot>,
     last_revision: u64,

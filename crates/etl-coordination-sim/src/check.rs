@@ -244,7 +244,10 @@ impl Checker {
                 } else if stolen {
                     Some(AcquisitionReason::Stolen)
                 } else if matches!(&origin, Some(LeaseOrigin::Displaced(v)) if v.instance == writer.instance)
+                    && old.state == SplitState::Owned
                 {
+                    // (If the old incarnation's own end landed first, the record is Unleased:
+                    // the split was released, whatever the lease was taken over.)
                     Some(AcquisitionReason::Reclaimed)
                 } else if old.epoch == Epoch(0) {
                     Some(AcquisitionReason::Create)

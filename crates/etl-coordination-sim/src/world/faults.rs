@@ -174,7 +174,29 @@ impl World {
                         Bucket::State => "stream_leader_stuck_state",
                         Bucket::Lease => "stream_leader_stuck_lease",
                     });
-                    self.stuck[bi(bucket)] = Some(Stuck { until: self.now + dur, pending: Vec::new() });
+                    let snapshot = self.kv(bucket).clone();
+                    let until = self.now + dur;
+                    let stuck = if self.rng.chance(0.4) {
+                        // The leader lost its followers; every worker talks to it.
+                        Stuck {
+                            until,
+                            pending: Vec::new(),
+                            everyone: true,
+                            isolated: Vec::new(),
+                            elected_at: None,
+                            snapshot,
+                        }
+                    } else {
+                        // Its node is cut off with the workers connected to it (one node in three);
+                        // the others elect a new leader, maybe within the window.
+                        self.fault("stream_leader_node_cut_off");
+                        let isolated: Vec<usize> =
+                            live.iter().copied().filter(|_| self.rng.chance(1.0 / 3.0)).collect();
+                        let elected = self.now + ms(self.rng.range(500, lease * 2));
+                        let elected_at = (elected < until).then_some(elected);
+                        Stuck { until, pending: Vec::new(), everyone: false, isolated, elected_at, snapshot }
+                    };
+                    self.stuck[bi(bucket)] = Some(stuck);
                     self.schedule(dur, Ev::StreamRecovered { bucket });
                 }
             }

@@ -78,13 +78,37 @@ pub(crate) struct Sent {
 /// A stream leader cut off from its followers (what the real-process test that cuts the lease
 /// stream leader's node off showed): it takes writes but cannot commit them. They wait, in
 /// order, until it regains its quorum (they land late) or steps down (the next leader never saw
-/// some or all of them). Meanwhile reads show the committed state, expiries wait too, and a
-/// write to a key with one already waiting is refused: JetStream rejects an expected-sequence
-/// publish while another for the same subject is in process, so a retry against the revision
-/// a read shows conflicts although nobody else wrote.
+/// some or all of them). Meanwhile reads through it show the state it had when it was cut off,
+/// expiries wait too, and a write to a key with one already waiting is refused: JetStream
+/// rejects an expected-sequence publish while another for the same subject is in process, so a
+/// retry against the revision a read shows conflicts although nobody else wrote.
+///
+/// Two shapes: the leader lost its followers and every worker talks to it (no election, the
+/// quorum comes back); or its node is cut off with the workers connected to it (`isolated`)
+/// while the other nodes elect a new leader (`elected_at`) that serves the rest of the fleet:
+/// from then on the two sides diverge, the isolated workers read an ever older state, their
+/// watches go quiet, and their waiting writes are dropped when the old leader rejoins.
 pub(crate) struct Stuck {
     pub until: Timestamp,
     pub pending: Vec<Sent>,
+    /// Every worker talks to the stuck leader (the quorum-loss shape).
+    pub everyone: bool,
+    /// The workers connected to the cut-off node (the split shape).
+    pub isolated: Vec<usize>,
+    /// When the other nodes have a new leader (the split shape), if within the window.
+    pub elected_at: Option<Timestamp>,
+    /// The stuck leader's state when it was cut off (what reads through it show).
+    pub snapshot: MemoryKv,
+}
+
+impl Stuck {
+    fn isolates(&self, slot: usize) -> bool {
+        self.everyone || self.isolated.contains(&slot)
+    }
+
+    fn elected(&self, now: Timestamp) -> bool {
+        self.elected_at.is_some_and(|t| t <= now)
+    }
 }
 
 /// A watch subscription of one worker.
@@ -193,10 +217,60 @@ impl World {
             }
             return;
         }
-        if write && self.stuck[bi(sent.bucket)].is_some() {
-            return self.hold_at_stuck_leader(sent);
+        if let Some(stuck) = &self.stuck[bi(sent.bucket)] {
+            let now = self.now;
+            if stuck.isolates(sent.slot) {
+                if write {
+                    return self.hold_at_stuck_leader(sent);
+                }
+                return self.read_through_stuck_leader(sent);
+            }
+            if !stuck.elected(now) {
+                // The other nodes have no stream leader yet: nothing is applied.
+                self.fault("request_without_stream_leader");
+                if let Answer::After(_) = sent.answer {
+                    let (result, after) = if self.rng.chance(0.5) {
+                        (
+                            Err(StoreError::Unavailable("no responders: the stream has no leader".into())),
+                            us(500),
+                        )
+                    } else {
+                        (no_answer(write, self.opts.op_timeout), sent.deadline.saturating_since(now))
+                    };
+                    self.respond(sent.slot, sent.life, sent.op, result, after);
+                }
+                return;
+            }
         }
         self.apply_and_answer(sent);
+    }
+
+    /// A read through the cut-off node: its leader answers from the state it had when it was
+    /// cut off (the other side may have moved on since).
+    fn read_through_stuck_leader(&mut self, sent: Sent) {
+        let now = self.now;
+        let Sent { slot, life, op, bucket, request, answer, .. } = sent;
+        let current = self.kv(bucket).execute(now, request.clone());
+        let stuck = self.stuck[bi(bucket)].as_mut().expect("stuck");
+        let result = stuck.snapshot.execute(now, request);
+        let keys_of = |r: &StoreResult| -> Vec<Key> {
+            match r {
+                Ok(StoreReply::Value(Some(e))) => vec![e.key.clone()],
+                Ok(StoreReply::Entries(es)) => es.iter().map(|e| e.key.clone()).collect(),
+                _ => Vec::new(),
+            }
+        };
+        if result != current {
+            self.fault("read_from_cut_off_leader_behind");
+            let answered = keys_of(&result);
+            let missing: Vec<Key> = keys_of(&current).into_iter().filter(|k| !answered.contains(k)).collect();
+            if !missing.is_empty() && answer != Answer::Dropped {
+                self.stale_answers.insert((slot, life, op), missing);
+            }
+        }
+        if let Answer::After(d) = answer {
+            self.respond(slot, life, op, result, d);
+        }
     }
 
     fn apply_and_answer(&mut self, sent: Sent) {
@@ -231,12 +305,11 @@ impl World {
         let until = stuck.until;
         if stuck.pending.iter().any(|p| written_key(&p.request) == &key) {
             self.fault("write_refused_while_one_is_pending");
+            let live = self.stuck[bi(sent.bucket)].as_mut().expect("stuck").snapshot.get(now, &key).is_some();
             let result = match sent.request {
                 // The backend reads the key after the refusal: a live value is reported as such;
                 // none means nothing it could write over, and nothing was applied.
-                StoreRequest::Create { .. } if self.kv(sent.bucket).get(now, &key).is_some() => {
-                    Err(StoreError::AlreadyExists(key))
-                }
+                StoreRequest::Create { .. } if live => Err(StoreError::AlreadyExists(key)),
                 StoreRequest::Create { .. } => Err(StoreError::Unavailable(format!(
                     "creating {key}: another write to it is pending at the stream leader"
                 ))),
@@ -247,10 +320,13 @@ impl World {
             }
             return;
         }
-        if !self.would_apply(sent.bucket, &sent.request) {
-            // The leader checks the expected revision on arrival: a write that cannot apply is
-            // refused at once, as it would be by a healthy leader.
-            return self.apply_and_answer(sent);
+        if let Some(refused) = self.refused_by_stuck_leader(sent.bucket, &sent.request) {
+            // The leader checks the expected revision on arrival, against its own state: a write
+            // that cannot apply is refused at once, as a healthy leader would.
+            if let Answer::After(d) = sent.answer {
+                self.respond(sent.slot, sent.life, sent.op, Err(refused), d);
+            }
+            return;
         }
         if let Answer::After(d) = sent.answer
             && until + d > sent.deadline
@@ -282,14 +358,16 @@ impl World {
             .any(|p| *written_key(&p.request) == key && p.writer != *me)
     }
 
-    /// Whether a write's condition holds against the committed state (it would apply now).
-    fn would_apply(&mut self, bucket: Bucket, request: &StoreRequest) -> bool {
+    /// The error a write gets if its condition fails against the stuck leader's state.
+    fn refused_by_stuck_leader(&mut self, bucket: Bucket, request: &StoreRequest) -> Option<StoreError> {
         let now = self.now;
-        let current = self.kv(bucket).get(now, written_key(request)).map(|e| e.revision);
+        let key = written_key(request).clone();
+        let stuck = self.stuck[bi(bucket)].as_mut().expect("stuck");
+        let current = stuck.snapshot.get(now, &key).map(|e| e.revision);
         match request {
-            StoreRequest::Create { .. } => current.is_none(),
+            StoreRequest::Create { .. } => current.map(|_| StoreError::AlreadyExists(key)),
             StoreRequest::CompareAndSwap { expected, .. } | StoreRequest::Delete { expected, .. } => {
-                current == Some(*expected)
+                (current != Some(*expected)).then_some(StoreError::RevisionMismatch(key))
             }
             other => unreachable!("not a write: {other:?}"),
         }
@@ -297,10 +375,13 @@ impl World {
 
     /// The stuck leader of `bucket` regains its quorum or steps down: the next leader's log has
     /// every waiting write, a prefix of them (the ones replicated in time), or none.
+    /// With a new leader elected meanwhile, the cut-off one's waiting writes are dropped (its
+    /// uncommitted log is truncated when it rejoins).
     pub(crate) fn recover_stream(&mut self, bucket: Bucket) {
         let Some(stuck) = self.stuck[bi(bucket)].take() else { return };
         let n = stuck.pending.len() as u64;
         let keep = match self.rng.range(0, 3) {
+            _ if stuck.elected(self.now) => 0,
             0 | 1 => n,
             2 => self.rng.range(0, n),
             _ => 0,
@@ -442,7 +523,7 @@ impl World {
     /// lease stream's leader cannot commit: expiry markers are writes of the leader's too).
     pub(crate) fn expiry_tick(&mut self) {
         let now = self.now;
-        if self.stuck[bi(Bucket::Lease)].is_some() {
+        if self.stuck[bi(Bucket::Lease)].as_ref().is_some_and(|s| !s.elected(now)) {
             return;
         }
         let due: Vec<(Key, bool)> = self
@@ -488,7 +569,14 @@ impl World {
                 if self.faults_on && self.rng.chance(0.01) {
                     delay += ms(self.rng.range(50, 500));
                 }
-                let held = self.slots[self.subs[i].slot].link.hold_until;
+                let mut held = self.slots[self.subs[i].slot].link.hold_until;
+                if let Some(stuck) = &self.stuck[bi(bucket)]
+                    && !stuck.everyone
+                    && stuck.isolates(self.subs[i].slot)
+                {
+                    // The cut-off node's consumers see the other side's writes when it rejoins.
+                    held = held.max(stuck.until);
+                }
                 let at = (self.now + delay).max(held).max(Timestamp(self.subs[i].last_at.0 + 1));
                 self.subs[i].last_at = at;
                 let (slot, life, watch) = (self.subs[i].slot, self.subs[i].life, self.subs[i].watch);
@@ -504,7 +592,10 @@ impl World {
         }
         self.subs.retain(|s| !(s.slot == slot && s.watch == watch));
         let link = self.slots[slot].link;
-        if self.now < self.outage_until || link.refuses(self.now, watch.bucket(), false) {
+        let stuck_here =
+            self.stuck[bi(watch.bucket())].as_ref().is_some_and(|s| s.isolates(slot) && !s.everyone);
+        if self.now < self.outage_until || link.refuses(self.now, watch.bucket(), false) || stuck_here {
+            // (A consumer cannot be created on a node cut off from the others.)
             let input = etl_coordination_core::Input::WatchFailed { watch };
             return self.schedule(ms(300), Ev::ToWorker { slot, life, input });
         }
