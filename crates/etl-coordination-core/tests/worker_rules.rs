@@ -33,6 +33,15 @@ fn op_of(actions: &[Action], n: usize) -> OpId {
         .expect("store action")
 }
 
+/// A single worker with a plan of `n` splits, started, whose requests a test answers by hand.
+fn starting_by_hand(n: usize) -> Rig {
+    let mut r = Rig::new(cfg("w1", 1));
+    r.plan = Some(plan(n, PlanKind::Final));
+    r.auto = false;
+    r.feed(Input::Start);
+    r
+}
+
 /// A single worker that planned `n` splits and runs them.
 fn running(n: usize) -> Rig {
     let mut r = Rig::new(cfg("w1", 1));
@@ -297,19 +306,18 @@ fn deposed_leader_resolving() -> (Rig, OpId, Revision) {
     (r, read, leader_rev)
 }
 
+/// The lease watch shows the leader key expire at `revision`.
+fn leader_key_expires(r: &mut Rig, revision: Revision) {
+    let event = WatchEvent::Delete { key: keys::leader(), revision, cause: DeleteCause::Expired };
+    r.feed(Input::Watch { watch: WatchId::Leases, event });
+}
+
 #[test]
 fn p4_a_read_of_the_leader_key_older_than_one_seen_makes_nobody_leader() {
     let (mut r, read, leader_rev) = deposed_leader_resolving();
     // Meanwhile its watch shows the key expire and a peer take it.
     let w2 = LeaderRecord { owner: Owner { instance: id("w2"), incarnation: Incarnation(2) }, term: 0 };
-    r.feed(Input::Watch {
-        watch: WatchId::Leases,
-        event: WatchEvent::Delete {
-            key: keys::leader(),
-            revision: Revision(leader_rev.0 + 100),
-            cause: DeleteCause::Expired,
-        },
-    });
+    leader_key_expires(&mut r, Revision(leader_rev.0 + 100));
     r.feed(Input::Watch {
         watch: WatchId::Leases,
         event: WatchEvent::Put(Entry {
@@ -338,14 +346,7 @@ fn p4_a_read_of_the_leader_key_older_than_one_seen_makes_nobody_leader() {
 fn p4_a_read_of_our_expired_leader_key_from_a_lagging_replica_does_not_hide_the_expiry() {
     let (mut r, read, leader_rev) = deposed_leader_resolving();
     // Meanwhile its watch shows the key expire; nobody has taken it yet.
-    r.feed(Input::Watch {
-        watch: WatchId::Leases,
-        event: WatchEvent::Delete {
-            key: keys::leader(),
-            revision: Revision(leader_rev.0 + 100),
-            cause: DeleteCause::Expired,
-        },
-    });
+    leader_key_expires(&mut r, Revision(leader_rev.0 + 100));
     // A lagging replica answers the read with the expired key, still naming w1.
     let mine = LeaderRecord { owner: Owner { instance: id("w1"), incarnation: Incarnation(1) }, term: 0 };
     let stale = Entry { key: keys::leader(), value: records::encode(&mine), revision: leader_rev };
@@ -604,26 +605,9 @@ fn p10_an_end_read_answered_by_a_lagging_replica_is_never_adopted() {
 
 #[test]
 fn p5_a_claim_read_answered_by_a_lagging_replica_is_never_adopted() {
-    let mut r = Rig::new(cfg("w1", 1));
-    r.plan = Some(plan(1, PlanKind::Final));
-    r.auto = false;
-    r.feed(Input::Start);
+    let mut r = starting_by_hand(1);
     // Answer everything in order (with watch events) until the claim's record CAS is sent.
-    let is_claim = |q: &StoreRequest| {
-        matches!(q, StoreRequest::CompareAndSwap { key, value, .. }
-            if key.as_str() == "split.s0" && records::decode::<SplitRecord>(value).is_ok_and(|v| v.epoch == Epoch(1)))
-    };
-    let mut claim = None;
-    for _ in 0..200 {
-        let Some(i) = (!r.pending.is_empty()).then_some(0) else { break };
-        if r.pending[i].1 == Bucket::State && is_claim(&r.pending[i].2) {
-            let (op, _, req) = r.pending.remove(i);
-            claim = Some((op, req));
-            break;
-        }
-        r.apply_and_answer(i, None);
-    }
-    let (op, req) = claim.expect("the claim's record CAS");
+    let (op, req) = until_request(&mut r, is_claim);
     let StoreRequest::CompareAndSwap { expected: base, .. } = req else { unreachable!() };
     // Its answer is lost; the resolving read comes from a replica that lags behind the base.
     let a = r.answer(op, Err(StoreError::Indeterminate("no answer".into())));
@@ -1134,10 +1118,7 @@ fn record_writes(r: &Rig, split: &str) -> usize {
 
 #[test]
 fn p12_a_missing_descriptor_is_read_again_for_a_lease_duration_before_it_counts() {
-    let mut r = Rig::new(cfg("w1", 1));
-    r.plan = Some(plan(1, PlanKind::Final));
-    r.auto = false;
-    r.feed(Input::Start);
+    let mut r = starting_by_hand(1);
     // Seeds 104120 and 201380: a replica lagging behind the descriptor's write answered every
     // re-read absent. Well inside a lease duration (3 s), many absent reads decide nothing.
     let misses = answer_descriptor_absent(&mut r, "s0", Timestamp::from_millis(2_000));
@@ -1156,10 +1137,7 @@ fn p12_a_missing_descriptor_is_read_again_for_a_lease_duration_before_it_counts(
 
 #[test]
 fn p12_a_descriptor_absent_for_a_lease_duration_makes_the_split_unprocessable() {
-    let mut r = Rig::new(cfg("w1", 1));
-    r.plan = Some(plan(1, PlanKind::Final));
-    r.auto = false;
-    r.feed(Input::Start);
+    let mut r = starting_by_hand(1);
     answer_descriptor_absent(&mut r, "s0", Timestamp::from_millis(6_000));
     let rec = r.kv.record("s0");
     assert_eq!(rec.last_error.as_deref(), Some("descriptor missing from the store"));
@@ -1182,10 +1160,7 @@ fn until_pending(r: &mut Rig, want: impl Fn(Bucket, &StoreRequest) -> bool) -> (
 
 #[test]
 fn p6_an_earlier_acquisition_found_landed_by_a_later_ones_read_is_given_back() {
-    let mut r = Rig::new(cfg("w1", 1));
-    r.plan = Some(plan(1, PlanKind::Final));
-    r.auto = false;
-    r.feed(Input::Start);
+    let mut r = starting_by_hand(1);
     let lease_create = |b: Bucket, q: &StoreRequest| {
         b == Bucket::Lease && matches!(q, StoreRequest::Create { key, .. } if key.as_str() == "split.s0")
     };
@@ -1304,6 +1279,15 @@ fn p4_a_read_finding_our_leader_key_unmoved_makes_nobody_leader_until_a_write_is
     assert!(retaken && leads(&r), "{:?}", r.log);
 }
 
+/// The write to `key` waits the retry backoff (a third of a heartbeat): nothing 10 ms later,
+/// one write once the backoff has passed.
+fn sent_again_only_after_the_backoff(r: &mut Rig, bucket: Bucket, key: &str) {
+    let a = r.advance(Duration::from_millis(10));
+    assert_eq!(writes_to(&a, bucket, key), 0, "{a:?}");
+    let a = r.advance(Duration::from_secs(1));
+    assert_eq!(writes_to(&a, bucket, key), 1, "{a:?}");
+}
+
 /// How many writes (CAS or create) to `key` in `bucket` are among `actions`.
 fn writes_to(actions: &[Action], bucket: Bucket, key: &str) -> usize {
     store_requests(actions)
@@ -1317,25 +1301,8 @@ fn writes_to(actions: &[Action], bucket: Bucket, key: &str) -> usize {
 
 #[test]
 fn p5_a_claim_refused_while_the_record_has_not_moved_is_sent_again_only_after_the_backoff() {
-    let mut r = Rig::new(cfg("w1", 1));
-    r.plan = Some(plan(1, PlanKind::Final));
-    r.auto = false;
-    r.feed(Input::Start);
-    let is_claim = |q: &StoreRequest| {
-        matches!(q, StoreRequest::CompareAndSwap { key, value, .. }
-            if key.as_str() == "split.s0" && records::decode::<SplitRecord>(value).is_ok_and(|v| v.epoch == Epoch(1)))
-    };
-    let mut claim = None;
-    for _ in 0..200 {
-        let Some(i) = (!r.pending.is_empty()).then_some(0) else { break };
-        if r.pending[i].1 == Bucket::State && is_claim(&r.pending[i].2) {
-            let (op, _, req) = r.pending.remove(i);
-            claim = Some((op, req));
-            break;
-        }
-        r.apply_and_answer(i, None);
-    }
-    let (op, req) = claim.expect("the claim's record CAS");
+    let mut r = starting_by_hand(1);
+    let (op, req) = until_request(&mut r, is_claim);
     // A stream leader holding another write to the record refuses the claim, and the read shows
     // the record as the claim found it: nothing moved.
     let a = r.answer(op, Err(StoreError::RevisionMismatch(keys::split(&sid("s0")))));
@@ -1347,8 +1314,7 @@ fn p5_a_claim_refused_while_the_record_has_not_moved_is_sent_again_only_after_th
     assert_eq!(writes_to(&a, Bucket::State, "split.s0"), 0, "{a:?}");
     // After the backoff the same claim goes again.
     let a = r.advance(Duration::from_secs(1));
-    let again: Vec<_> =
-        store_requests(&a).into_iter().filter(|(b, q)| *b == Bucket::State && is_claim(q)).collect();
+    let again: Vec<_> = store_requests(&a).into_iter().filter(|(b, q)| is_claim(*b, q)).collect();
     assert_eq!(again, vec![(Bucket::State, req)], "{a:?}");
 }
 
@@ -1366,10 +1332,7 @@ fn p10_an_end_write_refused_while_the_record_has_not_moved_is_retried_only_after
     let a = r.apply(op_of(&a, 0));
     // A retry now would be refused by that leader for as long as it holds the first write.
     assert_eq!(writes_to(&a, Bucket::State, "split.s0"), 0, "re-sent at once: {a:?}");
-    let a = r.advance(Duration::from_millis(10));
-    assert_eq!(writes_to(&a, Bucket::State, "split.s0"), 0, "{a:?}");
-    let a = r.advance(Duration::from_secs(1));
-    assert_eq!(writes_to(&a, Bucket::State, "split.s0"), 1, "{a:?}");
+    sent_again_only_after_the_backoff(&mut r, Bucket::State, "split.s0");
 }
 
 #[test]
@@ -1378,16 +1341,8 @@ fn p4_a_refused_leader_attempt_is_not_repeated_on_every_input() {
     r.auto = false;
     r.feed(Input::Start);
     // Answer everything until the leader key's create is sent.
-    let mut create = None;
-    for _ in 0..200 {
-        let Some(i) = (!r.pending.is_empty()).then_some(0) else { break };
-        if matches!(&r.pending[i].2, StoreRequest::Create { key, .. } if *key == keys::leader()) {
-            create = Some(r.pending.remove(i).0);
-            break;
-        }
-        r.apply_and_answer(i, None);
-    }
-    let op = create.expect("a leader attempt");
+    let (op, _) =
+        until_request(&mut r, |_, q| matches!(q, StoreRequest::Create { key, .. } if *key == keys::leader()));
     // Refused with nothing to report (another worker's create waits at the stream leader).
     let a = r.answer(op, Err(StoreError::Unavailable("creating leader: another write is pending".into())));
     assert_eq!(writes_to(&a, Bucket::Lease, "leader"), 0, "{a:?}");
@@ -1404,56 +1359,46 @@ fn p4_a_refused_leader_attempt_is_not_repeated_on_every_input() {
 
 #[test]
 fn p4_a_term_bump_refused_while_the_head_has_not_moved_is_sent_again_only_after_the_backoff() {
-    let mut r = Rig::new(cfg("w1", 1));
-    r.plan = Some(plan(1, PlanKind::Final));
-    r.auto = false;
-    r.feed(Input::Start);
-    let mut bump = None;
-    for _ in 0..200 {
-        let Some(i) = (!r.pending.is_empty()).then_some(0) else { break };
-        if matches!(&r.pending[i].2, StoreRequest::Create { key, .. } if *key == keys::plan_head()) {
-            bump = Some(r.pending.remove(i).0);
-            break;
-        }
-        r.apply_and_answer(i, None);
-    }
-    let op = bump.expect("the first term bump");
+    let mut r = starting_by_hand(1);
+    let (op, _) = until_request(&mut r, is_head_create);
     // Refused with nothing there (another write to the head waits at the stream leader); the
     // read finds no head: the term is still to be established, against the same state.
     let a = r.answer(op, Err(StoreError::Unavailable("creating plan.head: another write is pending".into())));
     let a = r.apply(op_of(&a, 0));
     assert_eq!(writes_to(&a, Bucket::State, "plan.head"), 0, "re-sent at once: {a:?}");
-    let a = r.advance(Duration::from_millis(10));
-    assert_eq!(writes_to(&a, Bucket::State, "plan.head"), 0, "{a:?}");
-    let a = r.advance(Duration::from_secs(1));
-    assert_eq!(writes_to(&a, Bucket::State, "plan.head"), 1, "{a:?}");
+    sent_again_only_after_the_backoff(&mut r, Bucket::State, "plan.head");
 }
 
-/// Answers everything in order (with watch events) until the claim's record CAS (epoch 1) of
-/// `split.s0` is sent; returns it unanswered.
-fn until_claim(r: &mut Rig) -> (OpId, StoreRequest) {
-    let is_claim = |q: &StoreRequest| {
-        matches!(q, StoreRequest::CompareAndSwap { key, value, .. }
-            if key.as_str() == "split.s0" && records::decode::<SplitRecord>(value).is_ok_and(|v| v.epoch == Epoch(1)))
-    };
+/// Answers everything in order (with watch events) until a request `wanted` matches; returns
+/// it unanswered.
+fn until_request(r: &mut Rig, wanted: impl Fn(Bucket, &StoreRequest) -> bool) -> (OpId, StoreRequest) {
     for _ in 0..200 {
         let Some(i) = (!r.pending.is_empty()).then_some(0) else { break };
-        if r.pending[i].1 == Bucket::State && is_claim(&r.pending[i].2) {
+        if wanted(r.pending[i].1, &r.pending[i].2) {
             let (op, _, req) = r.pending.remove(i);
             return (op, req);
         }
         r.apply_and_answer(i, None);
     }
-    panic!("no claim was sent")
+    panic!("the request never came: {:?}", r.pending)
+}
+
+/// The claim's record CAS (epoch 1) of `split.s0`.
+fn is_claim(bucket: Bucket, q: &StoreRequest) -> bool {
+    bucket == Bucket::State
+        && matches!(q, StoreRequest::CompareAndSwap { key, value, .. }
+            if key.as_str() == "split.s0" && records::decode::<SplitRecord>(value).is_ok_and(|v| v.epoch == Epoch(1)))
+}
+
+/// The first term bump (the head's create).
+fn is_head_create(_: Bucket, q: &StoreRequest) -> bool {
+    matches!(q, StoreRequest::Create { key, .. } if *key == keys::plan_head())
 }
 
 #[test]
 fn p12_a_late_claim_of_an_earlier_acquisition_of_ours_is_released_not_adopted() {
-    let mut r = Rig::new(cfg("w1", 1));
-    r.plan = Some(plan(1, PlanKind::Final));
-    r.auto = false;
-    r.feed(Input::Start);
-    let (op, _) = until_claim(&mut r);
+    let mut r = starting_by_hand(1);
+    let (op, _) = until_request(&mut r, is_claim);
     // Meanwhile a claim an earlier acquisition of ours sent (and gave up while it waited at a
     // stuck stream leader) lands: epoch 1, us, but decided as a steal of someone's tenancy.
     let mut late = r.kv.record("s0");
@@ -1482,20 +1427,8 @@ fn p12_a_late_claim_of_an_earlier_acquisition_of_ours_is_released_not_adopted() 
 
 #[test]
 fn p4_a_delayed_head_write_is_not_sent_after_the_worker_stepped_down() {
-    let mut r = Rig::new(cfg("w1", 1));
-    r.plan = Some(plan(1, PlanKind::Final));
-    r.auto = false;
-    r.feed(Input::Start);
-    let mut bump = None;
-    for _ in 0..200 {
-        let Some(i) = (!r.pending.is_empty()).then_some(0) else { break };
-        if matches!(&r.pending[i].2, StoreRequest::Create { key, .. } if *key == keys::plan_head()) {
-            bump = Some(r.pending.remove(i).0);
-            break;
-        }
-        r.apply_and_answer(i, None);
-    }
-    let op = bump.expect("the first term bump");
+    let mut r = starting_by_hand(1);
+    let (op, _) = until_request(&mut r, is_head_create);
     let a = r.answer(op, Err(StoreError::Unavailable("creating plan.head: another write is pending".into())));
     r.apply(op_of(&a, 0));
     // The bump waits its backoff; meanwhile the leader key is gone and another worker leads.

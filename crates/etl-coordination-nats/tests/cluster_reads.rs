@@ -11,23 +11,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use etl_coordination_core::{JobName, Key, Revision, StoreError};
-use etl_coordination_nats::{NatsConfig, NatsStore, connect};
+use etl_coordination_nats::NatsStore;
 use etl_coordination_store::Store;
 use etl_coordination_testkit::NatsCluster;
 
+mod common;
+
+const OP_TIMEOUT: Duration = Duration::from_secs(1);
+
 async fn state_store(url: &str, job: &JobName) -> NatsStore {
-    let mut cfg = NatsConfig::new(url.to_owned());
-    cfg.replicas = 3;
-    cfg.op_timeout = Duration::from_secs(1);
-    let mut last = None;
-    for _ in 0..40 {
-        match connect(&cfg, job).await {
-            Ok(j) => return j.state,
-            Err(e) => last = Some(e),
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    panic!("cannot connect to {url}: {last:?}")
+    common::state_store(url, job, OP_TIMEOUT).await
 }
 
 /// Which reads may fail (answer "unavailable", which decides nothing) instead of answering.
