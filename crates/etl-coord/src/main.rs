@@ -44,6 +44,41 @@ enum Command {
     Status(StatusArgs),
     /// Return a quarantined split to the queue (attempts reset) after fixing its cause.
     Requeue(RequeueArgs),
+    /// Print the NATS permissions a job's clients need, to paste into the server's
+    /// authorization block (or JSON).
+    NatsPermissions(NatsPermissionsArgs),
+    /// Create a job's NATS buckets if missing and check their configuration (an operator's
+    /// set-up step, so that workers need no permission to create them).
+    NatsBuckets(NatsBucketsArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct NatsPermissionsArgs {
+    /// Job name.
+    #[arg(long)]
+    job: String,
+    /// Include creating the job's buckets (for `nats-buckets`, or workers that create them).
+    #[arg(long)]
+    create: bool,
+    /// `conf`: a user entry for the server's `authorization { users: [...] }`; `json`: the
+    /// permissions alone, as JSON (e.g. for `nsc` or a templating tool).
+    #[arg(long, default_value = "conf", value_parser = ["conf", "json"])]
+    format: String,
+    /// The user name in the `conf` entry.
+    #[arg(long, default_value = "etl-JOB")]
+    user: String,
+    /// The environment variable the server reads the user's password from (`conf`).
+    #[arg(long, default_value = "ETL_COORD_NATS_PASSWORD")]
+    password_var: String,
+}
+
+#[derive(clap::Args, Debug)]
+struct NatsBucketsArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Only check that both buckets exist with a valid configuration; create nothing.
+    #[arg(long)]
+    check: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -92,14 +127,24 @@ struct StoreArgs {
     #[arg(long, default_value_t = 1)]
     nats_replicas: usize,
     /// NATS: a credentials (.creds) file.
-    #[arg(long, env = "NATS_CREDS")]
+    #[arg(long, env = "NATS_CREDS", conflicts_with_all = ["nats_token", "nats_user"])]
     nats_creds: Option<PathBuf>,
     /// NATS: an authentication token.
-    #[arg(long, env = "NATS_TOKEN", hide_env_values = true)]
+    #[arg(long, env = "NATS_TOKEN", hide_env_values = true, conflicts_with = "nats_user")]
     nats_token: Option<String>,
+    /// NATS: a user name (with --nats-password).
+    #[arg(long, env = "NATS_USER", requires = "nats_password")]
+    nats_user: Option<String>,
+    /// NATS: the user's password (better given by the environment than on the command line).
+    #[arg(long, env = "NATS_PASSWORD", hide_env_values = true, requires = "nats_user")]
+    nats_password: Option<String>,
     /// NATS: require TLS.
     #[arg(long)]
     nats_tls: bool,
+    /// NATS: a PEM file of the certificate authority that signed the servers' certificates
+    /// (implies --nats-tls).
+    #[arg(long, env = "NATS_TLS_CA")]
+    nats_tls_ca: Option<PathBuf>,
     /// NATS: timeout of one request.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     nats_op_timeout: Duration,
@@ -243,6 +288,44 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::NatsPermissions(a) => {
+            let job = etl_coordination_core::JobName::new(a.job.clone())?;
+            let access = if a.create {
+                etl_coordination_nats::Access::Create
+            } else {
+                etl_coordination_nats::Access::Use
+            };
+            let p = etl_coordination_nats::permissions(&job, access);
+            if a.format == "json" {
+                let v = serde_json::json!({
+                    "publish": { "allow": p.publish },
+                    "subscribe": { "allow": p.subscribe },
+                });
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                let user = a.user.replace("JOB", job.as_str());
+                println!(
+                    "# {} of etl-coordination job {job}: its two buckets, nothing else. Paste into\n\
+                     # authorization {{ users: [ ... ] }} of the NATS server configuration.",
+                    if a.create { "Creates and uses the buckets" } else { "A client" }
+                );
+                print!("{}", p.server_config_user(&user, &a.password_var));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::NatsBuckets(a) => {
+            let Some(mut cfg) = nats_config(&a.store)? else {
+                bail!("--store {:?}: nats-buckets needs a nats:// URL", a.store.store);
+            };
+            cfg.create_buckets = !a.check;
+            let job = etl_coordination_core::JobName::new(a.store.job.clone())?;
+            let stores = etl_coordination_nats::connect(&cfg, &job).await?;
+            for name in etl_coordination_nats::bucket_names(&job) {
+                let how = if stores.created.contains(&name) { "created" } else { "exists" };
+                println!("{name}: {how}, configuration valid (replicas {})", cfg.replicas);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Requeue(a) => {
             let split = SplitId::new(a.split.clone())?;
             match open_stores(&a.store).await? {
@@ -261,25 +344,40 @@ enum Stores {
     Nats(Box<JobStores<etl_coordination_nats::NatsStore>>),
 }
 
+/// The NATS configuration `--store` and the `--nats-*` flags describe; `None` for `memory`.
+fn nats_config(args: &StoreArgs) -> anyhow::Result<Option<etl_coordination_nats::NatsConfig>> {
+    let url = args.store.as_str();
+    if url == "memory" {
+        return Ok(None);
+    }
+    if !(url.starts_with("nats://") || url.starts_with("tls://")) {
+        bail!("--store {url:?}: expected `memory` or nats://HOST:PORT");
+    }
+    let mut cfg = etl_coordination_nats::NatsConfig::new(url);
+    cfg.replicas = args.nats_replicas;
+    cfg.op_timeout = args.nats_op_timeout;
+    cfg.tls_required = args.nats_tls || args.nats_tls_ca.is_some() || url.starts_with("tls://");
+    cfg.tls_root_certificate = args.nats_tls_ca.clone();
+    if let Some(t) = &args.nats_token {
+        cfg.auth = etl_coordination_nats::NatsAuth::Token(t.clone());
+    }
+    if let (Some(u), Some(p)) = (&args.nats_user, &args.nats_password) {
+        cfg.auth = etl_coordination_nats::NatsAuth::UserPassword(u.clone(), p.clone());
+    }
+    if let Some(c) = &args.nats_creds {
+        cfg.auth = etl_coordination_nats::NatsAuth::CredentialsFile(c.clone());
+    }
+    Ok(Some(cfg))
+}
+
 async fn open_stores(args: &StoreArgs) -> anyhow::Result<Stores> {
     let job = etl_coordination_core::JobName::new(args.job.clone())?;
-    match args.store.as_str() {
-        "memory" => Ok(Stores::Memory(JobStores { state: MemoryStore::new(), lease: MemoryStore::new() })),
-        url if url.starts_with("nats://") || url.starts_with("tls://") => {
-            let mut cfg = etl_coordination_nats::NatsConfig::new(url);
-            cfg.replicas = args.nats_replicas;
-            cfg.op_timeout = args.nats_op_timeout;
-            cfg.tls_required = args.nats_tls;
-            if let Some(t) = &args.nats_token {
-                cfg.auth = etl_coordination_nats::NatsAuth::Token(t.clone());
-            }
-            if let Some(c) = &args.nats_creds {
-                cfg.auth = etl_coordination_nats::NatsAuth::CredentialsFile(c.clone());
-            }
+    match nats_config(args)? {
+        None => Ok(Stores::Memory(JobStores { state: MemoryStore::new(), lease: MemoryStore::new() })),
+        Some(cfg) => {
             let job = etl_coordination_nats::connect(&cfg, &job).await?;
             Ok(Stores::Nats(Box::new(JobStores { state: job.state, lease: job.lease })))
         }
-        other => bail!("--store {other:?}: expected `memory` or nats://HOST:PORT"),
     }
 }
 

@@ -22,9 +22,19 @@
 //! - watches and listings use ordered consumers with `LastPerSubject` delivery and report the
 //!   end of the initial snapshot; a watch that fails is finished (never polled again).
 //!
+//! - every connection of a job uses the reply prefix [`inbox_prefix`], so a per-job user needs
+//!   only the subjects [`permissions`] lists; a subject the server refuses (credentials or a
+//!   permission) makes every operation of the connection fail with [`StoreError::Setup`]
+//!   naming the refused subject and the missing permission, at once (a refused request is
+//!   otherwise only a timeout).
+//!
 //! What it does not do: retry. The protocol core decides what to do with every outcome.
 
+mod permissions;
+
+use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, kv, message::PublishMessage};
@@ -32,7 +42,9 @@ use bytes::Bytes;
 use etl_coordination_core::{DeleteCause, Entry, JobName, Key, Prefix, Revision, StoreError, WatchEvent};
 use etl_coordination_store::{Store, WatchStream, validate_ttl, validate_value};
 use futures_util::StreamExt;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
+
+pub use permissions::{Access, Permissions, bucket_names, inbox_prefix, permissions};
 
 /// Conflict: wrong last sequence.
 const WRONG_LAST_SEQUENCE: u64 = 10071;
@@ -61,6 +73,9 @@ pub struct NatsConfig {
     pub tls_required: bool,
     /// Extra root certificate (PEM) for TLS.
     pub tls_root_certificate: Option<PathBuf>,
+    /// Create the job's buckets when they do not exist (needs [`Access::Create`]). Off, a
+    /// missing bucket is a setup error saying how to create it.
+    pub create_buckets: bool,
 }
 
 /// Authentication options async-nats supports.
@@ -88,6 +103,7 @@ impl NatsConfig {
             auth: NatsAuth::None,
             tls_required: false,
             tls_root_certificate: None,
+            create_buckets: true,
         }
     }
 }
@@ -99,6 +115,8 @@ pub struct NatsJob {
     pub state: NatsStore,
     /// `etl_coordination_{job}_lease`.
     pub lease: NatsStore,
+    /// The buckets this call created (empty when both existed).
+    pub created: Vec<String>,
 }
 
 /// One KV bucket.
@@ -114,6 +132,8 @@ pub struct NatsStore {
     op_timeout: Duration,
     /// Lease bucket: deletes leave a marker with this TTL instead of a permanent tombstone.
     marker_ttl: Option<Duration>,
+    /// What the server refused this connection.
+    refusals: Refusals,
 }
 
 impl std::fmt::Debug for NatsStore {
@@ -136,13 +156,176 @@ fn parse_version(v: &str) -> Option<(u64, u64)> {
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
+/// What the server refused a connection (an `-ERR` line), as the client's event callback saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Refusal {
+    /// The credentials, or their absence.
+    Credentials,
+    /// A missing permission: `publish` to or `subscribe` to `subject`.
+    Permission { verb: &'static str, subject: String },
+}
+
+impl Refusal {
+    /// `Permissions Violation for Publish to "S"` / `... for Subscription to "S"`.
+    fn parse(e: &async_nats::ServerError) -> Option<Refusal> {
+        let text = match e {
+            async_nats::ServerError::AuthorizationViolation => return Some(Refusal::Credentials),
+            async_nats::ServerError::Other(t) => t,
+            async_nats::ServerError::SlowConsumer(_) => return None,
+        };
+        let lower = text.to_lowercase();
+        if lower.contains("authorization violation") || lower.contains("authentication") {
+            return Some(Refusal::Credentials);
+        }
+        if !lower.contains("permissions violation") {
+            return None;
+        }
+        let verb = if lower.contains("for subscription") { "subscribe" } else { "publish" };
+        let subject = text.split('"').nth(1).unwrap_or(text).to_owned();
+        Some(Refusal::Permission { verb, subject })
+    }
+}
+
+/// What a connection of a job was refused, and how to say what to do about it.
+#[derive(Clone)]
+struct Refusals {
+    rx: watch::Receiver<Option<Refusal>>,
+    url: String,
+    job: JobName,
+    credentials: String,
+}
+
+impl Refusals {
+    fn new(config: &NatsConfig, job: &JobName) -> (Refusals, watch::Sender<Option<Refusal>>) {
+        let (tx, rx) = watch::channel(None);
+        let credentials = match &config.auth {
+            NatsAuth::None => "no credentials given".to_owned(),
+            NatsAuth::Token(_) => "a token".to_owned(),
+            NatsAuth::UserPassword(u, _) => format!("user {u:?}"),
+            NatsAuth::CredentialsFile(p) => format!("credentials file {}", p.display()),
+        };
+        (Refusals { rx, url: config.url.clone(), job: job.clone(), credentials }, tx)
+    }
+
+    /// The setup error of the first refusal, if there was one.
+    fn error(&self) -> Option<StoreError> {
+        self.rx.borrow().as_ref().map(|r| setup(self.describe(r)))
+    }
+
+    fn describe(&self, refusal: &Refusal) -> String {
+        let (url, job, who) = (&self.url, &self.job, &self.credentials);
+        let Refusal::Permission { verb, subject } = refusal else {
+            return format!(
+                "NATS at {url} refused the connection's credentials ({who}): authorization violation; \
+                 give job {job}'s credentials (a user and password, a token or a creds file) and check them \
+                 against the server's authorization block"
+            );
+        };
+        if let Some(stream) = subject.strip_prefix("$JS.API.STREAM.CREATE.") {
+            let bucket = stream.strip_prefix("KV_").unwrap_or(stream);
+            return format!(
+                "bucket {bucket} does not exist and NATS at {url} does not allow {who} to create it (publish to \
+                 {subject:?} denied): create job {job}'s buckets first as a user allowed to, with `etl-coord \
+                 nats-buckets --job {job}` (its permissions: `etl-coord nats-permissions --job {job} --create`), \
+                 or grant this user publish on {subject:?}"
+            );
+        }
+        let needed = permissions(job, Access::Use);
+        let list = if *verb == "subscribe" { &needed.subscribe } else { &needed.publish };
+        match Permissions::covering(list, subject) {
+            Some(entry) => format!(
+                "NATS at {url} denied {who} permission to {verb} to {subject:?}: a client of job {job} needs \
+                 every permission `etl-coord nats-permissions --job {job}` prints; this one is missing: \
+                 {verb} allow {entry:?}"
+            ),
+            None => format!(
+                "NATS at {url} denied {who} permission to {verb} to {subject:?}, which is not among job {job}'s \
+                 permissions (`etl-coord nats-permissions --job {job}`): please report this as a bug"
+            ),
+        }
+    }
+
+    /// Runs `fut` unless the connection has been refused, and ends it with the refusal's error
+    /// as soon as one arrives (a refused request would otherwise only time out).
+    async fn guard<T>(&self, fut: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+        if let Some(e) = self.error() {
+            return Err(e);
+        }
+        let mut rx = self.rx.clone();
+        tokio::select! {
+            r = fut => match (r, self.error()) {
+                (Err(_), Some(refused)) => Err(refused),
+                (r, _) => r,
+            },
+            _ = rx.wait_for(Option::is_some) => Err(self.error().unwrap_or_else(|| setup("refused".into()))),
+        }
+    }
+
+    /// Resolves when the connection has been refused.
+    async fn refused(&self) -> StoreError {
+        let mut rx = self.rx.clone();
+        let _ = rx.wait_for(Option::is_some).await;
+        self.error().unwrap_or_else(|| setup("refused".into()))
+    }
+}
+
 /// Connects, checks the server (P1) and creates or validates the job's buckets.
 pub async fn connect(config: &NatsConfig, job: &JobName) -> Result<NatsJob, StoreError> {
+    let (refusals, refused) = Refusals::new(config, job);
+    let client = open_connection(config, job, &refusals, Arc::new(refused)).await?;
+    let version = client.server_info().version;
+    match parse_version(&version) {
+        Some(v) if v >= MIN_SERVER_VERSION => {}
+        _ => {
+            return Err(setup(format!(
+                "NATS server {version} at {} is too old: etl-coordination needs per-message TTLs and KV limit markers, which shipped in NATS 2.11; upgrade the server to 2.11 or later (e.g. the nats:2.11-alpine image)",
+                config.url
+            )));
+        }
+    }
+    let js = jetstream::new(client.clone());
+    let account = refusals.guard(query_account(&js, config)).await?;
+    if account.requests.level < 1 {
+        return Err(setup(format!(
+            "JetStream API level {} at {} is too old (need 1, NATS 2.11); upgrade the server",
+            account.requests.level, config.url
+        )));
+    }
+    let [state_name, lease_name] = bucket_names(job);
+    let mut created = Vec::new();
+    let state = bucket(&client, &js, config, &refusals, &state_name, false, &mut created).await?;
+    let lease = bucket(&client, &js, config, &refusals, &lease_name, true, &mut created).await?;
+    for store in [&state, &lease] {
+        store.probe().await?;
+    }
+    Ok(NatsJob { state, lease, created })
+}
+
+/// The client options of a job's connection: credentials, TLS, the job's reply prefix, and an
+/// event callback that records what the server refuses.
+async fn options(
+    config: &NatsConfig,
+    job: &JobName,
+    refused: Arc<watch::Sender<Option<Refusal>>>,
+) -> Result<async_nats::ConnectOptions, StoreError> {
     let mut opts = async_nats::ConnectOptions::new()
         .connection_timeout(config.op_timeout)
         .request_timeout(Some(config.op_timeout))
-        .retry_on_initial_connect()
-        .max_reconnects(None);
+        .max_reconnects(None)
+        .custom_inbox_prefix(inbox_prefix(job))
+        .event_callback(move |event| {
+            let refused = refused.clone();
+            async move {
+                let async_nats::Event::ServerError(e) = &event else { return };
+                match Refusal::parse(e) {
+                    Some(r) => {
+                        tracing::error!(error = %e, "NATS refused a request of this client");
+                        refused.send_if_modified(|first| first.is_none() && first.replace(r).is_none());
+                    }
+                    None => tracing::warn!(error = %e, "NATS server error"),
+                }
+            }
+        });
     opts = match &config.auth {
         NatsAuth::None => opts,
         NatsAuth::Token(t) => opts.token(t.clone()),
@@ -156,55 +339,70 @@ pub async fn connect(config: &NatsConfig, job: &JobName) -> Result<NatsJob, Stor
         opts = opts.require_tls(true);
     }
     if let Some(ca) = &config.tls_root_certificate {
+        if !ca.is_file() {
+            return Err(setup(format!("the TLS CA file {} does not exist", ca.display())));
+        }
         opts = opts.add_root_certificates(ca.clone());
     }
+    Ok(opts)
+}
+
+/// Connects, trying again for twice the op timeout while no server answers (a worker may start
+/// before NATS does). Refused credentials and a failed TLS handshake are final: trying again
+/// cannot fix them.
+async fn open_connection(
+    config: &NatsConfig,
+    job: &JobName,
+    refusals: &Refusals,
+    refused: Arc<watch::Sender<Option<Refusal>>>,
+) -> Result<async_nats::Client, StoreError> {
+    use async_nats::ConnectErrorKind as C;
     let servers = config
         .url
         .split(',')
         .map(|u| u.trim().parse::<async_nats::ServerAddr>())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| setup(format!("invalid NATS URL {:?}: {e}", config.url)))?;
-    let client = tokio::time::timeout(config.op_timeout * 2, opts.connect(servers))
-        .await
-        .map_err(|_| {
-            StoreError::Unavailable(format!(
-                "no NATS server answered at {} within {:?}",
+    let deadline = tokio::time::Instant::now() + config.op_timeout * 2;
+    let client = loop {
+        let opts = options(config, job, refused.clone()).await?;
+        let last = match tokio::time::timeout(config.op_timeout, opts.connect(servers.clone())).await {
+            Ok(Ok(client)) => break client,
+            Ok(Err(e)) if matches!(e.kind(), C::AuthorizationViolation | C::Authentication) => {
+                return Err(setup(refusals.describe(&Refusal::Credentials)));
+            }
+            Ok(Err(e)) if e.kind() == C::Tls => {
+                return Err(setup(format!(
+                    "TLS with NATS at {} failed ({e}): give the certificate authority that signed the \
+                     server's certificate (etl-coord: --nats-tls-ca), and check that the URL's host name is \
+                     one the certificate names",
+                    config.url
+                )));
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "timed out".to_owned(),
+        };
+        if tokio::time::Instant::now() + Duration::from_millis(200) > deadline {
+            return Err(StoreError::Unavailable(format!(
+                "no NATS server answered at {} within {:?} ({last}); check the URL and that the server runs",
                 config.url,
                 config.op_timeout * 2
-            ))
-        })?
-        .map_err(|e| StoreError::Unavailable(format!("cannot connect to NATS at {}: {e}", config.url)))?;
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     // Wait for the connection (and the server's INFO) before judging its version.
-    match tokio::time::timeout(config.op_timeout, client.flush()).await {
-        Ok(Ok(())) => {}
-        _ => {
-            return Err(StoreError::Unavailable(format!(
+    let connected = refusals.guard(async {
+        match tokio::time::timeout(config.op_timeout, client.flush()).await {
+            Ok(Ok(())) => Ok(()),
+            _ => Err(StoreError::Unavailable(format!(
                 "no NATS server answered at {} within {:?}; check the URL and that the server runs",
                 config.url, config.op_timeout
-            )));
+            ))),
         }
-    }
-    let version = client.server_info().version;
-    match parse_version(&version) {
-        Some(v) if v >= MIN_SERVER_VERSION => {}
-        _ => {
-            return Err(setup(format!(
-                "NATS server {version} at {} is too old: etl-coordination needs per-message TTLs and KV limit markers, which shipped in NATS 2.11; upgrade the server to 2.11 or later (e.g. the nats:2.11-alpine image)",
-                config.url
-            )));
-        }
-    }
-    let js = jetstream::new(client.clone());
-    let account = query_account(&js, config).await?;
-    if account.requests.level < 1 {
-        return Err(setup(format!(
-            "JetStream API level {} at {} is too old (need 1, NATS 2.11); upgrade the server",
-            account.requests.level, config.url
-        )));
-    }
-    let state = bucket(&client, &js, config, &format!("etl_coordination_{job}_state"), false).await?;
-    let lease = bucket(&client, &js, config, &format!("etl_coordination_{job}_lease"), true).await?;
-    Ok(NatsJob { state, lease })
+    });
+    connected.await?;
+    Ok(client)
 }
 
 /// How long setup retries what a server that is starting, electing or loaded answers (late,
@@ -275,8 +473,10 @@ async fn bucket(
     client: &async_nats::Client,
     js: &jetstream::Context,
     config: &NatsConfig,
+    refusals: &Refusals,
     name: &str,
     ttl: bool,
+    created: &mut Vec<String>,
 ) -> Result<NatsStore, StoreError> {
     let cfg = kv::Config {
         bucket: name.to_owned(),
@@ -286,7 +486,11 @@ async fn bucket(
         ..Default::default()
     };
     let stream = format!("KV_{name}");
-    let (kv, leader, stream_config) = open_or_create(js, cfg, &stream).await?;
+    let (kv, leader, stream_config, new) =
+        refusals.guard(open_or_create(js, cfg, &stream, config.create_buckets, refusals)).await?;
+    if new {
+        created.push(name.to_owned());
+    }
     if ttl && (!stream_config.allow_message_ttl || stream_config.subject_delete_marker_ttl.is_none()) {
         return Err(setup(format!(
             "bucket {name} exists without per-message TTLs and limit markers, so leases would never expire; delete it (`nats kv del {name}`) or use another job name"
@@ -307,33 +511,51 @@ async fn bucket(
         leader,
         op_timeout: config.op_timeout,
         marker_ttl: ttl.then_some(config.limit_marker_ttl),
+        refusals: refusals.clone(),
     })
 }
 
-/// Opens the bucket, or creates it if it does not exist, and reads back its stream's
-/// configuration. Workers of a new job start together, so creation races are normal: a create
-/// fails because another worker's create is in flight, and on a cluster a new stream becomes
-/// visible to every server (and gets a leader that answers for it) a moment later, so opening
-/// it or reading its configuration meanwhile says "stream not found". All of it is retried for
-/// [`SETUP_WINDOW`]; a bucket that still cannot be opened or created is reported as unavailable with
-/// the last errors.
+/// Opens the bucket, or creates it if it does not exist (and `create` allows), and reads back
+/// its stream's configuration; true if this call created it. Workers of a new job start
+/// together, so creation races are normal: a create fails because another worker's create is
+/// in flight, and on a cluster a new stream becomes visible to every server (and gets a leader
+/// that answers for it) a moment later, so opening it or reading its configuration meanwhile
+/// says "stream not found". All of it is retried for [`SETUP_WINDOW`]; a bucket that still
+/// cannot be opened or created is reported as unavailable with the last errors.
 async fn open_or_create(
     js: &jetstream::Context,
     cfg: kv::Config,
     stream: &str,
-) -> Result<(kv::Store, jetstream::stream::Stream, jetstream::stream::Config), StoreError> {
+    create: bool,
+    refusals: &Refusals,
+) -> Result<(kv::Store, jetstream::stream::Stream, jetstream::stream::Config, bool), StoreError> {
     let mut retry = SetupRetry::new();
     loop {
+        let mut new = false;
         let kv = match js.get_key_value(&cfg.bucket).await {
             Ok(kv) => Ok(kv),
-            Err(opening) => js
-                .create_key_value(cfg.clone())
-                .await
-                .map_err(|e| format!("opening it: {opening}; creating it: {e}")),
+            Err(opening) if !create => {
+                if stream_missing(js, stream).await {
+                    let job = &refusals.job;
+                    return Err(setup(format!(
+                        "bucket {} does not exist: create job {job}'s buckets first, with `etl-coord nats-buckets \
+                         --job {job}` as a user allowed to (`etl-coord nats-permissions --job {job} --create`)",
+                        cfg.bucket
+                    )));
+                }
+                Err(format!("opening it: {opening}"))
+            }
+            Err(opening) => match js.create_key_value(cfg.clone()).await {
+                Ok(kv) => {
+                    new = true;
+                    Ok(kv)
+                }
+                Err(e) => Err(format!("opening it: {opening}; creating it: {e}")),
+            },
         };
         let last = match kv {
             Ok(kv) => match read_config(js, stream).await {
-                Ok((handle, config)) => return Ok((kv, handle, config)),
+                Ok((handle, config)) => return Ok((kv, handle, config, new)),
                 Err(e) => format!("reading its configuration: {e}"),
             },
             Err(e) => e,
@@ -345,6 +567,15 @@ async fn open_or_create(
             )));
         }
     }
+}
+
+/// Whether the server says `stream` does not exist (not merely that it did not answer).
+async fn stream_missing(js: &jetstream::Context, stream: &str) -> bool {
+    use jetstream::context::GetStreamErrorKind as G;
+    matches!(
+        js.get_stream(stream).await,
+        Err(e) if matches!(e.kind(), G::JetStream(j) if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
+    )
 }
 
 async fn read_config(
@@ -417,17 +648,21 @@ impl NatsStore {
             let ack = self.js.send_publish(self.subject(key), msg).await?;
             ack.await
         };
-        match tokio::time::timeout(self.op_timeout, fut).await {
-            Err(_) => Err(StoreError::Indeterminate(format!(
-                "no acknowledgement for {key} within {:?}",
-                self.op_timeout
-            ))),
-            Ok(Ok(ack)) => Ok(Revision(ack.sequence)),
-            Ok(Err(e)) if e.kind() == jetstream::context::PublishErrorKind::StreamNotFound => {
-                Err(self.no_responders(key).await)
-            }
-            Ok(Err(e)) => Err(self.classify_publish(key, &e)),
-        }
+        self.refusals
+            .guard(async {
+                match tokio::time::timeout(self.op_timeout, fut).await {
+                    Err(_) => Err(StoreError::Indeterminate(format!(
+                        "no acknowledgement for {key} within {:?}",
+                        self.op_timeout
+                    ))),
+                    Ok(Ok(ack)) => Ok(Revision(ack.sequence)),
+                    Ok(Err(e)) if e.kind() == jetstream::context::PublishErrorKind::StreamNotFound => {
+                        Err(self.no_responders(key).await)
+                    }
+                    Ok(Err(e)) => Err(self.classify_publish(key, &e)),
+                }
+            })
+            .await
     }
 
     /// A publish found no responder for the bucket's subject. Nothing was stored. That is
@@ -453,14 +688,23 @@ impl NatsStore {
     /// The latest message of `key`, read through the stream leader (never a direct get, which
     /// a lagging replica may answer).
     async fn latest(&self, key: &Key) -> Result<Option<Latest>, StoreError> {
-        use jetstream::stream::LastRawMessageErrorKind as L;
         let subject = self.subject(key);
-        match tokio::time::timeout(self.op_timeout, self.leader.get_last_raw_message_by_subject(&subject))
-            .await
-        {
-            Err(_) => {
-                Err(StoreError::Unavailable(format!("no answer reading {key} within {:?}", self.op_timeout)))
-            }
+        let read =
+            tokio::time::timeout(self.op_timeout, self.leader.get_last_raw_message_by_subject(&subject));
+        self.refusals.guard(async { Self::classify_read(key, read.await, self.op_timeout) }).await
+    }
+
+    fn classify_read(
+        key: &Key,
+        read: Result<
+            Result<async_nats::jetstream::message::StreamMessage, jetstream::stream::LastRawMessageError>,
+            tokio::time::error::Elapsed,
+        >,
+        op_timeout: Duration,
+    ) -> Result<Option<Latest>, StoreError> {
+        use jetstream::stream::LastRawMessageErrorKind as L;
+        match read {
+            Err(_) => Err(StoreError::Unavailable(format!("no answer reading {key} within {op_timeout:?}"))),
             Ok(Ok(m)) => {
                 let op = m.headers.get("KV-Operation").map(|v| v.as_str().to_owned());
                 let marker = m.headers.get("Nats-Marker-Reason").is_some();
@@ -475,15 +719,15 @@ impl NatsStore {
     /// An ordered consumer over the latest message of every subject under `prefix`, and the
     /// number of messages it will deliver before it is caught up.
     async fn snapshot_consumer(&self, prefix: &Prefix) -> Result<(consumer::push::Ordered, u64), StoreError> {
+        self.refusals.guard(self.open_snapshot(prefix)).await
+    }
+
+    async fn open_snapshot(&self, prefix: &Prefix) -> Result<(consumer::push::Ordered, u64), StoreError> {
         let filter = format!("$KV.{}.{}>", self.bucket, prefix.as_str());
         let unavailable = |e: String| StoreError::Unavailable(e);
-        let stream = tokio::time::timeout(self.op_timeout, self.js.get_stream(&self.stream))
-            .await
-            .map_err(|_| unavailable("timed out opening the bucket's stream".into()))?
-            .map_err(|e| unavailable(format!("opening {}: {e}", self.stream)))?;
         let consumer = tokio::time::timeout(
             self.op_timeout,
-            stream.create_consumer(consumer::push::OrderedConfig {
+            self.leader.create_consumer(consumer::push::OrderedConfig {
                 deliver_subject: self.client.new_inbox(),
                 description: Some("etl-coordination watch".into()),
                 filter_subject: filter,
@@ -499,6 +743,22 @@ impl NatsStore {
         let messages =
             consumer.messages().await.map_err(|e| unavailable(format!("starting a watch: {e}")))?;
         Ok((messages, pending))
+    }
+
+    /// Uses each kind of request a job makes (a read through the leader, a watch consumer, a
+    /// write that cannot apply: it expects a revision no key has) so that a missing permission
+    /// is reported at start, naming the subject, rather than when a lane first needs it.
+    /// Other outcomes are left to the protocol.
+    async fn probe(&self) -> Result<(), StoreError> {
+        let key = Key::new("etl-coordination-permission-probe").expect("a valid key");
+        let prefix = Prefix::new("etl-coordination-permission-probe.").expect("a valid prefix");
+        let fatal = |r: Result<(), StoreError>| match r {
+            Err(e @ StoreError::Setup(_)) => Err(e),
+            _ => Ok(()),
+        };
+        fatal(self.latest(&key).await.map(drop))?;
+        fatal(self.list(&prefix).await.map(drop))?;
+        fatal(self.publish(&key, Bytes::new(), u64::MAX, None).await.map(drop))
     }
 
     fn event(&self, msg: &jetstream::Message) -> Option<(WatchEvent, u64)> {
@@ -577,7 +837,9 @@ impl Store for NatsStore {
                     .map_err(|e| (api_code(&e), e.to_string())),
             }
         };
-        match tokio::time::timeout(self.op_timeout, fut).await {
+        let done =
+            self.refusals.guard(async { Ok(tokio::time::timeout(self.op_timeout, fut).await) }).await?;
+        match done {
             Err(_) => Err(StoreError::Indeterminate(format!("no acknowledgement deleting {key}"))),
             Ok(Ok(())) => Ok(()),
             Ok(Err((Some(WRONG_LAST_SEQUENCE | CLUSTERED_CONFLICT), _))) => {
@@ -612,6 +874,10 @@ impl Store for NatsStore {
                 let next = tokio::select! {
                     m = messages.next() => m,
                     () = tx.closed() => return,
+                    e = this.refusals.refused() => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
                 };
                 let msg = match next {
                     Some(Ok(m)) => m,
@@ -642,7 +908,13 @@ impl Store for NatsStore {
     }
 
     async fn list(&self, prefix: &Prefix) -> Result<Vec<Entry>, StoreError> {
-        let (mut messages, pending) = self.snapshot_consumer(prefix).await?;
+        self.refusals.guard(self.list_all(prefix)).await
+    }
+}
+
+impl NatsStore {
+    async fn list_all(&self, prefix: &Prefix) -> Result<Vec<Entry>, StoreError> {
+        let (mut messages, pending) = self.open_snapshot(prefix).await?;
         let mut out = Vec::new();
         if pending == 0 {
             return Ok(out);

@@ -41,6 +41,12 @@ impl NatsServer {
         Self::spawn("single", "")
     }
 
+    /// A single server with `extra` added to its configuration (an `authorization` block,
+    /// a `tls` block).
+    pub fn start_with(extra: &str) -> NatsServer {
+        Self::spawn("single", extra)
+    }
+
     /// A single server without JetStream (a misconfigured deployment).
     pub fn start_without_jetstream() -> NatsServer {
         Self::spawn("nojs", "jetstream: disabled")

@@ -1,0 +1,157 @@
+//! The NATS subjects a job's clients use, as permissions an operator grants per job.
+//!
+//! Found by running workers, `status` and `requeue` against a server that denies everything
+//! else and widening until the failure suites passed (docs/DESIGN.md, "Least privilege"), and
+//! checked against what the client library sends on paths a run rarely takes (an ordered
+//! consumer that recreates itself deletes its old consumer first).
+
+use etl_coordination_core::JobName;
+
+/// What a client of a job may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Use the job's existing buckets: what workers, `status` and `requeue` need.
+    Use,
+    /// Use them and create them when missing (an operator's set-up user, or workers allowed to
+    /// create their own buckets).
+    Create,
+}
+
+/// The subjects a client of one job may publish to and subscribe to. Nothing of any other
+/// job, and no JetStream API call but those named, is included.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Permissions {
+    /// Subjects to allow publishing to.
+    pub publish: Vec<String>,
+    /// Subjects to allow subscribing to.
+    pub subscribe: Vec<String>,
+}
+
+/// The two bucket names of `job`: state, then lease.
+pub fn bucket_names(job: &JobName) -> [String; 2] {
+    [format!("etl_coordination_{job}_state"), format!("etl_coordination_{job}_lease")]
+}
+
+/// The reply-subject prefix of a job's connections. Outside the usual `_INBOX.` so that users
+/// allowed to subscribe to `_INBOX.>` (a common grant) cannot read this job's replies.
+pub fn inbox_prefix(job: &JobName) -> String {
+    format!("_INBOX_etl_coordination_{job}")
+}
+
+/// The permissions a client of `job` needs for `access`.
+pub fn permissions(job: &JobName, access: Access) -> Permissions {
+    let mut publish = vec!["$JS.API.INFO".to_owned()];
+    for bucket in bucket_names(job) {
+        let stream = format!("KV_{bucket}");
+        if access == Access::Create {
+            publish.push(format!("$JS.API.STREAM.CREATE.{stream}"));
+        }
+        publish.extend([
+            // Open the bucket and read its configuration.
+            format!("$JS.API.STREAM.INFO.{stream}"),
+            // Reads through the stream leader (never direct gets: NATS-NOTES).
+            format!("$JS.API.STREAM.MSG.GET.{stream}"),
+            // Watches and listings: ordered push consumers, created unnamed; after a
+            // reconnect (or a gap) one deletes its consumer and creates a named one.
+            format!("$JS.API.CONSUMER.CREATE.{stream}"),
+            format!("$JS.API.CONSUMER.CREATE.{stream}.>"),
+            format!("$JS.API.CONSUMER.DELETE.{stream}.*"),
+            // Flow-control replies of those consumers.
+            format!("$JS.FC.{stream}.>"),
+            // Writes: creates, compare-and-swaps, deletes (all publishes to the key's subject).
+            format!("$KV.{bucket}.>"),
+        ]);
+    }
+    Permissions { publish, subscribe: vec![format!("{}.>", inbox_prefix(job))] }
+}
+
+impl Permissions {
+    /// The allow-list entry of `list` that matches `subject`, if any.
+    pub fn covering<'a>(list: &'a [String], subject: &str) -> Option<&'a str> {
+        list.iter().map(String::as_str).find(|p| subject_matches(p, subject))
+    }
+
+    /// A user entry for a NATS server's `authorization { users: [...] }` block: `user`, a
+    /// password read from the environment variable `password_var` when the server starts,
+    /// and these permissions.
+    pub fn server_config_user(&self, user: &str, password_var: &str) -> String {
+        let list =
+            |items: &[String]| items.iter().map(|s| format!("        {s:?}")).collect::<Vec<_>>().join("\n");
+        format!(
+            "{{\n  user: {user:?}\n  password: ${password_var}\n  permissions: {{\n    publish: {{\n      allow: [\n{}\n      ]\n    }}\n    subscribe: {{\n      allow: [\n{}\n      ]\n    }}\n  }}\n}}\n",
+            list(&self.publish),
+            list(&self.subscribe)
+        )
+    }
+}
+
+/// NATS subject matching: `*` matches one token, a final `>` one or more.
+fn subject_matches(pattern: &str, subject: &str) -> bool {
+    let mut p = pattern.split('.');
+    let mut s = subject.split('.');
+    loop {
+        match (p.next(), s.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(name: &str) -> JobName {
+        JobName::new(name.to_owned()).unwrap()
+    }
+
+    #[test]
+    fn subjects_match_as_nats_matches_them() {
+        assert!(subject_matches("$KV.b.>", "$KV.b.split.x"));
+        assert!(!subject_matches("$KV.b.>", "$KV.b"));
+        assert!(subject_matches("a.*.c", "a.b.c"));
+        assert!(!subject_matches("a.*.c", "a.b.d"));
+        assert!(!subject_matches("$JS.API.INFO", "$JS.API.INFO.x"));
+    }
+
+    #[test]
+    fn a_job_s_permissions_cover_its_buckets_and_nothing_of_another_job() {
+        let p = permissions(&job("orders"), Access::Use);
+        for s in [
+            "$KV.etl_coordination_orders_state.split.a",
+            "$JS.API.STREAM.MSG.GET.KV_etl_coordination_orders_lease",
+            "$JS.API.CONSUMER.CREATE.KV_etl_coordination_orders_state",
+            "$JS.API.CONSUMER.CREATE.KV_etl_coordination_orders_state.c_1.$KV.etl_coordination_orders_state.>",
+            "$JS.API.CONSUMER.DELETE.KV_etl_coordination_orders_state.c_1",
+        ] {
+            assert!(Permissions::covering(&p.publish, s).is_some(), "{s}");
+        }
+        for s in [
+            "$KV.etl_coordination_orders2_state.split.a",
+            "$KV.etl_coordination_other_lease.lease.a",
+            "$JS.API.STREAM.CREATE.KV_etl_coordination_orders_state",
+            "$JS.API.STREAM.DELETE.KV_etl_coordination_orders_state",
+            "$JS.API.DIRECT.GET.KV_etl_coordination_orders_state.$KV.etl_coordination_orders_state.x",
+        ] {
+            assert!(Permissions::covering(&p.publish, s).is_none(), "{s}");
+        }
+        assert!(Permissions::covering(&p.subscribe, "_INBOX_etl_coordination_orders.abc.1").is_some());
+        assert!(Permissions::covering(&p.subscribe, "_INBOX.abc.1").is_none());
+        let c = permissions(&job("orders"), Access::Create);
+        assert!(
+            Permissions::covering(&c.publish, "$JS.API.STREAM.CREATE.KV_etl_coordination_orders_state")
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn the_server_config_entry_quotes_subjects_and_reads_the_password_from_the_environment() {
+        let text = permissions(&job("j"), Access::Use).server_config_user("etl-j", "ETL_J_PASSWORD");
+        assert!(text.contains("user: \"etl-j\""), "{text}");
+        assert!(text.contains("password: $ETL_J_PASSWORD"), "{text}");
+        assert!(text.contains("\"$KV.etl_coordination_j_state.>\""), "{text}");
+    }
+}
