@@ -4,13 +4,12 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{dataset, job, records_in, wait_for_records};
+use common::cases::{self, signal};
+use common::{Nats, dataset, job, records_in, wait_for_records};
 use etl_coord::demo::input_keys;
-use etl_coord::sink::JsonlSink;
 use etl_coordination_testkit::{NatsCluster, NatsServer};
 
 fn nats_url() -> String {
@@ -18,62 +17,17 @@ fn nats_url() -> String {
         .expect("NATS_URL is not set: run `cargo xtask ci` (it starts a NATS server) or set NATS_URL")
 }
 
+fn nats() -> Nats {
+    Nats::open(nats_url())
+}
+
 fn worker(job: &str, id: &str, data: &std::path::Path, sink: &std::path::Path, extra: &[&str]) -> Child {
     common::worker(job, &nats_url(), id, data, sink, extra)
 }
 
-/// For every split `from` was emitting at `t_ms`, how long until `to` emitted it (ms).
-fn handover_ms(from: &std::path::Path, to: &std::path::Path, t_ms: u64) -> Vec<u64> {
-    let a = JsonlSink::read(from).unwrap_or_default();
-    let b = JsonlSink::read(to).unwrap_or_default();
-    let splits: BTreeSet<String> =
-        a.iter().filter(|l| l.at_ms + 500 >= t_ms).map(|l| l.split.clone()).collect();
-    let mut out: Vec<u64> = splits
-        .iter()
-        .filter_map(|s| b.iter().filter(|l| &l.split == s && l.at_ms >= t_ms).map(|l| l.at_ms - t_ms).min())
-        .collect();
-    out.sort_unstable();
-    out
-}
-
 #[test]
 fn a_killed_worker_is_taken_over_through_nats_with_no_loss() {
-    let (tmp, data) = dataset(8, 400);
-    let expected = input_keys(&data).unwrap();
-    let job = job("kill");
-    let (sa, sb) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
-    let mut a = worker(&job, "wa", &data, &sa, &["--record-delay-ms", "5", "--split-size", "20000"]);
-    let b = worker(&job, "wb", &data, &sb, &["--record-delay-ms", "5", "--split-size", "20000"]);
-    // Let both work for a while (bounded): until a has flushed some records.
-    let t = Instant::now();
-    while JsonlSink::read(&sa).map(|l| l.len()).unwrap_or(0) < 200 && t.elapsed() < Duration::from_secs(20) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let killed_ms = etl_coord::sink::unix_ms();
-    a.kill().unwrap(); // SIGKILL: no drain, no release
-    let _ = a.wait();
-    let killed_at = Instant::now();
-    let out = b.wait_with_output().unwrap();
-    let took = killed_at.elapsed();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let seen = records_in(&[&sa, &sb]);
-    let missing: Vec<_> = expected.difference(&seen).take(5).collect();
-    assert!(missing.is_empty(), "records never emitted: {missing:?}");
-    eprintln!("survivor finished {took:?} after the kill (lease 3s)");
-    // T2: takeover after kill -9 within lease_duration + 0.5 s, plus one renewal interval of
-    // slack (the victim's last renewal may be up to a third of a lease old when it dies).
-    let takeover = handover_ms(&sa, &sb, killed_ms);
-    println!("takeover after kill -9 (lease 3 s), ms per split: {takeover:?}");
-    assert!(!takeover.is_empty(), "a held splits when it was killed");
-    assert!(takeover.iter().all(|ms| *ms <= 3500 + 1000), "{takeover:?}");
-    // The job's state is visible to an operator.
-    let status = Command::new(env!("CARGO_BIN_EXE_etl-coord"))
-        .args(["status", "--job", &job, "--store", &nats_url()])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&status.stdout);
-    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
-    assert!(text.contains("0 owned, 0 unleased, 0 quarantined"), "{text}");
+    cases::kill9_takeover(&nats(), &job("kill"));
 }
 
 #[test]
@@ -90,48 +44,13 @@ fn two_workers_with_different_planners_are_refused_naming_both_fingerprints() {
     assert!(err.contains("split_bytes=20000") && err.contains("split_bytes=999"), "{err}");
 }
 
-fn signal(child: &Child, sig: &str) {
-    let ok = Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap().success();
-    assert!(ok, "kill {sig}");
-}
-
 fn status_json(job: &str) -> serde_json::Value {
     common::status_json(job, &nats_url())
 }
 
 #[test]
 fn a_drained_worker_hands_over_at_once_without_consuming_attempts() {
-    let (tmp, data) = dataset(6, 300);
-    let expected = input_keys(&data).unwrap();
-    let job = job("drain");
-    let (sa, sb) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
-    // Long leases: a pickup that waited for one would take 20 s.
-    let args =
-        ["--record-delay-ms", "3", "--split-size", "15000", "--lease-duration", "20s", "--max-attempts", "1"];
-    let mut a = worker(&job, "wa", &data, &sa, &args);
-    let b = worker(&job, "wb", &data, &sb, &args);
-    wait_for_records(&sa, 100, &mut a);
-    let term_ms = etl_coord::sink::unix_ms();
-    signal(&a, "-TERM");
-    let a_out = a.wait_with_output().unwrap();
-    assert_eq!(a_out.status.code(), Some(0), "a drained cleanly: {}", String::from_utf8_lossy(&a_out.stderr));
-    let drained = Instant::now();
-    let b_out = b.wait_with_output().unwrap();
-    assert_eq!(b_out.status.code(), Some(0), "{}", String::from_utf8_lossy(&b_out.stderr));
-    assert!(
-        drained.elapsed() < Duration::from_secs(15),
-        "b finished {:?} after the drain: no lease wait",
-        drained.elapsed()
-    );
-    let seen = records_in(&[&sa, &sb]);
-    assert!(expected.is_subset(&seen), "no loss");
-    // Release pickup, end to end (lane restart included; T1 measures only the store hop).
-    let pickup = handover_ms(&sa, &sb, term_ms);
-    println!("pickup after SIGTERM drain (lease 20 s), ms per split: {pickup:?}");
-    assert!(pickup.iter().all(|ms| *ms < 2000), "{pickup:?}");
-    let st = status_json(&job);
-    let splits = st["splits"].as_array().unwrap();
-    assert!(splits.iter().all(|s| s["state"] == "Done" && s["attempts"] == 0), "{st}");
+    cases::drain_handover(&nats(), &job("drain"));
 }
 
 #[test]
@@ -253,34 +172,7 @@ fn workers_self_fence_through_a_nats_outage_and_finish_when_it_returns() {
 
 #[test]
 fn when_the_leader_is_killed_another_worker_takes_over_with_a_new_term() {
-    let (tmp, data) = dataset(6, 400);
-    let expected = input_keys(&data).unwrap();
-    let job = job("leader");
-    let args = ["--record-delay-ms", "5", "--split-size", "15000"];
-    let sinks: Vec<_> = ["la", "lb", "lc"].iter().map(|id| tmp.path().join(format!("{id}.jsonl"))).collect();
-    let mut workers: Vec<(String, Child)> = ["la", "lb", "lc"]
-        .iter()
-        .zip(&sinks)
-        .map(|(id, s)| (id.to_string(), worker(&job, id, &data, s, &args)))
-        .collect();
-    wait_for_records(&sinks[0], 50, &mut workers[0].1);
-    let leader = status_json(&job)["leader"].as_str().expect("a leader").to_owned();
-    let term_before = status_json(&job)["plan"]["term"].as_u64().unwrap();
-    let i = workers.iter().position(|(id, _)| *id == leader).expect("the leader is one of ours");
-    let (_, mut dead) = workers.remove(i);
-    dead.kill().unwrap();
-    let _ = dead.wait();
-    for (id, c) in workers {
-        let out = c.wait_with_output().unwrap();
-        assert_eq!(out.status.code(), Some(0), "{id}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let refs: Vec<&std::path::Path> = sinks.iter().map(|p| p.as_path()).collect();
-    let seen = records_in(&refs);
-    let missing: Vec<_> = expected.difference(&seen).take(5).collect();
-    assert!(missing.is_empty(), "records never emitted: {missing:?}");
-    let st = status_json(&job);
-    assert!(st["plan"]["term"].as_u64().unwrap() > term_before, "a new leader bumped the term: {st}");
-    assert_eq!(st["plan"]["version"], 1, "a published Final plan is not re-planned: {st}");
+    cases::leader_kill(&nats(), &job("leader"));
 }
 
 #[test]

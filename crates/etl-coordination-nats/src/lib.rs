@@ -371,11 +371,13 @@ async fn open_connection(
             Ok(Err(e)) if matches!(e.kind(), C::AuthorizationViolation | C::Authentication) => {
                 return Err(setup(refusals.describe(&Refusal::Credentials)));
             }
-            Ok(Err(e)) if e.kind() == C::Tls => {
+            // rustls' verdicts (an untrusted certificate, a server that does not speak TLS) come
+            // as I/O errors.
+            Ok(Err(e)) if e.kind() == C::Tls || is_tls_failure(&e.to_string()) => {
                 return Err(setup(format!(
-                    "TLS with NATS at {} failed ({e}): give the certificate authority that signed the \
-                     server's certificate (etl-coord: --nats-tls-ca), and check that the URL's host name is \
-                     one the certificate names",
+                    "TLS with NATS at {} failed ({e}): check that the server has TLS on (a tls block), that \
+                     this client trusts the certificate authority that signed its certificate (etl-coord: \
+                     --nats-tls-ca), and that the URL's host is one the certificate names",
                     config.url
                 )));
             }
@@ -403,6 +405,11 @@ async fn open_connection(
     });
     connected.await?;
     Ok(client)
+}
+
+/// Whether a connection error is a TLS handshake's verdict (retrying cannot change it).
+fn is_tls_failure(error: &str) -> bool {
+    ["certificate", "corrupt message", "tls"].iter().any(|w| error.to_lowercase().contains(w))
 }
 
 /// How long setup retries what a server that is starting, electing or loaded answers (late,

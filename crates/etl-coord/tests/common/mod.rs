@@ -2,6 +2,8 @@
 //! processes and what their sinks hold.
 #![allow(dead_code)] // each suite uses its own part
 
+pub mod cases;
+
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -28,18 +30,65 @@ pub fn dataset(files: usize, lines: usize) -> (tempfile::TempDir, std::path::Pat
     (tmp, data)
 }
 
-/// An `etl-coord worker` of `job` on `store` reading `data` into `sink`, with a 3 s lease unless
-/// `extra` sets one; its output is captured.
+/// How the real-process suites reach a NATS server: its URL, and the environment a pod would
+/// carry for it (`NATS_USER`, `NATS_PASSWORD`, `NATS_TLS_CA`), given to every process.
+#[derive(Clone, Debug)]
+pub struct Nats {
+    pub url: String,
+    pub env: Vec<(String, String)>,
+}
+
+impl Nats {
+    /// A server that asks for no credentials.
+    pub fn open(url: String) -> Nats {
+        Nats { url, env: Vec::new() }
+    }
+
+    /// `etl-coord` with this server's environment.
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_etl-coord"));
+        c.envs(self.env.iter().map(|(k, v)| (k, v)));
+        c
+    }
+
+    /// An `etl-coord worker` of `job` reading `data` into `sink`, with a 3 s lease unless
+    /// `extra` sets one; its output is captured.
+    pub fn worker(&self, job: &str, id: &str, data: &Path, sink: &Path, extra: &[&str]) -> Child {
+        self.command()
+            .args(["worker", "--job", job, "--store", &self.url])
+            .args(["--source", &format!("files:{}", data.display())])
+            .args(["--sink", sink.to_str().unwrap(), "--instance-id", id])
+            .args(if extra.contains(&"--lease-duration") { &[][..] } else { &["--lease-duration", "3s"][..] })
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("etl-coord starts")
+    }
+
+    /// `etl-coord status --json` of `job`. A store that does not answer in time (a cluster
+    /// still electing leaders after a partition healed) is asked again, for up to 30 s.
+    pub fn status_json(&self, job: &str) -> serde_json::Value {
+        let t = Instant::now();
+        loop {
+            let out = self
+                .command()
+                .args(["status", "--json", "--job", job, "--store", &self.url])
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            if out.status.success() {
+                return serde_json::from_slice(&out.stdout).unwrap();
+            }
+            assert!(t.elapsed() < Duration::from_secs(30) && err.contains("unavailable"), "{err}");
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+}
+
+/// An `etl-coord worker` of `job` on `store` (no credentials); see [`Nats::worker`].
 pub fn worker(job: &str, store: &str, id: &str, data: &Path, sink: &Path, extra: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_etl-coord"))
-        .args(["worker", "--job", job, "--store", store, "--source", &format!("files:{}", data.display())])
-        .args(["--sink", sink.to_str().unwrap(), "--instance-id", id])
-        .args(if extra.contains(&"--lease-duration") { &[][..] } else { &["--lease-duration", "3s"][..] })
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("etl-coord starts")
+    Nats::open(store.to_owned()).worker(job, id, data, sink, extra)
 }
 
 /// Every record the sinks hold.
@@ -76,20 +125,7 @@ pub fn wait_for_records(sink: &Path, n: usize, writer: &mut Child) {
     }
 }
 
-/// `etl-coord status --json` of `job` on `store`. A store that does not answer in time (a
-/// cluster still electing leaders after a partition healed) is asked again, for up to 30 s.
+/// `etl-coord status --json` of `job` on `store` (no credentials); see [`Nats::status_json`].
 pub fn status_json(job: &str, store: &str) -> serde_json::Value {
-    let t = Instant::now();
-    loop {
-        let out = Command::new(env!("CARGO_BIN_EXE_etl-coord"))
-            .args(["status", "--json", "--job", job, "--store", store])
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        if out.status.success() {
-            return serde_json::from_slice(&out.stdout).unwrap();
-        }
-        assert!(t.elapsed() < Duration::from_secs(30) && err.contains("unavailable"), "{err}");
-        std::thread::sleep(Duration::from_secs(1));
-    }
+    Nats::open(store.to_owned()).status_json(job)
 }
