@@ -1,10 +1,16 @@
 //! The files under `deploy/` checked against the code they configure, and run as far as a
 //! machine without Docker or Kubernetes allows:
 //!
-//! - the compose file's worker command runs, as two replicas, against a NATS server started
-//!   from the compose NATS configuration;
-//! - the Kubernetes NATS configuration forms a 3-node JetStream cluster on loopback, and two
-//!   "pods" built from the Deployment's container spec complete a job on it with replicas 3;
+//! - the compose file's commands run against a NATS server started from the compose NATS
+//!   configuration (TLS with a certificate from `deploy/nats/dev-ca.sh`, authorization on): the
+//!   set-up service creates the job's buckets as its user, then two replicas complete the job as
+//!   the job's user; a client without credentials is refused;
+//! - the NATS user entries in the compose and Kubernetes configurations are what
+//!   `etl-coord nats-permissions` prints for the commands written above them;
+//! - the Kubernetes NATS configuration forms a 3-node JetStream cluster on loopback (TLS and
+//!   users as configured, passwords from the Secrets its env names), the bucket Job's pod
+//!   creates the job's buckets, and two "pods" built from the Deployment's container spec
+//!   complete a job on it with replicas 3;
 //! - every worker flag any file uses exists in `etl-coord worker --help`; cross-file names
 //!   (services, ports, probes, annotations, grace period vs drain timeout) agree;
 //! - the alert rules pass `promtool check rules` and their `promtool test rules` unit tests; the
@@ -37,7 +43,91 @@ fn yaml_docs(rel: &str) -> Vec<Value> {
     let text = read(rel);
     serde_norway::Deserializer::from_str(&text)
         .map(|d| {
-            serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{rel} is not valid YAML: {e}"))
+            let mut v: Value =
+                serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{rel} is not valid YAML: {e}"));
+            v.apply_merge().unwrap_or_else(|e| panic!("{rel}: merge keys: {e}"));
+            v
+        })
+        .collect()
+}
+
+/// The development CA and a server certificate, from the script deploy/ ships.
+fn dev_certs(dir: &Path) {
+    let out = Command::new("sh").arg(deploy().join("nats/dev-ca.sh")).arg(dir).output().unwrap();
+    assert!(out.status.success(), "dev-ca.sh: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Every `# etl-coord nats-permissions ...` line of a NATS configuration is followed by what
+/// that command prints (whitespace aside): nobody edits a permission block by hand.
+fn assert_generated_users(what: &str, conf: &str) {
+    let squash = |t: &str| {
+        t.lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .collect::<Vec<_>>()
+            .join(" ")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut n = 0;
+    for line in conf.lines().filter_map(|l| l.trim().strip_prefix("# etl-coord nats-permissions ")) {
+        let out = etl_coord().arg("nats-permissions").args(line.split_whitespace()).output().unwrap();
+        assert!(out.status.success(), "{what}: `etl-coord nats-permissions {line}`");
+        let entry = squash(&String::from_utf8_lossy(&out.stdout));
+        assert!(
+            squash(conf).contains(&entry),
+            "{what}: the entry under `{line}` is not what it prints:\n{entry}"
+        );
+        n += 1;
+    }
+    assert!(n >= 2, "{what}: a worker user and a set-up user, each under its command");
+}
+
+/// `text` with every occurrence of the container path `from` (`count` of them) moved to `to`.
+fn replace_n(text: &str, from: &str, to: &Path, count: usize) -> String {
+    assert_eq!(text.matches(from).count(), count, "{from} {count} times in\n{text}");
+    text.replace(from, &to.display().to_string())
+}
+
+/// The value of a compose environment entry: `${NAME:?message}` (compose refuses to start
+/// without NAME) is `secrets[NAME]`; a container path of a mount is its path on this machine.
+fn compose_value(v: &str, secrets: &[(&str, &str)], mounts: &[(String, PathBuf)]) -> String {
+    if let Some(rest) = v.strip_prefix("${") {
+        let name = rest.split(":?").next().unwrap();
+        assert!(rest.contains(":?"), "{v}: required (`${{{name}:?...}}`), never a default password");
+        return secrets
+            .iter()
+            .find(|(k, _)| *k == name)
+            .unwrap_or_else(|| panic!("no secret {name}"))
+            .1
+            .to_owned();
+    }
+    mounts.iter().find(|(c, _)| c == v).map_or(v.to_owned(), |(_, h)| h.display().to_string())
+}
+
+/// A compose service's environment, resolved as [`compose_value`] does.
+fn compose_env(
+    service: &Value,
+    secrets: &[(&str, &str)],
+    mounts: &[(String, PathBuf)],
+) -> Vec<(String, String)> {
+    service["environment"]
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.as_str().unwrap().to_owned(), compose_value(v.as_str().unwrap(), secrets, mounts)))
+        .collect()
+}
+
+/// A compose service's file mounts: container path, path on this machine.
+fn compose_mounts(service: &Value) -> Vec<(String, PathBuf)> {
+    service["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            let (src, rest) = v.as_str().unwrap().split_once(':').unwrap();
+            (rest.split(':').next().unwrap().to_owned(), deploy().join(src))
         })
         .collect()
 }
@@ -169,14 +259,18 @@ fn wait_for_line(rx: &Receiver<String>, text: &str, within: Duration) -> Vec<Str
     }
 }
 
-fn status_json(job: &str, store: &str) -> serde_json::Value {
-    let out = etl_coord().args(["status", "--json", "--job", job, "--store", store]).output().unwrap();
+fn status_json(job: &str, store: &str, env: &[(String, String)]) -> serde_json::Value {
+    let out = etl_coord()
+        .args(["status", "--json", "--job", job, "--store", store])
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
     assert!(out.status.success(), "status failed: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-fn assert_all_done(job: &str, store: &str) {
-    let st = status_json(job, store);
+fn assert_all_done(job: &str, store: &str, env: &[(String, String)]) {
+    let st = status_json(job, store, env);
     let splits = st["splits"].as_array().unwrap();
     assert!(!splits.is_empty(), "{st}");
     assert!(splits.iter().all(|s| s["state"] == "Done"), "every split Done: {st}");
@@ -233,36 +327,43 @@ fn the_dockerfile_builds_the_worker_with_the_pinned_toolchain_and_its_features()
 }
 
 #[test]
-fn the_compose_replicas_run_their_command_against_the_compose_nats_config() {
+fn the_compose_services_run_their_commands_against_the_compose_nats_config() {
     let compose = yaml_docs("docker-compose.yml").remove(0);
     let nats = &compose["services"]["nats"];
     assert!(str_of(nats, &["image"]).starts_with("nats:2.11"), "NATS >= 2.11: {nats:?}");
-    let mount = nats["volumes"][0].as_str().unwrap();
-    let (src, rest) = mount.split_once(':').unwrap();
-    let dst = rest.split(':').next().unwrap();
+    let nats_mounts = compose_mounts(nats);
+    let (conf_dst, dev_conf) = nats_mounts.iter().find(|(c, _)| c.ends_with(".conf")).unwrap().clone();
     let cmd: Vec<&str> = nats["command"].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
-    assert_eq!(cmd, ["--config", dst], "the server runs the mounted configuration");
-    let dev_conf = deploy().join(src);
+    assert_eq!(cmd, ["--config", conf_dst.as_str()], "the server runs the mounted configuration");
     let dev = std::fs::read_to_string(&dev_conf).unwrap();
     assert!(dev.contains("sync_interval: always"));
+    assert_generated_users("nats/dev.conf", &dev);
     // The health check asks the monitoring port the configuration opens.
     let check = nats["healthcheck"]["test"].as_sequence().unwrap();
     let url = check.iter().filter_map(|v| v.as_str()).find(|a| a.starts_with("http://")).unwrap();
     let mport = url.split(':').nth(2).unwrap().split('/').next().unwrap();
     assert!(dev.contains(&format!("http_port: {mport}")), "{url} vs\n{dev}");
 
+    let buckets = &compose["services"]["buckets"];
+    assert_eq!(buckets["depends_on"]["nats"]["condition"].as_str(), Some("service_healthy"));
     let pipeline = &compose["services"]["pipeline"];
-    let condition = pipeline["depends_on"]["nats"]["condition"].as_str();
-    assert_eq!(condition, Some("service_healthy"), "replicas wait for NATS");
+    let condition = pipeline["depends_on"]["buckets"]["condition"].as_str();
+    assert_eq!(condition, Some("service_completed_successfully"), "replicas start once the buckets exist");
     let replicas = pipeline["deploy"]["replicas"].as_u64().unwrap();
     assert_eq!(replicas, 2);
-    let nats_url = str_of(pipeline, &["environment", "NATS_URL"]);
-    assert_eq!(nats_url, "nats://nats:4222", "the pipeline reaches the nats service on its client port");
-    let entry: Vec<&str> =
-        pipeline["entrypoint"].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
-    assert_eq!(&entry[..2], ["/bin/sh", "-c"]);
-    // Compose turns `$$` into `$`; the container's shell expands the rest.
-    let mut script = entry[2].replace("$$", "$");
+    assert_eq!(
+        str_of(pipeline, &["environment", "NATS_URL"]),
+        "nats://nats:4222",
+        "the nats service's client port"
+    );
+    let script_of = |service: &Value| {
+        let entry: Vec<&str> =
+            service["entrypoint"].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        assert_eq!(&entry[..2], ["/bin/sh", "-c"]);
+        // Compose turns `$$` into `$`; the container's shell expands the rest.
+        entry[2].replace("$$", "$")
+    };
+    let mut script = script_of(pipeline);
     let words: Vec<String> = script.split_whitespace().map(|w| w.trim_matches('"').to_owned()).collect();
     assert_eq!(&words[..3], ["exec", "etl-coord", "worker"]);
     assert_known_flags("docker-compose.yml", &words);
@@ -274,28 +375,67 @@ fn the_compose_replicas_run_their_command_against_the_compose_nats_config() {
         Some("wait"),
         "a restart: on-failure replica stays up when done"
     );
+    let job = flag(&words, "--job").unwrap().to_owned();
+    let setup_script = script_of(buckets);
+    assert!(setup_script.contains(&format!("etl-coord nats-buckets --job {job} ")), "{setup_script}");
+    // Users: the job's for the replicas, the set-up user for the buckets; both from dev.conf.
+    assert_eq!(str_of(pipeline, &["environment", "NATS_USER"]), format!("etl-{job}"));
+    assert_eq!(str_of(buckets, &["environment", "NATS_USER"]), format!("setup-{job}"));
 
-    // What Docker would do for us: the NATS server from the compose config (on a free port and
-    // a temporary store instead of /data), the input volume mapped to its directory on this
-    // machine, and each replica in its own network namespace (here: its own admin port).
+    // What Docker would do for us: the NATS server from the compose config (on a free port, a
+    // temporary store instead of /data, certificates from dev-ca.sh where nats/certs is
+    // mounted, the passwords compose requires), the mounts mapped to their directories on
+    // this machine, and each replica in its own network namespace (here: its own admin port).
     let tmp = tempfile::tempdir().unwrap();
+    let certs = tmp.path().join("certs");
+    dev_certs(&certs);
+    let (certs_dst, _) = nats_mounts.iter().find(|(c, _)| !c.ends_with(".conf")).unwrap();
+    let secrets = [("ETL_COORD_NATS_PASSWORD", "job-secret"), ("ETL_COORD_SETUP_PASSWORD", "setup-secret")];
     let port = free_port();
     let local_conf = tmp.path().join("dev.conf");
-    std::fs::write(
-        &local_conf,
-        replace_once(&std::fs::read_to_string(&dev_conf).unwrap(), "/data", tmp.path()),
-    )
-    .unwrap();
-    let mut procs = Procs(vec![nats_server(&local_conf, port, &[], &["-m".into(), free_port().to_string()])]);
-    let input = pipeline["volumes"][0].as_str().unwrap();
-    let (src, rest) = input.split_once(':').unwrap();
-    let dst = rest.split(':').next().unwrap();
-    let local_input = deploy().join(src);
-    script = script.replace(&format!("files:{dst}"), &format!("files:{}", local_input.display()));
-    let job = flag(&words, "--job").unwrap();
+    let conf = replace_n(&replace_once(&dev, "/data", tmp.path()), certs_dst, &certs, 2);
+    std::fs::write(&local_conf, conf).unwrap();
+    let server_env = compose_env(nats, &secrets, &nats_mounts);
+    let server_env: Vec<(&str, &str)> = server_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut procs =
+        Procs(vec![nats_server(&local_conf, port, &server_env, &["-m".into(), free_port().to_string()])]);
+    let store = format!("nats://127.0.0.1:{port}");
+    // Client mounts: the CA file is the one dev-ca.sh made; the input is deploy/input.
+    let client_env = |service: &Value| {
+        let mounts: Vec<(String, PathBuf)> = compose_mounts(service)
+            .into_iter()
+            .map(|(c, h)| if h.ends_with("certs/ca.pem") { (c, certs.join("ca.pem")) } else { (c, h) })
+            .collect();
+        let mut env = compose_env(service, &secrets, &mounts);
+        env.iter_mut().filter(|(k, _)| k == "NATS_URL").for_each(|(_, v)| *v = store.clone());
+        (env, mounts)
+    };
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_etl-coord")).parent().unwrap().to_owned();
     let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
-    let store = format!("nats://127.0.0.1:{port}");
+    // Authorization is on: no credentials, no access.
+    let anonymous = etl_coord()
+        .args(["status", "--job", &job, "--store", &store, "--nats-tls-ca"])
+        .arg(certs.join("ca.pem"))
+        .output()
+        .unwrap();
+    assert_eq!(anonymous.status.code(), Some(1), "a client without credentials is refused");
+    // The set-up service first, then the replicas.
+    let (setup_env, _) = client_env(buckets);
+    let out = Command::new("/bin/sh")
+        .args(["-c", &setup_script])
+        .env("PATH", &path)
+        .envs(setup_env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "the buckets service: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("created"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let (worker_env, mounts) = client_env(pipeline);
+    let (input_dst, input) = mounts.iter().find(|(_, h)| h.ends_with("input")).unwrap();
+    script = script.replace(&format!("files:{input_dst}"), &format!("files:{}", input.display()));
     let mut replicas_out = Vec::new();
     for i in 0..replicas {
         let admin = format!("127.0.0.1:{}", free_port());
@@ -305,7 +445,7 @@ fn the_compose_replicas_run_their_command_against_the_compose_nats_config() {
                 .args(["-c", &script])
                 .env("PATH", &path)
                 .env("HOSTNAME", format!("pipeline-{i}"))
-                .env("NATS_URL", &store),
+                .envs(worker_env.iter().map(|(k, v)| (k, v))),
         );
         procs.0.push(child);
         replicas_out.push((rx, admin));
@@ -317,11 +457,52 @@ fn the_compose_replicas_run_their_command_against_the_compose_nats_config() {
         let metrics = http_get(admin, "/metrics").unwrap();
         assert!(metrics.contains(&format!(r#"instance="pipeline-{i}""#)), "id from $HOSTNAME:\n{metrics}");
     }
-    assert_all_done(job, &store);
+    let status_env: Vec<(String, String)> = worker_env.into_iter().filter(|(k, _)| k != "NATS_URL").collect();
+    assert_all_done(&job, &store, &status_env);
     for child in procs.0.iter_mut().skip(1) {
         sigterm(child);
         assert_eq!(exit_within(child, Duration::from_secs(grace)), Some(0));
     }
+}
+
+/// The env entry `name` of a container spec.
+fn env_entry<'a>(container: &'a Value, name: &str) -> &'a Value {
+    let env = container["env"].as_sequence().unwrap();
+    env.iter().find(|e| e["name"] == name).unwrap_or_else(|| panic!("no env {name} in {container:?}"))
+}
+
+/// The literal value of the env entry `name` of a container spec.
+fn env_value(container: &Value, name: &str) -> String {
+    str_of(env_entry(container, name), &["value"]).to_owned()
+}
+
+/// A container's env as a pod would have it: values as written, the pod name from the downward
+/// API, a Secret's key as `secret(name, key)`, and container paths of `mounts` moved to this
+/// machine.
+fn pod_env(container: &Value, pod_name: &str, mounts: &[(&str, &Path)]) -> Vec<(String, String)> {
+    container["env"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let value = match (&e["value"], &e["valueFrom"]) {
+                (Value::String(v), _) => {
+                    mounts.iter().find(|(c, _)| c == v).map_or(v.clone(), |(_, h)| h.display().to_string())
+                }
+                (_, from) if from["fieldRef"]["fieldPath"] == "metadata.name" => pod_name.to_owned(),
+                (_, from) if !from["secretKeyRef"].is_null() => {
+                    secret(str_of(from, &["secretKeyRef", "name"]), str_of(from, &["secretKeyRef", "key"]))
+                }
+                other => panic!("unexpected env entry {other:?}"),
+            };
+            (e["name"].as_str().unwrap().to_owned(), value)
+        })
+        .collect()
+}
+
+/// The value this test gives the key `key` of the Secret `name`.
+fn secret(name: &str, key: &str) -> String {
+    format!("{name}-{key}-value")
 }
 
 /// The pipeline Deployment, its container, and its args.
@@ -338,12 +519,47 @@ fn deployment() -> (Value, Value, Vec<String>) {
 fn the_kubernetes_deployment_agrees_with_the_worker_and_the_services() {
     let docs = yaml_docs("kubernetes/pipeline.yaml");
     let kinds: BTreeSet<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
-    assert_eq!(kinds, BTreeSet::from(["Deployment", "Service"]), "a plain Deployment, no StatefulSet");
+    assert_eq!(kinds, BTreeSet::from(["Deployment", "Job", "Service"]), "a plain Deployment, no StatefulSet");
     let (dep, container, args) = deployment();
     let pod = &dep["spec"]["template"];
-    assert!(pod["spec"]["volumes"].is_null() && container["volumeMounts"].is_null(), "no volumes");
     assert_eq!(args[0], "worker");
     assert_known_flags("pipeline.yaml", &args);
+    let job = flag(&args, "--job").unwrap();
+
+    // NATS as the job's own user, over TLS; the only volume is the CA certificate of the
+    // Secret nats-tls (not the server's key).
+    let ca_only = |pod_spec: &Value, container: &Value| {
+        let volumes = pod_spec["volumes"].as_sequence().unwrap();
+        assert_eq!(volumes.len(), 1, "one volume: {volumes:?}");
+        assert_eq!(str_of(&volumes[0], &["secret", "secretName"]), "nats-tls");
+        let items = volumes[0]["secret"]["items"].as_sequence().unwrap();
+        assert_eq!(items.len(), 1);
+        assert_eq!(str_of(&items[0], &["key"]), "ca.crt");
+        let mount = &container["volumeMounts"][0];
+        assert_eq!(mount["name"], volumes[0]["name"]);
+        let ca = format!("{}/{}", str_of(mount, &["mountPath"]), str_of(&items[0], &["path"]));
+        assert_eq!(env_value(container, "NATS_TLS_CA"), ca, "NATS_TLS_CA names the mounted CA");
+    };
+    ca_only(&pod["spec"], &container);
+    assert_eq!(env_value(&container, "NATS_USER"), format!("etl-{job}"));
+    let password = env_entry(&container, "NATS_PASSWORD");
+    assert_eq!(str_of(password, &["valueFrom", "secretKeyRef", "name"]), "etl-pipeline-nats");
+    // The bucket Job: the same job, replicas and store, as the set-up user.
+    let setup = docs.iter().find(|d| d["kind"] == "Job").unwrap();
+    let setup_pod = &setup["spec"]["template"]["spec"];
+    let setup_container = &setup_pod["containers"][0];
+    let setup_args: Vec<String> = setup_container["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(setup_args[0], "nats-buckets");
+    for f in ["--job", "--store", "--nats-replicas"] {
+        assert_eq!(flag(&setup_args, f), flag(&args, f), "the bucket Job's {f}");
+    }
+    assert_eq!(env_value(setup_container, "NATS_USER"), format!("setup-{job}"));
+    ca_only(setup_pod, setup_container);
 
     // Drain on SIGTERM must finish before the kubelet's SIGKILL.
     let grace = pod["spec"]["terminationGracePeriodSeconds"].as_u64().unwrap();
@@ -402,10 +618,34 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
     assert!(svc["spec"]["clusterIP"] == "None", "{headless} is headless (stable pod DNS names)");
     let conf = str_of(docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap(), &["data", "nats.conf"]);
     assert!(conf.contains("sync_interval: always"));
+    assert_generated_users("kubernetes/nats.yaml", conf);
+    let (_, pipeline_container, pipeline_args) = deployment();
+    let job = flag(&pipeline_args, "--job").unwrap().to_owned();
+    assert!(conf.contains(&format!("--job {job} ")), "nats.yaml has users for the pipeline's job {job}");
+    // The server's certificate and key from the Secret nats-tls, mounted where the config reads.
+    let nats_container = &sts["spec"]["template"]["spec"]["containers"][0];
+    let tls_mount =
+        nats_container["volumeMounts"].as_sequence().unwrap().iter().find(|m| m["name"] == "tls").unwrap();
+    let tls_dir = str_of(tls_mount, &["mountPath"]);
+    let tls_volume = sts["spec"]["template"]["spec"]["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "tls")
+        .unwrap();
+    assert_eq!(str_of(tls_volume, &["secret", "secretName"]), "nats-tls");
+    let tmp = tempfile::tempdir().unwrap();
+    // What the Secret nats-tls holds (cert-manager's key names), made by the development CA.
+    let certs = tmp.path().join("certs");
+    dev_certs(&certs);
+    for (from, to) in [("server-cert.pem", "tls.crt"), ("server-key.pem", "tls.key"), ("ca.pem", "ca.crt")] {
+        std::fs::copy(certs.join(from), certs.join(to)).unwrap();
+    }
+    let conf = replace_n(conf, tls_dir, &certs, 2);
 
     // Three nodes from the ConfigMap's configuration on loopback: the routes' pod DNS names
-    // (nats-N.nats-cluster) become this machine's ports; everything else is the file as is.
-    let tmp = tempfile::tempdir().unwrap();
+    // (nats-N.nats-cluster) become this machine's ports, the Secrets' files and values this
+    // test's; everything else is the file as is.
     let ports: Vec<(u16, u16, u16)> =
         (0..replicas).map(|_| (free_port(), free_port(), free_port())).collect();
     let mut local = conf.to_owned();
@@ -423,10 +663,12 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
         let conf_path = tmp.path().join(format!("n{i}.conf"));
         std::fs::write(&conf_path, node).unwrap();
         let pod = format!("{name}-{i}");
+        let env = pod_env(nats_container, &pod, &[]);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         procs.0.push(nats_server(
             &conf_path,
             *port,
-            &[("POD_NAME", pod.as_str())],
+            &env,
             &["-m".into(), mport.to_string(), "--cluster".into(), format!("nats://127.0.0.1:{cport}")],
         ));
     }
@@ -442,14 +684,27 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
         }
     }
 
-    // Two pods from the Deployment's container spec: args as written, except the store (the
-    // three loopback nodes instead of the Service), the source (the sample input instead of the
-    // bucket) and the admin address (one port per pod); env as written, with the downward-API
-    // pod name (dots included, as pod names may have them) and placeholder secrets.
-    let (dep, container, args) = deployment();
-    let grace = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"].as_u64().unwrap();
+    // The bucket Job's pod, then two pods from the Deployment's container spec: args as
+    // written, except the store (the three loopback nodes instead of the Service), the source
+    // (the sample input instead of the bucket) and the admin address (one port per pod); env as
+    // written, with the downward-API pod name (dots included, as pod names may have them),
+    // this test's Secret values, and the CA file where the pod mounts it.
     let store = ports.iter().map(|(p, _, _)| format!("nats://127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
-    let job = flag(&args, "--job").unwrap().to_owned();
+    let ca = certs.join("ca.crt");
+    let pipeline = yaml_docs("kubernetes/pipeline.yaml");
+    let setup =
+        &pipeline.iter().find(|d| d["kind"] == "Job").unwrap()["spec"]["template"]["spec"]["containers"][0];
+    let mut setup_args: Vec<String> =
+        setup["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect();
+    let at = setup_args.iter().position(|x| x == "--store").unwrap() + 1;
+    setup_args[at] = store.clone();
+    let ca_mount = |c: &Value| format!("{}/ca.crt", str_of(&c["volumeMounts"][0], &["mountPath"]));
+    let setup_env = pod_env(setup, "etl-pipeline-buckets-x1", &[(&ca_mount(setup), &ca)]);
+    let out = etl_coord().args(&setup_args).envs(setup_env.iter().map(|(k, v)| (k, v))).output().unwrap();
+    assert!(out.status.success(), "the bucket Job: {}", String::from_utf8_lossy(&out.stderr));
+    let (dep, container, args) = (deployment().0, pipeline_container, pipeline_args);
+    let grace = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"].as_u64().unwrap();
+    let worker_ca = ca_mount(&container);
     let mut pods = Vec::new();
     for i in 0..2 {
         let admin = format!("127.0.0.1:{}", free_port());
@@ -463,16 +718,7 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
         set("--admin-addr", &admin);
         let pod_name = format!("etl-pipeline.7f9c-{i}");
         let mut cmd = etl_coord();
-        cmd.args(&a);
-        for e in container["env"].as_sequence().unwrap() {
-            let value = match (&e["value"], &e["valueFrom"]) {
-                (Value::String(v), _) => v.clone(),
-                (_, from) if from["fieldRef"]["fieldPath"] == "metadata.name" => pod_name.clone(),
-                (_, from) if !from["secretKeyRef"].is_null() => "placeholder".into(),
-                other => panic!("unexpected env entry {other:?}"),
-            };
-            cmd.env(e["name"].as_str().unwrap(), value);
-        }
+        cmd.args(&a).envs(pod_env(&container, &pod_name, &[(&worker_ca, &ca)]));
         let (child, rx) = spawn_following(&mut cmd);
         procs.0.push(child);
         pods.push((rx, admin, pod_name));
@@ -488,7 +734,11 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
             "instance id {id} from POD_NAME:\n{metrics}"
         );
     }
-    assert_all_done(&job, &store);
+    let status_env: Vec<(String, String)> = pod_env(&container, "status", &[(&worker_ca, &ca)])
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("NATS_"))
+        .collect();
+    assert_all_done(&job, &store, &status_env);
     let n = procs.0.len();
     for child in &mut procs.0[n - 2..] {
         sigterm(child);
