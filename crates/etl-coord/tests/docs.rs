@@ -4,7 +4,8 @@
 //! - `etl-coord …` and `cargo run --release -p etl-coord -- …` run (the test's build of the
 //!   binary stands in for the release build and for `cargo install`), against a NATS server the
 //!   document itself starts (`nats-server …`, started here on a free port) or `NATS_URL`;
-//! - `promtool …` runs (`PROMTOOL`);
+//! - `promtool …` runs (`PROMTOOL`); `sh deploy/nats/dev-ca.sh` runs (into a temporary
+//!   directory); `export NAME=…` must name a variable the compose file requires;
 //! - `kubectl …` and `docker …` cannot run here: the files, resources, services and secrets they
 //!   name must exist in `deploy/`, and an `etl-coord` command they run inside a container runs
 //!   here against NATS;
@@ -148,6 +149,25 @@ impl Session {
                     String::from_utf8_lossy(&out.stdout)
                 );
             }
+            ["sh", "deploy/nats/dev-ca.sh"] => {
+                // Into this session's directory, not the repository's deploy/nats/certs.
+                let out = Command::new("sh")
+                    .arg(root().join("deploy/nats/dev-ca.sh"))
+                    .arg(self.tmp.path().join("certs"))
+                    .output()
+                    .unwrap();
+                assert!(out.status.success(), "{doc}: `{line}`: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            ["export", assignments @ ..] => {
+                let compose = std::fs::read_to_string(root().join("deploy/docker-compose.yml")).unwrap();
+                for a in assignments {
+                    let name = a.split('=').next().unwrap();
+                    assert!(
+                        compose.contains(&format!("${{{name}:?")),
+                        "{doc}: `{line}`: deploy/docker-compose.yml requires {name}"
+                    );
+                }
+            }
             ["kubectl", args @ ..] => self.kubectl(doc, line, args),
             ["docker", args @ ..] => self.docker(doc, line, args),
             _ => panic!("{doc}: no rule checks `{line}`; teach crates/etl-coord/tests/docs.rs how to"),
@@ -232,18 +252,36 @@ impl Session {
                 assert!(named(kind, name), "{doc}: `{line}`: no {kind} {name} in deploy/kubernetes");
             }
         }
-        if let ["create", "secret", "generic", name, literals @ ..] = args {
-            let pipeline = std::fs::read_to_string(root().join("deploy/kubernetes/pipeline.yaml")).unwrap();
+        if let ["create", "secret", "generic", name, sources @ ..] = args {
+            let text: String = ["kubernetes/pipeline.yaml", "kubernetes/nats.yaml"]
+                .iter()
+                .map(|f| std::fs::read_to_string(root().join("deploy").join(f)).unwrap())
+                .collect();
             assert!(
-                pipeline.contains(&format!("name: {name}")),
-                "{doc}: `{line}`: the Deployment uses {name}"
+                text.contains(&format!("name: {name}\n")) || text.contains(&format!("secretName: {name}\n")),
+                "{doc}: `{line}`: no manifest uses the Secret {name}"
             );
-            for l in literals {
-                let key = l.strip_prefix("--from-literal=").unwrap().split('=').next().unwrap();
+            let script = std::fs::read_to_string(root().join("deploy/nats/dev-ca.sh")).unwrap();
+            for s in sources {
+                let (key, file) = if let Some(l) = s.strip_prefix("--from-literal=") {
+                    (l.split('=').next().unwrap(), None)
+                } else {
+                    let f = s.strip_prefix("--from-file=").expect("--from-literal= or --from-file=");
+                    let (key, path) = f.split_once('=').expect("--from-file=KEY=PATH");
+                    (key, Some(path))
+                };
                 assert!(
-                    pipeline.contains(&format!("key: {key}")),
-                    "{doc}: `{line}`: the Deployment reads {key}"
+                    text.contains(&format!("key: {key}\n")) || text.contains(&format!("/{key}\n")),
+                    "{doc}: `{line}`: no manifest reads the key {key}"
                 );
+                // Files are the development CA's, which dev-ca.sh writes.
+                if let Some(path) = file {
+                    let base = path.rsplit('/').next().unwrap();
+                    assert!(
+                        path.starts_with("deploy/nats/certs/") && script.contains(&format!("$dir/{base}")),
+                        "{doc}: `{line}`: {path} is not a file dev-ca.sh writes"
+                    );
+                }
             }
         }
         self.inner_etl_coord(doc, line, args);
