@@ -12,6 +12,13 @@
 set -eu
 dir="${1:-$(dirname "$0")/certs}"
 command -v openssl >/dev/null || { echo "dev-ca.sh: openssl is needed (e.g. apt-get install openssl)" >&2; exit 1; }
+for f in ca.pem server-cert.pem server-key.pem; do
+  # `docker compose up` before this script makes each missing mounted file a directory.
+  if [ -d "$dir/$f" ]; then
+    echo "dev-ca.sh: $dir/$f is a directory (docker made it for a mount of a missing file): remove it and run again" >&2
+    exit 1
+  fi
+done
 mkdir -p "$dir"
 umask 077
 if [ ! -f "$dir/ca.pem" ] || [ ! -f "$dir/ca-key.pem" ]; then

@@ -320,9 +320,18 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             cfg.create_buckets = !a.check;
             let job = etl_coordination_core::JobName::new(a.store.job.clone())?;
             let stores = etl_coordination_nats::connect(&cfg, &job).await?;
-            for name in etl_coordination_nats::bucket_names(&job) {
-                let how = if stores.created.contains(&name) { "created" } else { "exists" };
-                println!("{name}: {how}, configuration valid (replicas {})", cfg.replicas);
+            let mut differ = false;
+            for b in [&stores.state, &stores.lease] {
+                let how = if stores.created.iter().any(|c| c == b.bucket()) { "created" } else { "exists" };
+                println!("{}: {how}, configuration valid, replicas {}", b.bucket(), b.replicas());
+                differ |= b.replicas() != cfg.replicas;
+            }
+            if differ && a.check {
+                bail!(
+                    "the buckets' replicas differ from --nats-replicas {} (replicas are set when a bucket \
+                     is created: change them with `nats stream edit`, or recreate the job)",
+                    cfg.replicas
+                );
             }
             Ok(ExitCode::SUCCESS)
         }

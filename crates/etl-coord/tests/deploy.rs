@@ -526,13 +526,13 @@ fn the_kubernetes_deployment_agrees_with_the_worker_and_the_services() {
     assert_known_flags("pipeline.yaml", &args);
     let job = flag(&args, "--job").unwrap();
 
-    // NATS as the job's own user, over TLS; the only volume is the CA certificate of the
-    // Secret nats-tls (not the server's key).
+    // NATS as the job's own user, over TLS; the only volume is the CA certificate, from the
+    // ConfigMap nats-ca (not the Secret that holds the server's key).
     let ca_only = |pod_spec: &Value, container: &Value| {
         let volumes = pod_spec["volumes"].as_sequence().unwrap();
         assert_eq!(volumes.len(), 1, "one volume: {volumes:?}");
-        assert_eq!(str_of(&volumes[0], &["secret", "secretName"]), "nats-tls");
-        let items = volumes[0]["secret"]["items"].as_sequence().unwrap();
+        assert_eq!(str_of(&volumes[0], &["configMap", "name"]), "nats-ca");
+        let items = volumes[0]["configMap"]["items"].as_sequence().unwrap();
         assert_eq!(items.len(), 1);
         assert_eq!(str_of(&items[0], &["key"]), "ca.crt");
         let mount = &container["volumeMounts"][0];

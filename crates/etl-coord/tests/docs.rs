@@ -252,14 +252,16 @@ impl Session {
                 assert!(named(kind, name), "{doc}: `{line}`: no {kind} {name} in deploy/kubernetes");
             }
         }
-        if let ["create", "secret", "generic", name, sources @ ..] = args {
+        if let ["create", "secret", "generic", name, sources @ ..]
+        | ["create", "configmap", name, sources @ ..] = args
+        {
             let text: String = ["kubernetes/pipeline.yaml", "kubernetes/nats.yaml"]
                 .iter()
                 .map(|f| std::fs::read_to_string(root().join("deploy").join(f)).unwrap())
                 .collect();
             assert!(
                 text.contains(&format!("name: {name}\n")) || text.contains(&format!("secretName: {name}\n")),
-                "{doc}: `{line}`: no manifest uses the Secret {name}"
+                "{doc}: `{line}`: no manifest uses {name}"
             );
             let script = std::fs::read_to_string(root().join("deploy/nats/dev-ca.sh")).unwrap();
             for s in sources {

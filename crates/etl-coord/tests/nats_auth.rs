@@ -111,15 +111,22 @@ fn password(user: &str) -> String {
     format!("pw-of-{user}")
 }
 
-/// Runs `cmd`; its exit code and standard error, which must come at once (not after retries).
+/// A long op timeout for commands that must be refused: a refusal ends a request at once, a
+/// timeout would take this long, and the bound the tests assert lies well between the two.
+const SLOW: [&str; 2] = ["--nats-op-timeout", "30s"];
+
+/// Runs `cmd` (given [`SLOW`]); its exit code and standard error, which must come at once, not
+/// after a timeout or retries.
 fn refused(cmd: &mut Command) -> (Option<i32>, String) {
-    refused_child(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("etl-coord starts"))
+    refused_child(
+        cmd.args(SLOW).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("etl-coord starts"),
+    )
 }
 
 fn refused_child(child: std::process::Child) -> (Option<i32>, String) {
     let t = Instant::now();
     let out = child.wait_with_output().unwrap();
-    assert!(t.elapsed() < Duration::from_secs(5), "refused at once, not after retries: {:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(15), "refused at once, not after a timeout: {:?}", t.elapsed());
     (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
@@ -213,7 +220,7 @@ fn a_worker_with_too_narrow_permissions_or_no_buckets_exits_1_naming_what_is_mis
     let (tmp, data) = dataset(1, 10);
     s.create_buckets("jn");
     let n = s.as_user("narrow-jn");
-    let (code, err) = refused_child(n.worker("jn", "n1", &data, &tmp.path().join("n.jsonl"), &[]));
+    let (code, err) = refused_child(n.worker("jn", "n1", &data, &tmp.path().join("n.jsonl"), &SLOW));
     assert_eq!(code, Some(1), "{err}");
     assert!(
         err.contains(&format!("publish allow {missing:?}")) && err.contains("nats-permissions --job jn"),
@@ -221,7 +228,7 @@ fn a_worker_with_too_narrow_permissions_or_no_buckets_exits_1_naming_what_is_mis
     );
     // jm's buckets were never created, and its workers may not create them.
     let jm = s.as_user("etl-jm");
-    let (code, err) = refused_child(jm.worker("jm", "m1", &data, &tmp.path().join("m.jsonl"), &[]));
+    let (code, err) = refused_child(jm.worker("jm", "m1", &data, &tmp.path().join("m.jsonl"), &SLOW));
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("does not exist") && err.contains("etl-coord nats-buckets --job jm"), "{err}");
 }

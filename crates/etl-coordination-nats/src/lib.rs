@@ -134,6 +134,8 @@ pub struct NatsStore {
     marker_ttl: Option<Duration>,
     /// What the server refused this connection.
     refusals: Refusals,
+    /// The bucket's stream replicas, as the server reported them at connect.
+    replicas: usize,
 }
 
 impl std::fmt::Debug for NatsStore {
@@ -251,21 +253,28 @@ impl Refusals {
         if let Some(e) = self.error() {
             return Err(e);
         }
-        let mut rx = self.rx.clone();
         tokio::select! {
             r = fut => match (r, self.error()) {
                 (Err(_), Some(refused)) => Err(refused),
                 (r, _) => r,
             },
-            _ = rx.wait_for(Option::is_some) => Err(self.error().unwrap_or_else(|| setup("refused".into()))),
+            refused = self.refused() => Err(match refused {
+                // The request was cut short: a write may still have applied. The fence keeps that
+                // safe (the worker stops on a setup error); the message keeps it honest.
+                StoreError::Setup(msg) => setup(format!("{msg} (a request in flight when the refusal came may have applied)")),
+                other => other,
+            }),
         }
     }
 
-    /// Resolves when the connection has been refused.
+    /// Resolves when the connection has been refused; never if it is not (also once the
+    /// connection is closed and nothing can be refused any more).
     async fn refused(&self) -> StoreError {
         let mut rx = self.rx.clone();
-        let _ = rx.wait_for(Option::is_some).await;
-        self.error().unwrap_or_else(|| setup("refused".into()))
+        if rx.wait_for(Option::is_some).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        self.error().expect("a refusal was recorded")
     }
 }
 
@@ -316,13 +325,22 @@ async fn options(
         .event_callback(move |event| {
             let refused = refused.clone();
             async move {
-                let async_nats::Event::ServerError(e) = &event else { return };
-                match Refusal::parse(e) {
+                let refusal = match &event {
+                    async_nats::Event::ServerError(e) => Refusal::parse(e),
+                    // A reconnect turned away (e.g. a rotated password) is reported by the client.
+                    async_nats::Event::ClientError(async_nats::ClientError::Other(e))
+                        if e.to_lowercase().contains("authorization violation") =>
+                    {
+                        Some(Refusal::Credentials)
+                    }
+                    _ => None,
+                };
+                match refusal {
                     Some(r) => {
-                        tracing::error!(error = %e, "NATS refused a request of this client");
+                        tracing::error!(%event, "NATS refused a request of this client");
                         refused.send_if_modified(|first| first.is_none() && first.replace(r).is_none());
                     }
-                    None => tracing::warn!(error = %e, "NATS server error"),
+                    None => tracing::debug!(%event, "NATS connection event"),
                 }
             }
         });
@@ -363,10 +381,13 @@ async fn open_connection(
         .map(|u| u.trim().parse::<async_nats::ServerAddr>())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| setup(format!("invalid NATS URL {:?}: {e}", config.url)))?;
-    let deadline = tokio::time::Instant::now() + config.op_timeout * 2;
+    // One attempt tries every server (each within the op timeout, in a shuffled order), so a
+    // node that drops packets costs one op timeout, not the attempt.
+    let attempt = config.op_timeout * servers.len() as u32;
+    let deadline = tokio::time::Instant::now() + attempt * 2;
     let client = loop {
         let opts = options(config, job, refused.clone()).await?;
-        let last = match tokio::time::timeout(config.op_timeout, opts.connect(servers.clone())).await {
+        let last = match tokio::time::timeout(attempt, opts.connect(servers.clone())).await {
             Ok(Ok(client)) => break client,
             Ok(Err(e)) if matches!(e.kind(), C::AuthorizationViolation | C::Authentication) => {
                 return Err(setup(refusals.describe(&Refusal::Credentials)));
@@ -388,7 +409,7 @@ async fn open_connection(
             return Err(StoreError::Unavailable(format!(
                 "no NATS server answered at {} within {:?} ({last}); check the URL and that the server runs",
                 config.url,
-                config.op_timeout * 2
+                attempt * 2
             )));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -409,7 +430,9 @@ async fn open_connection(
 
 /// Whether a connection error is a TLS handshake's verdict (retrying cannot change it).
 fn is_tls_failure(error: &str) -> bool {
-    ["certificate", "corrupt message", "tls"].iter().any(|w| error.to_lowercase().contains(w))
+    ["invalid peer certificate", "corrupt message", "tls required", "tls not available"]
+        .iter()
+        .any(|w| error.to_lowercase().contains(w))
 }
 
 /// How long setup retries what a server that is starting, electing or loaded answers (late,
@@ -519,6 +542,7 @@ async fn bucket(
         op_timeout: config.op_timeout,
         marker_ttl: ttl.then_some(config.limit_marker_ttl),
         refusals: refusals.clone(),
+        replicas: stream_config.num_replicas,
     })
 }
 
@@ -539,10 +563,14 @@ async fn open_or_create(
     let mut retry = SetupRetry::new();
     loop {
         let mut new = false;
+        // Create only what the server says does not exist: a late answer or an election
+        // ("temporarily unavailable", a stream not yet visible here) is asked again, never
+        // answered with a create (which a user without the create permission is refused).
         let kv = match js.get_key_value(&cfg.bucket).await {
             Ok(kv) => Ok(kv),
-            Err(opening) if !create => {
-                if stream_missing(js, stream).await {
+            Err(opening) => match stream_missing(js, stream).await {
+                false => Err(format!("opening it: {opening}")),
+                true if !create => {
                     let job = &refusals.job;
                     return Err(setup(format!(
                         "bucket {} does not exist: create job {job}'s buckets first, with `etl-coord nats-buckets \
@@ -550,14 +578,20 @@ async fn open_or_create(
                         cfg.bucket
                     )));
                 }
-                Err(format!("opening it: {opening}"))
-            }
-            Err(opening) => match js.create_key_value(cfg.clone()).await {
-                Ok(kv) => {
-                    new = true;
-                    Ok(kv)
-                }
-                Err(e) => Err(format!("opening it: {opening}; creating it: {e}")),
+                true => match js.create_key_value(cfg.clone()).await {
+                    Ok(kv) => {
+                        new = true;
+                        Ok(kv)
+                    }
+                    Err(e) if e.to_string().contains("replicas > 1 not supported") => {
+                        return Err(setup(format!(
+                            "cannot create bucket {} with {} replicas: the server is not clustered ({e}); \
+                             use --nats-replicas 1 on a single server",
+                            cfg.bucket, cfg.num_replicas
+                        )));
+                    }
+                    Err(e) => Err(format!("opening it: {opening}; creating it: {e}")),
+                },
             },
         };
         let last = match kv {
@@ -615,6 +649,16 @@ fn api_code(err: &(dyn std::error::Error + 'static)) -> Option<u64> {
 }
 
 impl NatsStore {
+    /// The bucket's name.
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    /// The bucket's replicas (set when it was created; `NatsConfig::replicas` only applies then).
+    pub fn replicas(&self) -> usize {
+        self.replicas
+    }
+
     fn subject(&self, key: &Key) -> String {
         format!("$KV.{}.{}", self.bucket, key)
     }
