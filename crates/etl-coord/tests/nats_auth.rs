@@ -1,6 +1,7 @@
-//! Least privilege on a shared NATS: the failure suite's core cases with a job's generated
-//! permissions over TLS, and what a client with another job's, missing, wrong or too narrow
-//! credentials, or without the CA, is told.
+//! Least privilege on a shared NATS: the real-process failure suite (kill -9 takeover, drain,
+//! stopped zombie, poison split, NATS outage, leader kill) with a job's generated permissions
+//! over TLS, and what a client with another job's, missing, wrong or too narrow credentials,
+//! or without the CA, is told.
 //!
 //! Each test starts its own server the way deploy/ sets one up: TLS with a certificate from the
 //! development CA (`deploy/nats/dev-ca.sh`, needs openssl), and users whose entries are exactly
@@ -148,6 +149,28 @@ fn with_the_generated_permissions_over_tls_a_drained_worker_hands_over() {
 fn with_the_generated_permissions_over_tls_a_killed_leader_is_replaced() {
     let s = Secured::start(&["lpleader"]);
     cases::leader_kill(&s.workers_of("lpleader"), "lpleader");
+    assert!(!s.server.log().contains("Violation"), "nothing refused:\n{}", s.server.log());
+}
+
+#[test]
+fn with_the_generated_permissions_over_tls_a_stopped_zombie_is_fenced() {
+    let s = Secured::start(&["lpzombie"]);
+    cases::zombie_fenced(&s.workers_of("lpzombie"), "lpzombie");
+    assert!(!s.server.log().contains("Violation"), "nothing refused:\n{}", s.server.log());
+}
+
+#[test]
+fn with_the_generated_permissions_over_tls_a_poison_split_is_quarantined() {
+    let s = Secured::start(&["lppoison"]);
+    cases::poison_quarantined(&s.workers_of("lppoison"), "lppoison");
+    assert!(!s.server.log().contains("Violation"), "nothing refused:\n{}", s.server.log());
+}
+
+#[test]
+fn with_the_generated_permissions_over_tls_workers_ride_out_a_nats_outage() {
+    let mut s = Secured::start(&["lpoutage"]);
+    let nats = s.workers_of("lpoutage");
+    cases::outage_self_fence(&nats, &mut s.server, "lpoutage");
     assert!(!s.server.log().contains("Violation"), "nothing refused:\n{}", s.server.log());
 }
 

@@ -7,7 +7,7 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::cases::{self, signal};
+use common::cases;
 use common::{Nats, dataset, job, records_in, wait_for_records};
 use etl_coord::demo::input_keys;
 use etl_coordination_testkit::{NatsCluster, NatsServer};
@@ -55,119 +55,18 @@ fn a_drained_worker_hands_over_at_once_without_consuming_attempts() {
 
 #[test]
 fn a_stopped_zombie_is_fenced_after_a_takeover_and_nothing_is_lost() {
-    let (tmp, data) = dataset(4, 400);
-    let expected = input_keys(&data).unwrap();
-    let job = job("zombie");
-    let (sa, sb) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
-    let args = ["--record-delay-ms", "4", "--split-size", "15000"];
-    let mut a = worker(&job, "wa", &data, &sa, &args);
-    let b = worker(&job, "wb", &data, &sb, &args);
-    wait_for_records(&sa, 100, &mut a);
-    signal(&a, "-STOP"); // longer than the 3 s lease
-    std::thread::sleep(Duration::from_secs(6));
-    signal(&a, "-CONT");
-    let a_out = a.wait_with_output().unwrap();
-    let b_out = b.wait_with_output().unwrap();
-    assert_eq!(b_out.status.code(), Some(0), "{}", String::from_utf8_lossy(&b_out.stderr));
-    assert_eq!(a_out.status.code(), Some(0), "{}", String::from_utf8_lossy(&a_out.stderr));
-    let a_err = String::from_utf8_lossy(&a_out.stderr);
-    assert!(
-        a_err.contains("lane revoked") || a_err.contains("starved"),
-        "the zombie was told it lost its splits: {a_err}"
-    );
-    assert!(expected.is_subset(&records_in(&[&sa, &sb])), "no loss");
-    let st = status_json(&job);
-    assert!(st["splits"].as_array().unwrap().iter().all(|s| s["state"] == "Done"), "{st}");
+    cases::zombie_fenced(&nats(), &job("zombie"));
 }
 
 #[test]
 fn a_poison_split_that_crashes_every_owner_is_quarantined_and_every_worker_exits_3() {
-    let (tmp, data) = dataset(3, 100);
-    std::fs::write(data.join("poison.txt"), "ok\nPOISON\n").unwrap();
-    let job = job("poison");
-    let args = ["--split-size", "6000", "--max-attempts", "2", "--poison-marker", "POISON"];
-    // A supervisor, as Kubernetes would be: restart crashed workers under the same id.
-    let ids = ["pa", "pb"];
-    let mut exits = std::collections::BTreeMap::new();
-    let mut running: Vec<(usize, Child)> = ids
-        .iter()
-        .enumerate()
-        .map(|(i, id)| (i, worker(&job, id, &data, &tmp.path().join(format!("{id}.jsonl")), &args)))
-        .collect();
-    let t0 = Instant::now();
-    let mut crashes = 0;
-    while !running.is_empty() && t0.elapsed() < Duration::from_secs(90) {
-        let mut next = Vec::new();
-        for (i, mut c) in running {
-            match c.try_wait().unwrap() {
-                None => next.push((i, c)),
-                Some(st) if st.code().is_none() => {
-                    crashes += 1;
-                    let sink = tmp.path().join(format!("{}.jsonl", ids[i]));
-                    next.push((i, worker(&job, ids[i], &data, &sink, &args)));
-                }
-                Some(st) => {
-                    exits.insert(ids[i], st.code());
-                }
-            }
-        }
-        running = next;
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    for (_, mut c) in running {
-        let _ = c.kill();
-    }
-    assert!(crashes >= 2, "the poison split crashed its owners ({crashes} crashes)");
-    assert_eq!(exits.get("pa"), Some(&Some(3)), "{exits:?}");
-    assert_eq!(exits.get("pb"), Some(&Some(3)), "{exits:?}");
-    let st = status_json(&job);
-    let q: Vec<_> = st["splits"].as_array().unwrap().iter().filter(|s| s["state"] == "Quarantined").collect();
-    assert_eq!(q.len(), 1, "{st}");
-    assert_eq!(q[0]["attempts"], 2);
+    cases::poison_quarantined(&nats(), &job("poison"));
 }
 
 #[test]
 fn workers_self_fence_through_a_nats_outage_and_finish_when_it_returns() {
-    let (tmp, data) = dataset(4, 500);
-    let expected = input_keys(&data).unwrap();
     let mut server = NatsServer::start();
-    let url = server.url();
-    let job = job("outage");
-    let spawn = |id: &str, sink: &std::path::Path| {
-        Command::new(env!("CARGO_BIN_EXE_etl-coord"))
-            .args([
-                "worker",
-                "--job",
-                &job,
-                "--store",
-                &url,
-                "--source",
-                &format!("files:{}", data.display()),
-            ])
-            .args(["--sink", sink.to_str().unwrap(), "--instance-id", id, "--lease-duration", "3s"])
-            .args(["--split-size", "15000", "--record-delay-ms", "4", "--nats-op-timeout", "1s"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
-    let (sa, sb) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
-    let mut a = spawn("oa", &sa);
-    let b = spawn("ob", &sb);
-    wait_for_records(&sa, 100, &mut a);
-    // The store disappears for longer than a lease, then comes back with its data.
-    server.kill();
-    std::thread::sleep(Duration::from_secs(5));
-    server.restart();
-    let a_out = a.wait_with_output().unwrap();
-    let b_out = b.wait_with_output().unwrap();
-    drop(server);
-    assert_eq!(a_out.status.code(), Some(0), "{}", String::from_utf8_lossy(&a_out.stderr));
-    assert_eq!(b_out.status.code(), Some(0), "{}", String::from_utf8_lossy(&b_out.stderr));
-    let logs =
-        format!("{}{}", String::from_utf8_lossy(&a_out.stderr), String::from_utf8_lossy(&b_out.stderr));
-    assert!(logs.contains("Starved"), "lanes self-fenced during the outage: {logs}");
-    assert!(expected.is_subset(&records_in(&[&sa, &sb])), "no loss");
+    cases::outage_self_fence(&Nats::open(server.url()), &mut server, &job("outage"));
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! The failure suite's core cases, run by `nats_workers` on an open server and by `nats_auth`
+//! The real-process failure suite, run by `nats_workers` on an open server and by `nats_auth`
 //! with a job's generated permissions over TLS.
 
 use std::collections::BTreeSet;
@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use etl_coord::demo::input_keys;
 use etl_coord::sink::JsonlSink;
+
+use etl_coordination_testkit::NatsServer;
 
 use super::{Nats, dataset, records_in, wait_for_records};
 
@@ -134,4 +136,107 @@ pub fn leader_kill(nats: &Nats, job: &str) {
     let st = nats.status_json(&job);
     assert!(st["plan"]["term"].as_u64().unwrap() > term_before, "a new leader bumped the term: {st}");
     assert_eq!(st["plan"]["version"], 1, "a published Final plan is not re-planned: {st}");
+}
+
+/// Two workers; one is stopped (SIGSTOP) past its lease and continued; it is fenced, the
+/// other finishes, nothing is lost.
+pub fn zombie_fenced(nats: &Nats, job: &str) {
+    let job = job.to_owned();
+    let (tmp, data) = dataset(4, 400);
+    let expected = input_keys(&data).unwrap();
+    let (sa, sb) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
+    let args = ["--record-delay-ms", "4", "--split-size", "15000"];
+    let mut a = nats.worker(&job, "wa", &data, &sa, &args);
+    let b = nats.worker(&job, "wb", &data, &sb, &args);
+    wait_for_records(&sa, 100, &mut a);
+    signal(&a, "-STOP"); // longer than the 3 s lease
+    std::thread::sleep(Duration::from_secs(6));
+    signal(&a, "-CONT");
+    let a_out = a.wait_with_output().unwrap();
+    let b_out = b.wait_with_output().unwrap();
+    assert_eq!(b_out.status.code(), Some(0), "{}", String::from_utf8_lossy(&b_out.stderr));
+    assert_eq!(a_out.status.code(), Some(0), "{}", String::from_utf8_lossy(&a_out.stderr));
+    let a_err = String::from_utf8_lossy(&a_out.stderr);
+    assert!(
+        a_err.contains("lane revoked") || a_err.contains("starved"),
+        "the zombie was told it lost its splits: {a_err}"
+    );
+    assert!(expected.is_subset(&records_in(&[&sa, &sb])), "no loss");
+    let st = nats.status_json(&job);
+    assert!(st["splits"].as_array().unwrap().iter().all(|s| s["state"] == "Done"), "{st}");
+}
+
+/// A split whose record crashes every owner is quarantined after max-attempts tenancies and
+/// every worker exits 3.
+pub fn poison_quarantined(nats: &Nats, job: &str) {
+    let job = job.to_owned();
+    let (tmp, data) = dataset(3, 100);
+    std::fs::write(data.join("poison.txt"), "ok\nPOISON\n").unwrap();
+    let args = ["--split-size", "6000", "--max-attempts", "2", "--poison-marker", "POISON"];
+    // A supervisor, as Kubernetes would be: restart crashed workers under the same id.
+    let ids = ["pa", "pb"];
+    let mut exits = std::collections::BTreeMap::new();
+    let mut running: Vec<(usize, Child)> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (i, nats.worker(&job, id, &data, &tmp.path().join(format!("{id}.jsonl")), &args)))
+        .collect();
+    let t0 = Instant::now();
+    let mut crashes = 0;
+    while !running.is_empty() && t0.elapsed() < Duration::from_secs(90) {
+        let mut next = Vec::new();
+        for (i, mut c) in running {
+            match c.try_wait().unwrap() {
+                None => next.push((i, c)),
+                Some(st) if st.code().is_none() => {
+                    crashes += 1;
+                    let sink = tmp.path().join(format!("{}.jsonl", ids[i]));
+                    next.push((i, nats.worker(&job, ids[i], &data, &sink, &args)));
+                }
+                Some(st) => {
+                    exits.insert(ids[i], st.code());
+                }
+            }
+        }
+        running = next;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for (_, mut c) in running {
+        let _ = c.kill();
+    }
+    assert!(crashes >= 2, "the poison split crashed its owners ({crashes} crashes)");
+    assert_eq!(exits.get("pa"), Some(&Some(3)), "{exits:?}");
+    assert_eq!(exits.get("pb"), Some(&Some(3)), "{exits:?}");
+    let st = nats.status_json(&job);
+    let q: Vec<_> = st["splits"].as_array().unwrap().iter().filter(|s| s["state"] == "Quarantined").collect();
+    assert_eq!(q.len(), 1, "{st}");
+    assert_eq!(q[0]["attempts"], 2);
+}
+
+/// The store goes away for longer than a lease and comes back with its data: workers
+/// self-fence, then finish with no loss. `server` is the one `nats` reaches.
+pub fn outage_self_fence(nats: &Nats, server: &mut NatsServer, job: &str) {
+    let job = job.to_owned();
+    let (tmp, data) = dataset(4, 500);
+    let expected = input_keys(&data).unwrap();
+    let spawn = |id: &str, sink: &std::path::Path| {
+        let extra = ["--split-size", "15000", "--record-delay-ms", "4", "--nats-op-timeout", "1s"];
+        nats.worker(&job, id, &data, sink, &extra)
+    };
+    let (sa, sb) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
+    let mut a = spawn("oa", &sa);
+    let b = spawn("ob", &sb);
+    wait_for_records(&sa, 100, &mut a);
+    // The store disappears for longer than a lease, then comes back with its data.
+    server.kill();
+    std::thread::sleep(Duration::from_secs(5));
+    server.restart();
+    let a_out = a.wait_with_output().unwrap();
+    let b_out = b.wait_with_output().unwrap();
+    assert_eq!(a_out.status.code(), Some(0), "{}", String::from_utf8_lossy(&a_out.stderr));
+    assert_eq!(b_out.status.code(), Some(0), "{}", String::from_utf8_lossy(&b_out.stderr));
+    let logs =
+        format!("{}{}", String::from_utf8_lossy(&a_out.stderr), String::from_utf8_lossy(&b_out.stderr));
+    assert!(logs.contains("Starved"), "lanes self-fenced during the outage: {logs}");
+    assert!(expected.is_subset(&records_in(&[&sa, &sb])), "no loss");
 }
