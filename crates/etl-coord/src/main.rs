@@ -26,11 +26,35 @@ use etl_coordination_driver::{
 use etl_coordination_memory::MemoryStore;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// What `--help` ends with: exit codes and the environment.
+const AFTER_HELP: &str = "\
+Exit codes: 0 job complete (or drained, or stalled with --on-stall warn), 3 job stalled on
+quarantined splits, 1 a fatal error (the message says what to do), 2 a usage error (a flag or
+value is wrong; nothing was started).
+
+Environment: every flag can also be given as ETL_COORD_<FLAG> (upper case, dashes as
+underscores: --lease-duration is ETL_COORD_LEASE_DURATION); a flag on the command line wins.
+The NATS CLI's variables are honoured when the ETL_COORD_ one is unset: NATS_URL (--store),
+NATS_USER, NATS_PASSWORD, NATS_CREDS, NATS_TOKEN, NATS_CA (--nats-tls-ca). POD_NAME gives the
+instance id when --instance-id is not set. RUST_LOG, if set, overrides -v/-q.";
+
 #[derive(Parser, Debug)]
-#[command(name = "etl-coord", version, about = "Coordinated scale-out for broker-less sources")]
+#[command(name = "etl-coord", version, about = "Coordinated scale-out for broker-less sources", after_help = AFTER_HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// More log output: -v debug, -vv trace (default: info; the demo's default is error).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    /// Less log output: -q warnings and errors, -qq errors only.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true, conflicts_with = "verbose")]
+    quiet: u8,
+    /// Log format on stderr: `text` (human) or `json` (one object per line, for log pipelines).
+    #[arg(long, global = true, env = "ETL_COORD_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+    /// Colour in text logs: `auto` (only when stderr is a terminal), `always`, `never`.
+    #[arg(long, global = true, env = "ETL_COORD_COLOR", default_value = "auto", value_parser = ["auto", "always", "never"])]
+    color: String,
 }
 
 #[derive(Subcommand, Debug)]
@@ -39,36 +63,40 @@ enum Command {
     /// check the output for loss.
     Demo(DemoArgs),
     /// Run one replica of a coordinated pipeline (multi-process and Kubernetes use).
+    #[command(after_help = AFTER_HELP)]
     Worker(Box<WorkerArgs>),
     /// Show a job's plan, leader, live workers and every split.
+    #[command(after_help = AFTER_HELP)]
     Status(StatusArgs),
     /// Return a quarantined split to the queue (attempts reset) after fixing its cause.
+    #[command(after_help = AFTER_HELP)]
     Requeue(RequeueArgs),
     /// Print the NATS permissions a job's clients need, to paste into the server's
     /// authorization block (or JSON).
     NatsPermissions(NatsPermissionsArgs),
     /// Create a job's NATS buckets if missing and check their configuration (an operator's
     /// set-up step, so that workers need no permission to create them).
+    #[command(after_help = AFTER_HELP)]
     NatsBuckets(NatsBucketsArgs),
 }
 
 #[derive(clap::Args, Debug)]
 struct NatsPermissionsArgs {
     /// Job name.
-    #[arg(long)]
+    #[arg(long, env = "ETL_COORD_JOB")]
     job: String,
     /// Include creating the job's buckets (for `nats-buckets`, or workers that create them).
-    #[arg(long)]
+    #[arg(long, env = "ETL_COORD_CREATE")]
     create: bool,
     /// `conf`: a user entry for the server's `authorization { users: [...] }`; `json`: the
     /// permissions alone, as JSON (e.g. for `nsc` or a templating tool).
-    #[arg(long, default_value = "conf", value_parser = ["conf", "json"])]
+    #[arg(long, default_value = "conf", value_parser = ["conf", "json"], env = "ETL_COORD_FORMAT")]
     format: String,
     /// The user name in the `conf` entry.
-    #[arg(long, default_value = "etl-JOB")]
+    #[arg(long, default_value = "etl-JOB", env = "ETL_COORD_USER")]
     user: String,
     /// The environment variable the server reads the user's password from (`conf`).
-    #[arg(long, default_value = "ETL_COORD_NATS_PASSWORD")]
+    #[arg(long, default_value = "ETL_COORD_NATS_PASSWORD", env = "ETL_COORD_PASSWORD_VAR")]
     password_var: String,
 }
 
@@ -77,77 +105,143 @@ struct NatsBucketsArgs {
     #[command(flatten)]
     store: StoreArgs,
     /// Only check that both buckets exist with a valid configuration; create nothing.
-    #[arg(long)]
+    #[arg(long, env = "ETL_COORD_CHECK")]
     check: bool,
 }
 
 #[derive(clap::Args, Debug)]
 struct DemoArgs {
     /// In-process workers.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, env = "ETL_COORD_WORKERS")]
     workers: usize,
     /// Read this directory instead of generating a dataset.
-    #[arg(long)]
+    #[arg(long, env = "ETL_COORD_INPUT")]
     input: Option<PathBuf>,
     /// Generated dataset: files.
-    #[arg(long, default_value_t = 48)]
+    #[arg(long, default_value_t = 48, env = "ETL_COORD_FILES")]
     files: usize,
     /// Generated dataset: lines per file.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 2000, env = "ETL_COORD_LINES")]
     lines: usize,
     /// Target bytes per split (small by default so the demo dataset spreads over the workers).
-    #[arg(long, default_value_t = 256 * 1024)]
+    #[arg(long, default_value_t = 256 * 1024, env = "ETL_COORD_SPLIT_SIZE")]
     split_size: u64,
     /// Kill and freeze workers at random while the job runs; it must still complete with no loss.
-    #[arg(long)]
+    #[arg(long, env = "ETL_COORD_CHAOS")]
     chaos: bool,
     /// Lease duration (whole seconds), e.g. 3s.
-    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    #[arg(long, default_value = "3s", value_parser = parse_duration, env = "ETL_COORD_LEASE_DURATION")]
     lease_duration: Duration,
     /// Splits per worker.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, env = "ETL_COORD_MAX_IN_FLIGHT")]
     max_in_flight: u32,
     /// Sleep per record in milliseconds (default: 0, or 1 with --chaos so faults land mid-job).
-    #[arg(long)]
+    #[arg(long, env = "ETL_COORD_RECORD_DELAY_MS")]
     record_delay_ms: Option<u64>,
     /// Seed of the chaos schedule.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, env = "ETL_COORD_SEED")]
     seed: u64,
 }
 
 #[derive(clap::Args, Debug)]
 struct StoreArgs {
     /// Job name: [A-Za-z0-9_-]; suffixes the store's bucket names.
-    #[arg(long)]
+    #[arg(long, env = "ETL_COORD_JOB", value_parser = parse_job)]
     job: String,
-    /// `memory` (a single standalone instance) or `nats://HOST:PORT` (comma-separate several).
-    #[arg(long, default_value = "memory")]
-    store: String,
+    /// Required: `nats://HOST:PORT` (comma-separate several; `tls://` requires TLS), or `memory`
+    /// for a single standalone instance (nothing is shared). Also ETL_COORD_STORE, else NATS_URL.
+    #[arg(long, env = "ETL_COORD_STORE")]
+    store: Option<String>,
     /// NATS: bucket replicas (3 on a production cluster).
-    #[arg(long, default_value_t = 1)]
-    nats_replicas: usize,
-    /// NATS: a credentials (.creds) file.
-    #[arg(long, env = "NATS_CREDS", conflicts_with_all = ["nats_token", "nats_user"])]
+    #[arg(long, default_value_t = 1, env = "ETL_COORD_NATS_REPLICAS", value_parser = clap::value_parser!(u8).range(1..=5))]
+    nats_replicas: u8,
+    /// NATS: a credentials (.creds) file (else NATS_CREDS).
+    #[arg(long, env = "ETL_COORD_NATS_CREDS")]
     nats_creds: Option<PathBuf>,
-    /// NATS: an authentication token.
-    #[arg(long, env = "NATS_TOKEN", hide_env_values = true, conflicts_with = "nats_user")]
+    /// NATS: an authentication token (else NATS_TOKEN).
+    #[arg(long, env = "ETL_COORD_NATS_TOKEN", hide_env_values = true)]
     nats_token: Option<String>,
-    /// NATS: a user name (with --nats-password).
-    #[arg(long, env = "NATS_USER", requires = "nats_password")]
+    /// NATS: a user name, with --nats-password (else NATS_USER).
+    #[arg(long, env = "ETL_COORD_NATS_USER")]
     nats_user: Option<String>,
-    /// NATS: the user's password (better given by the environment than on the command line).
-    #[arg(long, env = "NATS_PASSWORD", hide_env_values = true, requires = "nats_user")]
+    /// NATS: the user's password; better given by the environment than on the command line
+    /// (else NATS_PASSWORD).
+    #[arg(long, env = "ETL_COORD_NATS_PASSWORD", hide_env_values = true)]
     nats_password: Option<String>,
-    /// NATS: require TLS.
-    #[arg(long)]
+    /// NATS: require TLS (with the system's root certificates unless --nats-tls-ca is given).
+    #[arg(long, env = "ETL_COORD_NATS_TLS")]
     nats_tls: bool,
-    /// NATS: a PEM file of the certificate authority that signed the servers' certificates
-    /// (implies --nats-tls).
-    #[arg(long, env = "NATS_TLS_CA")]
+    /// NATS: a PEM file of the certificate authority that signed the servers' certificates;
+    /// implies --nats-tls (else NATS_CA).
+    #[arg(long, env = "ETL_COORD_NATS_TLS_CA")]
     nats_tls_ca: Option<PathBuf>,
     /// NATS: timeout of one request.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = parse_duration, env = "ETL_COORD_NATS_OP_TIMEOUT")]
     nats_op_timeout: Duration,
+}
+
+/// The NATS CLI's variable for a flag left unset (its own ETL_COORD_ variable included).
+fn or_nats_env<T: From<String>>(value: &Option<T>, var: &str) -> Option<T>
+where
+    T: Clone,
+{
+    value.clone().or_else(|| std::env::var(var).ok().filter(|v| !v.is_empty()).map(T::from))
+}
+
+/// The store arguments with the NATS CLI's variables filled in, checked as a whole.
+struct Resolved {
+    store: String,
+    creds: Option<PathBuf>,
+    token: Option<String>,
+    user: Option<(String, String)>,
+    tls_ca: Option<PathBuf>,
+}
+
+impl StoreArgs {
+    /// Fills in the NATS CLI's variables and checks what clap cannot see across them; the
+    /// error names the flag, for a usage error (exit 2).
+    fn resolve(&self) -> Result<Resolved, (&'static str, String)> {
+        let store = or_nats_env(&self.store, "NATS_URL").ok_or((
+            "--store",
+            "is required: `memory` for a standalone run, or nats://HOST:PORT for workers that share a job \
+             (also ETL_COORD_STORE, or the NATS CLI's NATS_URL)"
+                .to_owned(),
+        ))?;
+        if store != "memory" && !["nats://", "tls://"].iter().any(|p| store.starts_with(p)) {
+            return Err(("--store", format!("{store:?}: expected `memory` or nats://HOST:PORT")));
+        }
+        let creds = or_nats_env(&self.nats_creds.as_ref().map(|p| p.display().to_string()), "NATS_CREDS")
+            .map(PathBuf::from);
+        let token = or_nats_env(&self.nats_token, "NATS_TOKEN");
+        let user = or_nats_env(&self.nats_user, "NATS_USER");
+        let password = or_nats_env(&self.nats_password, "NATS_PASSWORD");
+        let tls_ca = or_nats_env(&self.nats_tls_ca.as_ref().map(|p| p.display().to_string()), "NATS_CA")
+            .map(PathBuf::from);
+        let user = match (user, password) {
+            (Some(u), Some(p)) => Some((u, p)),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(("--nats-user", "needs --nats-password (or ETL_COORD_NATS_PASSWORD)".into()));
+            }
+            (None, Some(_)) => {
+                return Err(("--nats-password", "needs --nats-user (or ETL_COORD_NATS_USER)".into()));
+            }
+        };
+        let given = [creds.is_some(), token.is_some(), user.is_some()].iter().filter(|g| **g).count();
+        if given > 1 {
+            return Err((
+                "--nats-creds",
+                "give one of --nats-creds, --nats-token, --nats-user/--nats-password (set here or by the environment)"
+                    .into(),
+            ));
+        }
+        for (flag, file) in [("--nats-creds", &creds), ("--nats-tls-ca", &tls_ca)] {
+            if let Some(f) = file.as_ref().filter(|f| !f.is_file()) {
+                return Err((flag, format!("{} is not a file", f.display())));
+            }
+        }
+        Ok(Resolved { store, creds, token, user, tls_ca })
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -155,48 +249,48 @@ struct WorkerArgs {
     #[command(flatten)]
     store: StoreArgs,
     /// `files:DIR` or `sqlite:PATH:TABLE`.
-    #[arg(long)]
+    #[arg(long, env = "ETL_COORD_SOURCE")]
     source: String,
     /// JSON Lines output, one line per emitted record.
-    #[arg(long)]
+    #[arg(long, env = "ETL_COORD_SINK")]
     sink: Option<PathBuf>,
     /// Stable instance id (default: env POD_NAME with dots replaced, else random).
-    #[arg(long, env = "ETL_COORD_INSTANCE_ID")]
+    #[arg(long, env = "ETL_COORD_INSTANCE_ID", value_parser = parse_instance)]
     instance_id: Option<String>,
     /// Lease duration (whole seconds).
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = parse_duration, env = "ETL_COORD_LEASE_DURATION")]
     lease_duration: Duration,
     /// Splits held (and lanes run) at once.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, env = "ETL_COORD_MAX_IN_FLIGHT")]
     max_in_flight: u32,
     /// Failing tenancies before a split is quarantined.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, env = "ETL_COORD_MAX_ATTEMPTS")]
     max_attempts: u32,
     /// How often the leader re-runs an open plan.
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = parse_duration, env = "ETL_COORD_REPLAN_INTERVAL")]
     replan_interval: Duration,
     /// How long lanes get to commit on SIGTERM before their splits are released.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = parse_duration, env = "ETL_COORD_DRAIN_TIMEOUT")]
     drain_timeout: Duration,
     /// How long the leader waits for the planner (listing the input) before counting the call
     /// as failed and retrying it after a backoff.
-    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    #[arg(long, default_value = "10m", value_parser = parse_duration, env = "ETL_COORD_PLAN_TIMEOUT")]
     plan_timeout: Duration,
     /// What a stalled job (quarantined splits) means: fatal (exit 3) or warn (exit 0).
-    #[arg(long, default_value = "fatal", value_parser = ["fatal", "warn"])]
+    #[arg(long, default_value = "fatal", value_parser = ["fatal", "warn"], env = "ETL_COORD_ON_STALL")]
     on_stall: String,
     /// After the job ends (complete, or stalled with on-stall warn): exit 0, or keep serving the
     /// admin endpoints until SIGTERM (for a Kubernetes Deployment, which restarts exited pods).
-    #[arg(long, default_value = "exit", value_parser = ["exit", "wait"])]
+    #[arg(long, default_value = "exit", value_parser = ["exit", "wait"], env = "ETL_COORD_ON_COMPLETE")]
     on_complete: String,
     /// Files source: target bytes per split.
-    #[arg(long, default_value_t = DEFAULT_SPLIT_BYTES)]
+    #[arg(long, default_value_t = DEFAULT_SPLIT_BYTES, env = "ETL_COORD_SPLIT_SIZE")]
     split_size: u64,
     /// SQLite source: rows per split.
-    #[arg(long, default_value_t = DEFAULT_SPLIT_ROWS)]
+    #[arg(long, default_value_t = DEFAULT_SPLIT_ROWS, env = "ETL_COORD_SPLIT_ROWS")]
     split_rows: u64,
     /// Serve /metrics, /healthz and /readyz on this address.
-    #[arg(long)]
+    #[arg(long, env = "ETL_COORD_ADMIN_ADDR")]
     admin_addr: Option<SocketAddr>,
     /// Test fault: sleep per record, in milliseconds.
     #[arg(long, hide = true, default_value_t = 0)]
@@ -214,7 +308,7 @@ struct StatusArgs {
     #[command(flatten)]
     store: StoreArgs,
     /// Print JSON instead of a table.
-    #[arg(long)]
+    #[arg(long, env = "ETL_COORD_JSON")]
     json: bool,
 }
 
@@ -223,8 +317,63 @@ struct RequeueArgs {
     #[command(flatten)]
     store: StoreArgs,
     /// The quarantined split's id.
-    #[arg(long)]
+    #[arg(long, env = "ETL_COORD_SPLIT", value_parser = parse_split)]
     split: String,
+}
+
+/// A job name, checked as the store checks it.
+fn parse_job(s: &str) -> Result<String, String> {
+    etl_coordination_core::JobName::new(s.to_owned()).map(|_| s.to_owned()).map_err(|e| e.to_string())
+}
+
+/// An instance id, checked as the protocol checks it.
+fn parse_instance(s: &str) -> Result<String, String> {
+    InstanceId::new(s.to_owned()).map(|_| s.to_owned()).map_err(|e| e.to_string())
+}
+
+/// A split id, checked as the protocol checks it.
+fn parse_split(s: &str) -> Result<String, String> {
+    SplitId::new(s.to_owned()).map(|_| s.to_owned()).map_err(|e| e.to_string())
+}
+
+/// The worker's knobs as the driver will check them, so a bad value is a usage error (exit 2,
+/// naming the flag) before anything connects.
+fn tuning(a: &WorkerArgs) -> Tuning {
+    Tuning {
+        lease_duration: a.lease_duration,
+        max_in_flight: a.max_in_flight,
+        max_attempts: a.max_attempts,
+        replan_interval: a.replan_interval,
+        drain_timeout: a.drain_timeout,
+        plan_timeout: a.plan_timeout,
+    }
+}
+
+/// Checks what one flag's parser cannot: values against each other and the environment's
+/// fallbacks. Exits 2 (a usage error naming the flag) on the first problem.
+fn validate(cli: &Cli) {
+    let fail = |flag: &str, msg: String| -> ! {
+        use clap::CommandFactory;
+        Cli::command().error(clap::error::ErrorKind::ValueValidation, format!("{flag} {msg}")).exit()
+    };
+    let store = match &cli.command {
+        Command::Worker(a) => {
+            if let Err(e) = tuning(a).validate() {
+                let flag = format!("--{}", e.field.replace('_', "-"));
+                fail(&flag, format!("{}: {}", e.value, e.rule));
+            }
+            Some(&a.store)
+        }
+        Command::Status(a) => Some(&a.store),
+        Command::Requeue(a) => Some(&a.store),
+        Command::NatsBuckets(a) => Some(&a.store),
+        Command::Demo(_) | Command::NatsPermissions(_) => None,
+    };
+    if let Some(store) = store {
+        if let Err((flag, msg)) = store.resolve() {
+            fail(flag, msg);
+        }
+    }
 }
 
 /// Parses `30s`, `500ms`, `2m`, `1h` or a plain number of seconds.
@@ -254,21 +403,43 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
-    // The demo's takeovers and revocations are expected; show only errors there by default.
-    let default_filter = if matches!(cli.command, Command::Demo(_)) { "error" } else { "warn" };
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into()),
-        )
-        .init();
+    validate(&cli);
+    init_logging(&cli);
+    let json = cli.log_format == "json";
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     match rt.block_on(run(cli)) {
         Ok(code) => code,
+        Err(e) if json => {
+            tracing::error!(error = %format!("{e:#}"), "fatal");
+            ExitCode::from(1)
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// Logs go through tracing only, to stderr: the level from -v/-q (RUST_LOG overrides), text
+/// (colour only on a terminal, unless --color says otherwise) or JSON lines.
+fn init_logging(cli: &Cli) {
+    use std::io::IsTerminal;
+    // The demo's takeovers and revocations are expected; it shows only errors by default.
+    let levels = ["error", "warn", "info", "debug", "trace"];
+    let base: i32 = if matches!(cli.command, Command::Demo(_)) { 0 } else { 2 };
+    let level = (base + i32::from(cli.verbose) - i32::from(cli.quiet)).clamp(0, 4) as usize;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(levels[level]));
+    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter);
+    if cli.log_format == "json" {
+        builder.json().with_current_span(true).with_span_list(false).init();
+    } else {
+        let ansi = match cli.color.as_str() {
+            "always" => true,
+            "never" => false,
+            _ => std::io::stderr().is_terminal(),
+        };
+        builder.with_ansi(ansi).init();
     }
 }
 
@@ -315,7 +486,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::NatsBuckets(a) => {
             let Some(mut cfg) = nats_config(&a.store)? else {
-                bail!("--store {:?}: nats-buckets needs a nats:// URL", a.store.store);
+                bail!("--store memory: nats-buckets needs a nats:// URL");
             };
             cfg.create_buckets = !a.check;
             let job = etl_coordination_core::JobName::new(a.store.job.clone())?;
@@ -355,26 +526,23 @@ enum Stores {
 
 /// The NATS configuration `--store` and the `--nats-*` flags describe; `None` for `memory`.
 fn nats_config(args: &StoreArgs) -> anyhow::Result<Option<etl_coordination_nats::NatsConfig>> {
-    let url = args.store.as_str();
-    if url == "memory" {
+    let r = args.resolve().map_err(|(flag, msg)| anyhow::anyhow!("{flag} {msg}"))?;
+    if r.store == "memory" {
         return Ok(None);
     }
-    if !(url.starts_with("nats://") || url.starts_with("tls://")) {
-        bail!("--store {url:?}: expected `memory` or nats://HOST:PORT");
-    }
-    let mut cfg = etl_coordination_nats::NatsConfig::new(url);
-    cfg.replicas = args.nats_replicas;
+    let mut cfg = etl_coordination_nats::NatsConfig::new(r.store.clone());
+    cfg.replicas = usize::from(args.nats_replicas);
     cfg.op_timeout = args.nats_op_timeout;
-    cfg.tls_required = args.nats_tls || args.nats_tls_ca.is_some() || url.starts_with("tls://");
-    cfg.tls_root_certificate = args.nats_tls_ca.clone();
-    if let Some(t) = &args.nats_token {
-        cfg.auth = etl_coordination_nats::NatsAuth::Token(t.clone());
+    cfg.tls_required = args.nats_tls || r.tls_ca.is_some() || r.store.starts_with("tls://");
+    cfg.tls_root_certificate = r.tls_ca;
+    if let Some(t) = r.token {
+        cfg.auth = etl_coordination_nats::NatsAuth::Token(t);
     }
-    if let (Some(u), Some(p)) = (&args.nats_user, &args.nats_password) {
-        cfg.auth = etl_coordination_nats::NatsAuth::UserPassword(u.clone(), p.clone());
+    if let Some((u, p)) = r.user {
+        cfg.auth = etl_coordination_nats::NatsAuth::UserPassword(u, p);
     }
-    if let Some(c) = &args.nats_creds {
-        cfg.auth = etl_coordination_nats::NatsAuth::CredentialsFile(c.clone());
+    if let Some(c) = r.creds {
+        cfg.auth = etl_coordination_nats::NatsAuth::CredentialsFile(c);
     }
     Ok(Some(cfg))
 }
@@ -492,9 +660,12 @@ async fn worker_on<S: etl_coordination_store::Store>(
     tokio::spawn(async move {
         shutdown_signal().await;
         ready_flag.store(false, Ordering::Relaxed);
-        eprintln!("termination signal: draining");
+        tracing::info!("termination signal: draining (a second one exits at once)");
         drain.drain();
         let _ = terminated_tx.send(true);
+        shutdown_signal().await;
+        tracing::warn!("second termination signal: exiting without finishing the drain");
+        std::process::exit(130);
     });
     let opts = RunOptions {
         instance: instance.clone(),
@@ -515,22 +686,24 @@ async fn worker_on<S: etl_coordination_store::Store>(
     });
     let ended = match handle.outcome().await {
         Ok(JobOutcome::Complete) => {
-            eprintln!("job complete");
+            tracing::info!("job complete");
             true
         }
         Ok(JobOutcome::Drained) => false,
         Ok(JobOutcome::Stalled { quarantined }) => {
-            eprintln!("job stalled (on-stall warn): {} quarantined split(s)", quarantined.len());
+            tracing::warn!("job stalled (on-stall warn): {} quarantined split(s)", quarantined.len());
             true
         }
         Err(e @ DriverError::Stalled { .. }) => {
-            eprintln!("error: {e}");
+            tracing::error!("{e}");
             return Ok(ExitCode::from(3));
         }
         Err(e) => return Err(e.into()),
     };
     if ended && a.on_complete == "wait" {
-        eprintln!("job ended; serving the admin endpoints until a termination signal (--on-complete wait)");
+        tracing::info!(
+            "job ended; serving the admin endpoints until a termination signal (--on-complete wait)"
+        );
         let _ = terminated.wait_for(|t| *t).await;
     }
     Ok(ExitCode::SUCCESS)

@@ -76,8 +76,23 @@ pub enum LaneEnd {
     Failed,
 }
 
-/// Runs one lane to its end. Returns the number of records emitted and how it ended.
+/// Runs one lane to its end, inside a `lane` span carrying the split and the epoch (so every
+/// line a lane logs says which tenancy it is about). Returns the number of records emitted and
+/// how it ended.
 pub async fn run_lane<R: SplitReader>(
+    lane: Lane,
+    reader: R,
+    sink: JsonlSink,
+    opts: RunOptions,
+) -> (u64, LaneEnd) {
+    use tracing::Instrument;
+    let span = tracing::info_span!("lane", split = %lane.split(), epoch = lane.epoch().0);
+    let (emitted, end) = lane_loop(lane, reader, sink, opts).instrument(span.clone()).await;
+    span.in_scope(|| tracing::info!(emitted, end = ?end, "lane ended"));
+    (emitted, end)
+}
+
+async fn lane_loop<R: SplitReader>(
     mut lane: Lane,
     mut reader: R,
     sink: JsonlSink,

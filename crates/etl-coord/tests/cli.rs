@@ -109,6 +109,8 @@ fn an_unprocessable_split_is_quarantined_and_the_worker_exits_3() {
     std::fs::write(data.join("bad.txt"), "fine\nBROKEN record\n").unwrap();
     let (code, out, err) = run(etl_coord().args([
         "worker",
+        "--store",
+        "memory",
         "--job",
         "t2",
         "--source",
@@ -127,6 +129,8 @@ fn an_unprocessable_split_is_quarantined_and_the_worker_exits_3() {
     // With --on-stall warn the same job exits 0.
     let (code, _, err) = run(etl_coord().args([
         "worker",
+        "--store",
+        "memory",
         "--job",
         "t2",
         "--source",
@@ -146,27 +150,141 @@ fn an_unprocessable_split_is_quarantined_and_the_worker_exits_3() {
 }
 
 #[test]
-fn usage_errors_exit_2_and_bad_values_exit_1_naming_the_field() {
-    let (code, _, _) = run(etl_coord().args(["worker", "--job", "x"]));
+fn usage_errors_exit_2_naming_the_flag_before_anything_starts() {
+    let (code, _, _) = run(etl_coord().args(["worker", "--store", "memory", "--job", "x"]));
     assert_eq!(code, 2, "missing --source is a usage error");
     let tmp = tempfile::tempdir().unwrap();
+    let source = format!("files:{}", tmp.path().display());
+    // No --store: two workers would each process everything; refused, saying what to give.
+    let (code, _, err) = run(etl_coord()
+        .args(["worker", "--job", "x", "--source", &source])
+        .env_remove("NATS_URL")
+        .env_remove("ETL_COORD_STORE"));
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--store is required") && err.contains("memory") && err.contains("NATS_URL"),
+        "{err}"
+    );
+    // Bad values name the flag and exit 2, before any connection (the store is unreachable).
+    let unreachable = "nats://127.0.0.1:9";
+    for (args, expect) in [
+        (vec!["--lease-duration", "1500ms"], "--lease-duration"),
+        (vec!["--lease-duration", "2h"], "--lease-duration"),
+        (vec!["--max-in-flight", "0"], "--max-in-flight"),
+        (vec!["--max-attempts", "0"], "--max-attempts"),
+        (vec!["--replan-interval", "0s"], "--replan-interval"),
+        (vec!["--plan-timeout", "0s"], "--plan-timeout"),
+        (vec!["--nats-replicas", "0"], "--nats-replicas"),
+        (vec!["--nats-user", "u"], "--nats-user"),
+        (vec!["--nats-creds", "/no/such.creds"], "--nats-creds"),
+        (vec!["--nats-tls-ca", "/no/such.pem"], "--nats-tls-ca"),
+        (vec!["--instance-id", "a.b"], "--instance-id"),
+        (vec!["--on-stall", "sometimes"], "--on-stall"),
+    ] {
+        let t = std::time::Instant::now();
+        let (code, _, err) = run(etl_coord()
+            .args(["worker", "--job", "x", "--store", unreachable, "--source", &source])
+            .args(&args)
+            .env_remove("NATS_USER")
+            .env_remove("NATS_PASSWORD"));
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(expect), "{args:?} names {expect}: {err}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(5), "{args:?}: no connection attempt");
+    }
+    // The environment is read with one prefix, and checked the same way.
+    let (code, _, err) = run(etl_coord()
+        .args(["worker", "--job", "x", "--store", "memory", "--source", &source])
+        .env("ETL_COORD_LEASE_DURATION", "1500ms"));
+    assert_eq!(code, 2);
+    assert!(err.contains("--lease-duration") && err.contains("whole number of seconds"), "{err}");
+    let (code, _, err) =
+        run(etl_coord().args(["worker", "--job", "bad.name", "--store", "memory", "--source", "files:/tmp"]));
+    assert_eq!(code, 2);
+    assert!(err.contains("--job") && err.contains("[A-Za-z0-9_-]"), "{err}");
+    // What only the source can tell stays a runtime error (exit 1).
     let (code, _, err) = run(etl_coord().args([
         "worker",
         "--job",
         "x",
+        "--store",
+        "memory",
         "--source",
-        &format!("files:{}", tmp.path().display()),
-        "--lease-duration",
-        "1500ms",
+        "files:/no/such/dir",
     ]));
     assert_eq!(code, 1);
-    assert!(err.contains("lease_duration") && err.contains("whole number of seconds"), "{err}");
-    let (code, _, err) = run(etl_coord().args(["worker", "--job", "bad.name", "--source", "files:/tmp"]));
-    assert_eq!(code, 1);
-    assert!(err.contains("job name") && err.contains("[A-Za-z0-9_-]"), "{err}");
-    let (code, _, err) = run(etl_coord().args(["worker", "--job", "x", "--source", "files:/no/such/dir"]));
-    assert_eq!(code, 1);
     assert!(err.contains("does not exist"), "{err}");
+}
+
+#[test]
+fn help_lists_the_exit_codes_and_the_environment() {
+    let (code, out, _) = run(etl_coord().args(["worker", "--help"]));
+    assert_eq!(code, 0);
+    for text in [
+        "Exit codes: 0",
+        "3 job stalled",
+        "2 a usage error",
+        "ETL_COORD_LEASE_DURATION",
+        "NATS_URL",
+        "[env: ETL_COORD_STORE",
+    ] {
+        assert!(out.contains(text), "{text} in:\n{out}");
+    }
+}
+
+#[test]
+fn the_store_comes_from_nats_url_when_not_given() {
+    // NATS_URL, the NATS CLI's variable, is honoured: here it names an unreachable server, so
+    // the worker gets as far as connecting (exit 1 naming the URL), not a usage error.
+    let tmp = tempfile::tempdir().unwrap();
+    let (code, _, err) = run(etl_coord()
+        .args(["status", "--job", "x", "--nats-op-timeout", "1s"])
+        .env_remove("ETL_COORD_STORE")
+        .env("NATS_URL", "nats://127.0.0.1:9"));
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("nats://127.0.0.1:9"), "{err}");
+    let _ = tmp;
+}
+
+#[test]
+fn logs_are_json_lines_on_request_and_plain_text_without_a_terminal() {
+    let (tmp, data) = data_dir();
+    input(&data, 1, 20);
+    let source = format!("files:{}", data.display());
+    let (code, _, err) = run(etl_coord().args([
+        "worker",
+        "--job",
+        "j",
+        "--store",
+        "memory",
+        "--source",
+        &source,
+        "--log-format",
+        "json",
+    ]));
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<serde_json::Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?} is not JSON: {e}")))
+        .collect();
+    let messages: Vec<&str> = lines.iter().filter_map(|l| l["fields"]["message"].as_str()).collect();
+    for m in ["coordination worker starting", "split acquired", "lane ended", "job complete"] {
+        assert!(messages.contains(&m), "{m} in {messages:?}");
+    }
+    let lane = lines.iter().find(|l| l["fields"]["message"] == "lane ended").unwrap();
+    assert!(lane["span"]["split"].is_string() && lane["span"]["epoch"] == 1, "the lane span: {lane}");
+    // Text, stderr not a terminal: no escape codes; -q keeps only warnings and errors.
+    let (code, _, err) =
+        run(etl_coord().args(["worker", "--job", "j", "--store", "memory", "--source", &source]));
+    assert_eq!(code, 0);
+    assert!(err.contains("INFO") && err.contains("job complete") && !err.contains('\u{1b}'), "{err}");
+    let (code, _, err) =
+        run(etl_coord().args(["-q", "worker", "--job", "j", "--store", "memory", "--source", &source]));
+    assert_eq!(code, 0);
+    assert!(!err.contains("INFO"), "{err}");
+    let (_, _, err) = run(etl_coord()
+        .args(["--color", "always", "worker", "--job", "j", "--store", "memory", "--source", &source]));
+    assert!(err.contains('\u{1b}'), "--color always: {err}");
+    let _ = tmp;
 }
 
 #[test]
@@ -182,6 +300,8 @@ fn a_worker_scans_a_sqlite_table_into_its_sink() {
     let sink = tmp.path().join("out.jsonl");
     let (code, out, err) = run(etl_coord().args([
         "worker",
+        "--store",
+        "memory",
         "--job",
         "t3",
         "--source",
@@ -217,6 +337,8 @@ fn the_admin_server_serves_metrics_and_health_and_sigterm_drains() {
     let child = etl_coord()
         .args([
             "worker",
+            "--store",
+            "memory",
             "--job",
             "t4",
             "--source",
@@ -268,6 +390,8 @@ fn a_poison_marker_aborts_the_process_like_a_crash() {
     let sink = tmp.path().join("out.jsonl");
     let (code, _, err) = run(etl_coord().args([
         "worker",
+        "--store",
+        "memory",
         "--job",
         "t5",
         "--source",
@@ -293,7 +417,17 @@ fn with_on_complete_wait_a_finished_worker_stays_up_until_sigterm() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let addr = format!("127.0.0.1:{port}");
     let mut child = etl_coord()
-        .args(["worker", "--job", "t-wait", "--on-complete", "wait", "--admin-addr", &addr])
+        .args([
+            "worker",
+            "--store",
+            "memory",
+            "--job",
+            "t-wait",
+            "--on-complete",
+            "wait",
+            "--admin-addr",
+            &addr,
+        ])
         .arg("--source")
         .arg(format!("files:{}", data.display()))
         .stderr(std::process::Stdio::piped())
@@ -322,7 +456,7 @@ fn with_on_complete_wait_a_finished_worker_stays_up_until_sigterm() {
     assert!(http_get(&addr, "/healthz").unwrap().starts_with("HTTP/1.1 200"));
     let metrics = http_get(&addr, "/metrics").unwrap();
     for (state, v) in [("complete", 1), ("running", 0), ("stalled", 0)] {
-        let series = r#"etl_coordination_job_state{coordination_job="t-wait",instance="#;
+        let series = r#"etl_coordination_job_state{coordination_job="t-wait",coordination_instance="#;
         assert!(
             metrics
                 .lines()

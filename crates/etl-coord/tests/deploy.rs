@@ -379,8 +379,8 @@ fn the_compose_services_run_their_commands_against_the_compose_nats_config() {
     let setup_script = script_of(buckets);
     assert!(setup_script.contains(&format!("etl-coord nats-buckets --job {job} ")), "{setup_script}");
     // Users: the job's for the replicas, the set-up user for the buckets; both from dev.conf.
-    assert_eq!(str_of(pipeline, &["environment", "NATS_USER"]), format!("etl-{job}"));
-    assert_eq!(str_of(buckets, &["environment", "NATS_USER"]), format!("setup-{job}"));
+    assert_eq!(str_of(pipeline, &["environment", "ETL_COORD_NATS_USER"]), format!("etl-{job}"));
+    assert_eq!(str_of(buckets, &["environment", "ETL_COORD_NATS_USER"]), format!("setup-{job}"));
 
     // What Docker would do for us: the NATS server from the compose config (on a free port, a
     // temporary store instead of /data, certificates from dev-ca.sh where nats/certs is
@@ -455,7 +455,10 @@ fn the_compose_services_run_their_commands_against_the_compose_nats_config() {
         assert!(seen.iter().all(|l| !l.contains("ERROR")), "{}", seen.join("\n"));
         assert_job_state_complete(admin);
         let metrics = http_get(admin, "/metrics").unwrap();
-        assert!(metrics.contains(&format!(r#"instance="pipeline-{i}""#)), "id from $HOSTNAME:\n{metrics}");
+        assert!(
+            metrics.contains(&format!(r#"coordination_instance="pipeline-{i}""#)),
+            "id from $HOSTNAME:\n{metrics}"
+        );
     }
     let status_env: Vec<(String, String)> = worker_env.into_iter().filter(|(k, _)| k != "NATS_URL").collect();
     assert_all_done(&job, &store, &status_env);
@@ -538,11 +541,11 @@ fn the_kubernetes_deployment_agrees_with_the_worker_and_the_services() {
         let mount = &container["volumeMounts"][0];
         assert_eq!(mount["name"], volumes[0]["name"]);
         let ca = format!("{}/{}", str_of(mount, &["mountPath"]), str_of(&items[0], &["path"]));
-        assert_eq!(env_value(container, "NATS_TLS_CA"), ca, "NATS_TLS_CA names the mounted CA");
+        assert_eq!(env_value(container, "ETL_COORD_NATS_TLS_CA"), ca, "ETL_COORD_NATS_TLS_CA names the mounted CA");
     };
     ca_only(&pod["spec"], &container);
-    assert_eq!(env_value(&container, "NATS_USER"), format!("etl-{job}"));
-    let password = env_entry(&container, "NATS_PASSWORD");
+    assert_eq!(env_value(&container, "ETL_COORD_NATS_USER"), format!("etl-{job}"));
+    let password = env_entry(&container, "ETL_COORD_NATS_PASSWORD");
     assert_eq!(str_of(password, &["valueFrom", "secretKeyRef", "name"]), "etl-pipeline-nats");
     // The bucket Job: the same job, replicas and store, as the set-up user.
     let setup = docs.iter().find(|d| d["kind"] == "Job").unwrap();
@@ -558,7 +561,7 @@ fn the_kubernetes_deployment_agrees_with_the_worker_and_the_services() {
     for f in ["--job", "--store", "--nats-replicas"] {
         assert_eq!(flag(&setup_args, f), flag(&args, f), "the bucket Job's {f}");
     }
-    assert_eq!(env_value(setup_container, "NATS_USER"), format!("setup-{job}"));
+    assert_eq!(env_value(setup_container, "ETL_COORD_NATS_USER"), format!("setup-{job}"));
     ca_only(setup_pod, setup_container);
 
     // Drain on SIGTERM must finish before the kubelet's SIGKILL.
@@ -730,13 +733,13 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
         let metrics = http_get(admin, "/metrics").unwrap();
         let id = pod_name.replace('.', "-");
         assert!(
-            metrics.contains(&format!(r#"instance="{id}""#)),
+            metrics.contains(&format!(r#"coordination_instance="{id}""#)),
             "instance id {id} from POD_NAME:\n{metrics}"
         );
     }
     let status_env: Vec<(String, String)> = pod_env(&container, "status", &[(&worker_ca, &ca)])
         .into_iter()
-        .filter(|(k, _)| k.starts_with("NATS_"))
+        .filter(|(k, _)| k.starts_with("ETL_COORD_NATS_"))
         .collect();
     assert_all_done(&job, &store, &status_env);
     let n = procs.0.len();

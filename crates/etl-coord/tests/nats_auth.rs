@@ -87,9 +87,9 @@ impl Secured {
         Nats {
             url: self.server.url(),
             env: vec![
-                ("NATS_USER".into(), user.into()),
-                ("NATS_PASSWORD".into(), password(user)),
-                ("NATS_TLS_CA".into(), self.ca().display().to_string()),
+                ("ETL_COORD_NATS_USER".into(), user.into()),
+                ("ETL_COORD_NATS_PASSWORD".into(), password(user)),
+                ("ETL_COORD_NATS_TLS_CA".into(), self.ca().display().to_string()),
             ],
         }
     }
@@ -217,7 +217,7 @@ fn missing_or_wrong_credentials_and_a_missing_ca_are_refused_saying_what_to_give
         url: ok.url.clone(),
         env: ok.env.iter().filter(|(k, _)| !names.contains(&k.as_str())).cloned().collect(),
     };
-    let (code, err) = refused(&mut status(&strip(&["NATS_USER", "NATS_PASSWORD"])));
+    let (code, err) = refused(&mut status(&strip(&["ETL_COORD_NATS_USER", "ETL_COORD_NATS_PASSWORD"])));
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("refused the connection's credentials (no credentials given)"), "{err}");
     let mut wrong = ok.clone();
@@ -225,7 +225,7 @@ fn missing_or_wrong_credentials_and_a_missing_ca_are_refused_saying_what_to_give
     let (code, err) = refused(&mut status(&wrong));
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("credentials (user \"etl-jc\")"), "{err}");
-    let (code, err) = refused(&mut status(&strip(&["NATS_TLS_CA"])));
+    let (code, err) = refused(&mut status(&strip(&["ETL_COORD_NATS_TLS_CA"])));
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("TLS with NATS") && err.contains("--nats-tls-ca"), "{err}");
 }

@@ -465,8 +465,8 @@ fn log_event(e: &Event) {
         Event::Quarantined { split, attempts, last_error } => {
             warn!(%split, attempts, last_error = last_error.as_deref().unwrap_or(""), "split quarantined")
         }
-        Event::Released { split } => debug!(%split, "split released"),
-        Event::Finished { split } => debug!(%split, "split done"),
+        Event::Released { split } => info!(%split, "split released"),
+        Event::Finished { split } => info!(%split, "split done"),
         Event::Gauges { owned, live_workers, quarantined } => {
             debug!(owned, live_workers, quarantined, "gauges")
         }

@@ -2,7 +2,8 @@
 //! their Prometheus exposition.
 //!
 //! [`Metrics`] is a small typed handle: one per worker, carrying the `coordination_job` and
-//! `instance` labels, so several workers in one process (the embedded default) stay apart in
+//! `coordination_instance` labels (not `job` and `instance`, which Prometheus sets on scrape),
+//! so several workers in one process (the embedded default) stay apart in
 //! one exporter. The protocol core never touches metrics; the driver records them from the
 //! core's events and from its store calls. [`install_prometheus`] installs a global recorder
 //! and returns the handle whose `render()` is the text exposition served at `/metrics`.
@@ -150,52 +151,52 @@ impl Metrics {
         m.splits_quarantined(0);
         m.job_state("running");
         for reason in ACQUISITION_REASONS {
-            counter!(names::ACQUISITIONS_TOTAL, "coordination_job" => m.job.clone(), "instance" => m.instance.clone(), "reason" => reason).increment(0);
+            counter!(names::ACQUISITIONS_TOTAL, "coordination_job" => m.job.clone(), "coordination_instance" => m.instance.clone(), "reason" => reason).increment(0);
         }
         for reason in REVOCATION_REASONS {
-            counter!(names::REVOCATIONS_TOTAL, "coordination_job" => m.job.clone(), "instance" => m.instance.clone(), "reason" => reason).increment(0);
+            counter!(names::REVOCATIONS_TOTAL, "coordination_job" => m.job.clone(), "coordination_instance" => m.instance.clone(), "reason" => reason).increment(0);
         }
         for outcome in WRITE_OUTCOMES {
-            counter!(names::WRITES_TOTAL, "coordination_job" => m.job.clone(), "instance" => m.instance.clone(), "outcome" => outcome).increment(0);
+            counter!(names::WRITES_TOTAL, "coordination_job" => m.job.clone(), "coordination_instance" => m.instance.clone(), "outcome" => outcome).increment(0);
         }
-        counter!(names::PLAN_FAILURES_TOTAL, "coordination_job" => m.job.clone(), "instance" => m.instance.clone()).increment(0);
+        counter!(names::PLAN_FAILURES_TOTAL, "coordination_job" => m.job.clone(), "coordination_instance" => m.instance.clone()).increment(0);
         m
     }
 
     /// `splits_owned`.
     pub fn splits_owned(&self, n: u32) {
-        gauge!(names::SPLITS_OWNED, "coordination_job" => self.job.clone(), "instance" => self.instance.clone()).set(n as f64);
+        gauge!(names::SPLITS_OWNED, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone()).set(n as f64);
     }
 
     /// `live_workers`.
     pub fn live_workers(&self, n: u32) {
-        gauge!(names::LIVE_WORKERS, "coordination_job" => self.job.clone(), "instance" => self.instance.clone()).set(n as f64);
+        gauge!(names::LIVE_WORKERS, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone()).set(n as f64);
     }
 
     /// `leader`.
     pub fn leader(&self, leading: bool) {
-        gauge!(names::LEADER, "coordination_job" => self.job.clone(), "instance" => self.instance.clone())
+        gauge!(names::LEADER, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone())
             .set(if leading { 1.0 } else { 0.0 });
     }
 
     /// `acquisitions_total{reason}`.
     pub fn acquisition(&self, reason: &'static str) {
-        counter!(names::ACQUISITIONS_TOTAL, "coordination_job" => self.job.clone(), "instance" => self.instance.clone(), "reason" => reason).increment(1);
+        counter!(names::ACQUISITIONS_TOTAL, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone(), "reason" => reason).increment(1);
     }
 
     /// `revocations_total{reason}`.
     pub fn revocation(&self, reason: &'static str) {
-        counter!(names::REVOCATIONS_TOTAL, "coordination_job" => self.job.clone(), "instance" => self.instance.clone(), "reason" => reason).increment(1);
+        counter!(names::REVOCATIONS_TOTAL, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone(), "reason" => reason).increment(1);
     }
 
     /// `splits_quarantined`.
     pub fn splits_quarantined(&self, n: u32) {
-        gauge!(names::SPLITS_QUARANTINED, "coordination_job" => self.job.clone(), "instance" => self.instance.clone()).set(n as f64);
+        gauge!(names::SPLITS_QUARANTINED, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone()).set(n as f64);
     }
 
     /// `store_op_duration_seconds{op}`.
     pub fn store_op(&self, op: &'static str, took: Duration) {
-        histogram!(names::STORE_OP_DURATION_SECONDS, "coordination_job" => self.job.clone(), "instance" => self.instance.clone(), "op" => op)
+        histogram!(names::STORE_OP_DURATION_SECONDS, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone(), "op" => op)
             .record(took.as_secs_f64());
     }
 
@@ -203,19 +204,19 @@ impl Metrics {
     pub fn job_state(&self, state: &'static str) {
         debug_assert!(JOB_STATES.contains(&state), "unknown job state {state}");
         for s in JOB_STATES {
-            gauge!(names::JOB_STATE, "coordination_job" => self.job.clone(), "instance" => self.instance.clone(), "state" => s)
+            gauge!(names::JOB_STATE, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone(), "state" => s)
                 .set(if s == state { 1.0 } else { 0.0 });
         }
     }
 
     /// `plan_failures_total`.
     pub fn plan_failure(&self) {
-        counter!(names::PLAN_FAILURES_TOTAL, "coordination_job" => self.job.clone(), "instance" => self.instance.clone()).increment(1);
+        counter!(names::PLAN_FAILURES_TOTAL, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone()).increment(1);
     }
 
     /// `writes_total{outcome}`.
     pub fn write(&self, outcome: WriteOutcome) {
-        counter!(names::WRITES_TOTAL, "coordination_job" => self.job.clone(), "instance" => self.instance.clone(), "outcome" => outcome.label()).increment(1);
+        counter!(names::WRITES_TOTAL, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone(), "outcome" => outcome.label()).increment(1);
     }
 }
 
@@ -224,8 +225,14 @@ impl Metrics {
 #[error("cannot install the Prometheus metrics recorder: {0} (is another metrics recorder installed?)")]
 pub struct InstallError(String);
 
+/// How often the recorder's upkeep runs: it folds recorded histogram samples into their
+/// buckets, which otherwise pile up until something renders (a worker nobody scrapes would
+/// grow for as long as it runs).
+pub const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
 /// Installs a global Prometheus recorder (store-op latencies as histograms with buckets from
-/// 100 µs to 10 s) and describes every family. Call once per process.
+/// 100 µs to 10 s), describes every family, and starts the recorder's upkeep (a thread running
+/// it every [`UPKEEP_INTERVAL`]). Call once per process.
 pub fn install_prometheus() -> Result<PrometheusHandle, InstallError> {
     let buckets = [
         0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -239,6 +246,16 @@ pub fn install_prometheus() -> Result<PrometheusHandle, InstallError> {
         .install_recorder()
         .map_err(|e| InstallError(e.to_string()))?;
     describe();
+    let upkeep = handle.clone();
+    std::thread::Builder::new()
+        .name("metrics-upkeep".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(UPKEEP_INTERVAL);
+                upkeep.run_upkeep();
+            }
+        })
+        .map_err(|e| InstallError(format!("starting the metrics upkeep thread: {e}")))?;
     Ok(handle)
 }
 
@@ -268,18 +285,18 @@ mod tests {
             "# TYPE etl_coordination_splits_owned gauge",
             "# TYPE etl_coordination_acquisitions_total counter",
             "# TYPE etl_coordination_store_op_duration_seconds histogram",
-            r#"etl_coordination_splits_owned{coordination_job="backfill",instance="pod-1"} 3"#,
-            r#"etl_coordination_live_workers{coordination_job="backfill",instance="pod-1"} 2"#,
-            r#"etl_coordination_leader{coordination_job="backfill",instance="pod-1"} 1"#,
-            r#"etl_coordination_acquisitions_total{coordination_job="backfill",instance="pod-1",reason="stolen"} 1"#,
-            r#"etl_coordination_acquisitions_total{coordination_job="backfill",instance="pod-1",reason="create"} 0"#,
-            r#"etl_coordination_revocations_total{coordination_job="backfill",instance="pod-1",reason="starved"} 1"#,
-            r#"etl_coordination_splits_quarantined{coordination_job="backfill",instance="pod-1"} 1"#,
-            r#"etl_coordination_writes_total{coordination_job="backfill",instance="pod-1",outcome="conflict"} 1"#,
-            r#"etl_coordination_store_op_duration_seconds_bucket{coordination_job="backfill",instance="pod-1",op="cas",le="0.0005"} 1"#,
-            r#"etl_coordination_job_state{coordination_job="backfill",instance="pod-1",state="stalled"} 1"#,
-            r#"etl_coordination_job_state{coordination_job="backfill",instance="pod-1",state="running"} 0"#,
-            r#"etl_coordination_plan_failures_total{coordination_job="backfill",instance="pod-1"} 1"#,
+            r#"etl_coordination_splits_owned{coordination_job="backfill",coordination_instance="pod-1"} 3"#,
+            r#"etl_coordination_live_workers{coordination_job="backfill",coordination_instance="pod-1"} 2"#,
+            r#"etl_coordination_leader{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
+            r#"etl_coordination_acquisitions_total{coordination_job="backfill",coordination_instance="pod-1",reason="stolen"} 1"#,
+            r#"etl_coordination_acquisitions_total{coordination_job="backfill",coordination_instance="pod-1",reason="create"} 0"#,
+            r#"etl_coordination_revocations_total{coordination_job="backfill",coordination_instance="pod-1",reason="starved"} 1"#,
+            r#"etl_coordination_splits_quarantined{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
+            r#"etl_coordination_writes_total{coordination_job="backfill",coordination_instance="pod-1",outcome="conflict"} 1"#,
+            r#"etl_coordination_store_op_duration_seconds_bucket{coordination_job="backfill",coordination_instance="pod-1",op="cas",le="0.0005"} 1"#,
+            r#"etl_coordination_job_state{coordination_job="backfill",coordination_instance="pod-1",state="stalled"} 1"#,
+            r#"etl_coordination_job_state{coordination_job="backfill",coordination_instance="pod-1",state="running"} 0"#,
+            r#"etl_coordination_plan_failures_total{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
         ];
         for line in expect {
             assert!(text.contains(line), "missing {line:?} in:\n{text}");

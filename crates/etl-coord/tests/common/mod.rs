@@ -31,7 +31,7 @@ pub fn dataset(files: usize, lines: usize) -> (tempfile::TempDir, std::path::Pat
 }
 
 /// How the real-process suites reach a NATS server: its URL, and the environment a pod would
-/// carry for it (`NATS_USER`, `NATS_PASSWORD`, `NATS_TLS_CA`), given to every process.
+/// carry for it (`ETL_COORD_NATS_USER`, `ETL_COORD_NATS_PASSWORD`, `ETL_COORD_NATS_TLS_CA`), given to every process.
 #[derive(Clone, Debug)]
 pub struct Nats {
     pub url: String,
