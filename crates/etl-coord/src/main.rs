@@ -307,9 +307,23 @@ struct WorkerArgs {
 struct StatusArgs {
     #[command(flatten)]
     store: StoreArgs,
-    /// Print JSON instead of a table.
+    /// `table`, `wide` (every column in full, and whether each split holds a live lease) or
+    /// `json` (for tooling).
+    #[arg(short, long, default_value = "table", value_parser = ["table", "wide", "json"], env = "ETL_COORD_OUTPUT")]
+    output: String,
+    /// Same as `-o json`.
     #[arg(long, env = "ETL_COORD_JSON")]
     json: bool,
+    /// Show only splits in these states (comma-separated: done, owned, unleased, quarantined,
+    /// undecodable); the summary still counts every split.
+    #[arg(long, value_delimiter = ',', env = "ETL_COORD_STATE", value_parser = ["done", "owned", "unleased", "quarantined", "undecodable"], ignore_case = true)]
+    state: Vec<String>,
+    /// Print the status again every --interval until interrupted.
+    #[arg(short, long, env = "ETL_COORD_WATCH")]
+    watch: bool,
+    /// How often --watch prints.
+    #[arg(long, default_value = "2s", value_parser = parse_duration, env = "ETL_COORD_INTERVAL")]
+    interval: Duration,
 }
 
 #[derive(clap::Args, Debug)]
@@ -448,14 +462,26 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Demo(a) => demo(a).await,
         Command::Worker(a) => worker(*a).await,
         Command::Status(a) => {
-            let s = match open_stores(&a.store).await? {
-                Stores::Memory(st) => ops::status(&st).await?,
-                Stores::Nats(st) => ops::status(&*st).await?,
-            };
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&s)?);
-            } else {
-                print!("{}", ops::render(&s));
+            let stores = open_stores(&a.store).await?;
+            loop {
+                let mut s = match &stores {
+                    Stores::Memory(st) => ops::status(st).await?,
+                    Stores::Nats(st) => ops::status(&**st).await?,
+                };
+                ops::filter(&mut s, &a.state);
+                if a.json || a.output == "json" {
+                    println!("{}", serde_json::to_string_pretty(&s)?);
+                } else {
+                    let output = if a.output == "wide" { ops::Output::Wide } else { ops::Output::Table };
+                    print!("{}", ops::render(&s, output));
+                }
+                if !a.watch {
+                    break;
+                }
+                use std::io::Write;
+                std::io::stdout().flush()?;
+                tokio::time::sleep(a.interval).await;
+                println!();
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -541,7 +541,11 @@ fn the_kubernetes_deployment_agrees_with_the_worker_and_the_services() {
         let mount = &container["volumeMounts"][0];
         assert_eq!(mount["name"], volumes[0]["name"]);
         let ca = format!("{}/{}", str_of(mount, &["mountPath"]), str_of(&items[0], &["path"]));
-        assert_eq!(env_value(container, "ETL_COORD_NATS_TLS_CA"), ca, "ETL_COORD_NATS_TLS_CA names the mounted CA");
+        assert_eq!(
+            env_value(container, "ETL_COORD_NATS_TLS_CA"),
+            ca,
+            "ETL_COORD_NATS_TLS_CA names the mounted CA"
+        );
     };
     ca_only(&pod["spec"], &container);
     assert_eq!(env_value(&container, "ETL_COORD_NATS_USER"), format!("etl-{job}"));

@@ -10,6 +10,7 @@ use etl_coordination_driver::{
     CoordinationDriver, DriverConfig, InstanceId, JobOutcome, JobStores, OnStall, SplitId, Tuning,
 };
 use etl_coordination_memory::MemoryStore;
+use etl_coordination_store::{Store, WatchStream};
 
 #[tokio::test]
 async fn status_shows_a_quarantined_split_and_requeue_returns_it_to_the_queue() {
@@ -48,8 +49,11 @@ async fn status_shows_a_quarantined_split_and_requeue_returns_it_to_the_queue() 
     let split = status.splits.iter().find(|s| s.id == bad.as_str()).unwrap();
     assert_eq!((split.state.as_str(), split.attempts), ("Quarantined", 2));
     assert!(split.last_error.as_deref().unwrap().contains("b.txt:2"), "{split:?}");
-    let table = ops::render(&status);
-    assert!(table.contains("1 done") && table.contains("1 quarantined"), "{table}");
+    let table = ops::render(&status, ops::Output::Table);
+    assert!(
+        table.contains("1 done") && table.contains("1 quarantined") && table.contains("(50.0% complete)"),
+        "{table}"
+    );
 
     // Only quarantined splits can be requeued.
     let done = status.splits.iter().find(|s| s.state == "Done").unwrap();
@@ -59,4 +63,132 @@ async fn status_shows_a_quarantined_split_and_requeue_returns_it_to_the_queue() 
     let after = ops::status(&stores).await.unwrap();
     let split = after.splits.iter().find(|s| s.id == bad.as_str()).unwrap();
     assert_eq!((split.state.as_str(), split.attempts, split.owner.clone()), ("Unleased", 0, None));
+}
+
+/// A store that counts the requests `status` makes.
+#[derive(Clone, Default)]
+struct Counting {
+    inner: MemoryStore,
+    gets: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    lists: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Store for Counting {
+    async fn create(
+        &self,
+        key: &etl_coordination_core::Key,
+        value: bytes::Bytes,
+        ttl: Option<Duration>,
+    ) -> Result<etl_coordination_core::Revision, etl_coordination_core::StoreError> {
+        self.inner.create(key, value, ttl).await
+    }
+    async fn compare_and_swap(
+        &self,
+        key: &etl_coordination_core::Key,
+        expected: etl_coordination_core::Revision,
+        value: bytes::Bytes,
+        ttl: Option<Duration>,
+    ) -> Result<etl_coordination_core::Revision, etl_coordination_core::StoreError> {
+        self.inner.compare_and_swap(key, expected, value, ttl).await
+    }
+    async fn delete(
+        &self,
+        key: &etl_coordination_core::Key,
+        expected: etl_coordination_core::Revision,
+    ) -> Result<(), etl_coordination_core::StoreError> {
+        self.inner.delete(key, expected).await
+    }
+    async fn get(
+        &self,
+        key: &etl_coordination_core::Key,
+    ) -> Result<Option<etl_coordination_core::Entry>, etl_coordination_core::StoreError> {
+        self.gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.get(key).await
+    }
+    async fn watch(
+        &self,
+        prefix: &etl_coordination_core::Prefix,
+    ) -> Result<WatchStream, etl_coordination_core::StoreError> {
+        self.inner.watch(prefix).await
+    }
+    async fn list(
+        &self,
+        prefix: &etl_coordination_core::Prefix,
+    ) -> Result<Vec<etl_coordination_core::Entry>, etl_coordination_core::StoreError> {
+        self.lists.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.list(prefix).await
+    }
+}
+
+#[tokio::test]
+async fn status_reads_a_fixed_number_of_requests_and_flags_an_undecodable_record_without_failing() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..40 {
+        std::fs::write(dir.path().join(format!("f{i:02}.txt")), format!("line {i}\n")).unwrap();
+    }
+    // One split per file: 40 splits.
+    let source = AnySource::open(&format!("files:{}", dir.path().display()), 1, 1).unwrap();
+    let stores = JobStores { state: Counting::default(), lease: Counting::default() };
+    let config = DriverConfig {
+        job: "many".into(),
+        tuning: Tuning { lease_duration: Duration::from_secs(2), ..Tuning::default() },
+        ..DriverConfig::default()
+    };
+    let (handle, mut lanes) = CoordinationDriver::start(stores.clone(), source.clone(), config).unwrap();
+    tokio::spawn(async move {
+        while let Some(lane) = lanes.next().await {
+            let reader = source.reader(lane.descriptor(), lane.resume_from()).unwrap();
+            tokio::spawn(run_lane(lane, reader, JsonlSink::discard(), RunOptions::default()));
+        }
+    });
+    assert!(matches!(handle.outcome().await.unwrap(), JobOutcome::Complete));
+    let reads = |s: &JobStores<Counting>| {
+        let n = |c: &Counting| {
+            c.gets.load(std::sync::atomic::Ordering::Relaxed)
+                + c.lists.load(std::sync::atomic::Ordering::Relaxed)
+        };
+        n(&s.state) + n(&s.lease)
+    };
+    let before = reads(&stores);
+    let st = ops::status(&stores).await.unwrap();
+    let used = reads(&stores) - before;
+    assert_eq!(st.splits.len(), 40);
+    assert!(used <= 6, "status made {used} requests for 40 splits (one listing per kind of record)");
+    assert_eq!(st.summary.percent_complete, 100.0);
+    let progress = st.splits[0].progress.as_deref().unwrap();
+    assert!(
+        progress.contains("line=") && !progress.contains('{'),
+        "progress in the source's terms: {progress}"
+    );
+
+    // Another program overwrites one split record: status still shows the job, and flags it.
+    let victim = etl_coordination_core::records::keys::split(&SplitId::new(st.splits[3].id.clone()).unwrap());
+    let e = stores.state.inner.get(&victim).await.unwrap().unwrap();
+    stores
+        .state
+        .inner
+        .compare_and_swap(&victim, e.revision, bytes::Bytes::from_static(&[255, 0, 1, 2]), None)
+        .await
+        .unwrap();
+    let st = ops::status(&stores).await.unwrap();
+    assert_eq!((st.summary.done, st.summary.undecodable), (39, 1), "{:?}", st.summary);
+    let flagged = &st.undecodable[0];
+    assert_eq!(flagged.key, victim.to_string());
+    assert!(flagged.error.contains("format 255") && flagged.error.contains("runbook"), "{}", flagged.error);
+    let table = ops::render(&st, ops::Output::Table);
+    assert!(table.contains(&format!("UNDECODABLE {victim}")) && table.contains("1 undecodable"), "{table}");
+    // --state keeps the summary whole and shows only what was asked for.
+    let mut only = st.clone();
+    ops::filter(&mut only, &["undecodable".to_owned()]);
+    assert_eq!(only.splits.len(), 1);
+    assert_eq!(only.summary.total, 40);
+}
+
+#[test]
+fn progress_renders_as_text_never_as_raw_bytes() {
+    assert_eq!(ops::render_progress(br#"{"object":2,"offset":10,"line":3}"#), "line=3 object=2 offset=10");
+    assert_eq!(ops::render_progress(b"row 42"), "row 42");
+    let binary = ops::render_progress(&[0, 1, 2, 255]);
+    assert!(binary.starts_with("0x000102ff") && binary.contains("4 bytes"), "{binary}");
+    assert!(!binary.contains('\0'));
 }

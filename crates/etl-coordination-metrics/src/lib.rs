@@ -301,6 +301,16 @@ mod tests {
         for line in expect {
             assert!(text.contains(line), "missing {line:?} in:\n{text}");
         }
+        // No label Prometheus sets itself on scrape (it would rename ours `exported_*`).
+        for series in text.lines().filter(|l| !l.starts_with('#')) {
+            let labels = series.split_once('{').and_then(|(_, r)| r.split_once('}')).map_or("", |(l, _)| l);
+            for name in labels.split(',').filter_map(|kv| kv.split_once('=')).map(|(k, _)| k) {
+                assert!(
+                    !["job", "instance"].contains(&name),
+                    "{name} collides with a target label: {series}"
+                );
+            }
+        }
         assert!(install_prometheus().is_err(), "a second install is refused with an error");
     }
 }
