@@ -181,10 +181,7 @@ struct StoreArgs {
 }
 
 /// The NATS CLI's variable for a flag left unset (its own ETL_COORD_ variable included).
-fn or_nats_env<T: From<String>>(value: &Option<T>, var: &str) -> Option<T>
-where
-    T: Clone,
-{
+fn or_nats_env<T: From<String> + Clone>(value: &Option<T>, var: &str) -> Option<T> {
     value.clone().or_else(|| std::env::var(var).ok().filter(|v| !v.is_empty()).map(T::from))
 }
 
@@ -383,10 +380,8 @@ fn validate(cli: &Cli) {
         Command::NatsBuckets(a) => Some(&a.store),
         Command::Demo(_) | Command::NatsPermissions(_) => None,
     };
-    if let Some(store) = store {
-        if let Err((flag, msg)) = store.resolve() {
-            fail(flag, msg);
-        }
+    if let Some(Err((flag, msg))) = store.map(StoreArgs::resolve) {
+        fail(flag, msg);
     }
 }
 
@@ -442,8 +437,11 @@ fn init_logging(cli: &Cli) {
     let levels = ["error", "warn", "info", "debug", "trace"];
     let base: i32 = if matches!(cli.command, Command::Demo(_)) { 0 } else { 2 };
     let level = (base + i32::from(cli.verbose) - i32::from(cli.quiet)).clamp(0, 4) as usize;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(levels[level]));
+    // The NATS client's own info lines (every connect) stay out of a healthy worker's log.
+    let client = if level >= 4 { "debug" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!("{},async_nats={client}", levels[level]))
+    });
     let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter);
     if cli.log_format == "json" {
         builder.json().with_current_span(true).with_span_list(false).init();
@@ -463,25 +461,33 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Worker(a) => worker(*a).await,
         Command::Status(a) => {
             let stores = open_stores(&a.store).await?;
+            let mut first = true;
             loop {
                 let mut s = match &stores {
                     Stores::Memory(st) => ops::status(st).await?,
                     Stores::Nats(st) => ops::status(&**st).await?,
                 };
                 ops::filter(&mut s, &a.state);
-                if a.json || a.output == "json" {
-                    println!("{}", serde_json::to_string_pretty(&s)?);
+                let text = if a.json || a.output == "json" {
+                    format!("{}\n", serde_json::to_string_pretty(&s)?)
                 } else {
                     let output = if a.output == "wide" { ops::Output::Wide } else { ops::Output::Table };
-                    print!("{}", ops::render(&s, output));
+                    ops::render(&s, output)
+                };
+                let text = if first { text } else { format!("\n{text}") };
+                // A reader that stops early (`| head`) ends the command quietly.
+                use std::io::Write;
+                let mut stdout = std::io::stdout().lock();
+                match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+                    Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
+                    other => other?,
                 }
+                drop(stdout);
                 if !a.watch {
                     break;
                 }
-                use std::io::Write;
-                std::io::stdout().flush()?;
                 tokio::time::sleep(a.interval).await;
-                println!();
+                first = false;
             }
             Ok(ExitCode::SUCCESS)
         }

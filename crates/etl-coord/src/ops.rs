@@ -108,9 +108,8 @@ pub struct SplitView {
 fn undecodable_advice(key: &str, e: &records::RecordError) -> String {
     format!(
         "{e}: written by another program, a newer etl-coordination release or a bad restore; workers \
-         skip it. Check which release wrote the job; a split's record can be rewritten from its \
-         descriptor with its progress from the start (docs/SCALING.md, runbook: an undecodable record) \
-         [key {key}]"
+         skip it and the job cannot complete while it stays. See docs/SCALING.md, runbook: an \
+         undecodable record [key {key}]"
     )
 }
 

@@ -467,3 +467,18 @@ fn with_on_complete_wait_a_finished_worker_stays_up_until_sigterm() {
     std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
+
+#[test]
+fn status_watch_prints_again_every_interval_until_stopped() {
+    use std::io::BufRead;
+    let mut child = etl_coord()
+        .args(["status", "--job", "w", "--store", "memory", "--watch", "--interval", "100ms"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let snapshots = out.lines().map_while(Result::ok).filter(|l| l.starts_with("plan:")).take(3).count();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(snapshots, 3, "three snapshots, one per interval");
+}
