@@ -24,7 +24,6 @@ use etl_coordination_driver::{
     Tuning,
 };
 use etl_coordination_memory::MemoryStore;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// What `--help` ends with: exit codes and the environment.
 const AFTER_HELP: &str = "\
@@ -755,41 +754,39 @@ async fn shutdown_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
-/// A minimal HTTP/1.1 server for /metrics, /healthz and /readyz.
+/// The admin endpoints (axum on hyper: keep-alive, methods, and an accept loop that backs off
+/// on errors such as running out of file descriptors): `GET /metrics` (Prometheus text),
+/// `/healthz` (the process is alive), `/readyz` (503 once a drain has begun).
 async fn admin_server(
     listener: tokio::net::TcpListener,
     metrics: etl_coordination_metrics::PrometheusHandle,
     ready: Arc<AtomicBool>,
 ) {
-    loop {
-        let Ok((mut sock, _)) = listener.accept().await else { continue };
-        let metrics = metrics.clone();
-        let ready = ready.clone();
-        tokio::spawn(async move {
-            // Read the whole request head (closing with unread bytes would reset the connection).
-            let mut buf = Vec::with_capacity(1024);
-            let mut chunk = [0u8; 1024];
-            while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
-                match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut chunk)).await {
-                    Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
-                    _ => break,
+    use axum::http::{StatusCode, header};
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics.render()) }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = ready.load(Ordering::Relaxed);
+                async move {
+                    if ready {
+                        (StatusCode::OK, "ready\n")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+                    }
                 }
-            }
-            let req = String::from_utf8_lossy(&buf);
-            let path = req.split_whitespace().nth(1).unwrap_or("/");
-            let (status, ctype, body) = match path {
-                "/metrics" => ("200 OK", "text/plain; version=0.0.4", metrics.render()),
-                "/healthz" => ("200 OK", "text/plain", "ok\n".to_owned()),
-                "/readyz" if ready.load(Ordering::Relaxed) => ("200 OK", "text/plain", "ready\n".to_owned()),
-                "/readyz" => ("503 Service Unavailable", "text/plain", "draining\n".to_owned()),
-                _ => ("404 Not Found", "text/plain", "not found\n".to_owned()),
-            };
-            let resp = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = sock.write_all(resp.as_bytes()).await;
-            let _ = sock.shutdown().await;
-        });
+            }),
+        );
+    if let Err(e) = axum::serve(listener, app).await {
+        tracing::error!(error = %e, "the admin server stopped");
     }
 }

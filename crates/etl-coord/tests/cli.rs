@@ -322,7 +322,8 @@ fn a_worker_scans_a_sqlite_table_into_its_sink() {
 fn http_get(addr: &str, path: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     Some(out)
@@ -374,6 +375,26 @@ fn the_admin_server_serves_metrics_and_health_and_sigterm_drains() {
     assert!(metrics.contains(r#"coordination_job="t4""#), "{metrics}");
     assert!(http_get(&addr, "/healthz").unwrap().starts_with("HTTP/1.1 200"));
     assert!(http_get(&addr, "/readyz").unwrap().starts_with("HTTP/1.1 200"));
+    // A real HTTP server: methods are checked, unknown paths are 404, and a connection is kept
+    // alive across requests.
+    let raw = |request: &str| {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    };
+    assert!(
+        raw("POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            .starts_with("HTTP/1.1 405")
+    );
+    assert!(raw("GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").starts_with("HTTP/1.1 404"));
+    let two = raw(
+        "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(two.matches("HTTP/1.1 200").count(), 2, "two answers on one connection: {two}");
     // SIGTERM drains: the process commits, releases and exits 0 well before the job is done.
     let status =
         std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();

@@ -207,3 +207,42 @@ fn a_worker_against_a_nats_server_older_than_2_11_exits_1_saying_to_upgrade() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("2.10.") && err.contains("upgrade"), "{err}");
 }
+
+#[test]
+fn a_second_termination_signal_exits_at_once_without_waiting_for_the_drain() {
+    use std::io::BufRead;
+    let (tmp, data) = dataset(2, 400);
+    let server = NatsServer::start();
+    let proxy = etl_coordination_testkit::Proxy::start(server.addr());
+    let job = job("twosig");
+    // Long leases and drain timeout: once the link stalls, the drain's final commits wait for a
+    // minute.
+    let args = ["--record-delay-ms", "5", "--lease-duration", "60s", "--drain-timeout", "60s"];
+    let mut child = Nats::open(proxy.url()).worker(&job, "s1", &data, &tmp.path().join("s.jsonl"), &args);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let wait_for = |text: &str| loop {
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(l) if l.contains(text) => return,
+            Ok(_) => {}
+            Err(e) => panic!("no line containing {text:?}: {e}"),
+        }
+    };
+    let term = || {
+        assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    };
+    wait_for("split acquired");
+    proxy.stall();
+    term();
+    wait_for("draining");
+    let t = Instant::now();
+    term();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "the second signal exits with 130");
+    assert!(t.elapsed() < Duration::from_secs(20), "at once, not after the drain: {:?}", t.elapsed());
+}
