@@ -399,10 +399,11 @@ impl<S: Store, P: Planner> Task<S, P> {
             h.abort();
         }
         let generation = entry.generation;
-        // Back off after consecutive failures so a store outage is not hammered.
+        // Back off after consecutive failures so a store outage is not hammered, with jitter so a
+        // fleet that lost the store together does not come back in lockstep.
         let backoff = match entry.failures {
             0 => Duration::ZERO,
-            n => (Duration::from_millis(100) * 2u32.saturating_pow(n.min(6))).min(Duration::from_secs(5)),
+            n => watch_backoff().nth(n as usize - 1).unwrap_or(Duration::from_secs(5)),
         };
         let tx = self.tx.clone();
         entry.handle = Some(tokio::spawn(async move {
@@ -487,4 +488,17 @@ mod tests {
         let revocations: Vec<&str> = StopReason::ALL.iter().filter_map(|r| r.revocation_label()).collect();
         assert_eq!(revocations, REVOCATION_REASONS);
     }
+}
+
+/// Delays between attempts to reopen a failed watch: 200 ms doubling up to 5 s, each with a
+/// random extra of up to itself (jitter).
+fn watch_backoff() -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_factor(2.0)
+        .with_max_delay(Duration::from_secs(5))
+        .with_jitter()
+        .without_max_times()
+        .build()
 }

@@ -385,6 +385,7 @@ async fn open_connection(
     // node that drops packets costs one op timeout, not the attempt.
     let attempt = config.op_timeout * servers.len() as u32;
     let deadline = tokio::time::Instant::now() + attempt * 2;
+    let mut retry = SetupRetry::new();
     let client = loop {
         let opts = options(config, job, refused.clone()).await?;
         let last = match tokio::time::timeout(attempt, opts.connect(servers.clone())).await {
@@ -405,14 +406,13 @@ async fn open_connection(
             Ok(Err(e)) => e.to_string(),
             Err(_) => "timed out".to_owned(),
         };
-        if tokio::time::Instant::now() + Duration::from_millis(200) > deadline {
+        if !retry.pause().await || tokio::time::Instant::now() > deadline {
             return Err(StoreError::Unavailable(format!(
                 "no NATS server answered at {} within {:?} ({last}); check the URL and that the server runs",
                 config.url,
                 attempt * 2
             )));
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     };
     // Wait for the connection (and the server's INFO) before judging its version.
     let connected = refusals.guard(async {
@@ -439,21 +439,29 @@ fn is_tls_failure(error: &str) -> bool {
 /// "temporarily unavailable", a bucket not yet visible on every node) before giving up.
 const SETUP_WINDOW: Duration = Duration::from_secs(15);
 
-/// Pauses between setup attempts: growing by 50 ms up to 500 ms, within [`SETUP_WINDOW`].
+/// Pauses between setup attempts: 50 ms doubling up to 500 ms, each with a random extra of up
+/// to itself (jitter: workers that start together do not retry in lockstep), within
+/// [`SETUP_WINDOW`].
 struct SetupRetry {
     deadline: tokio::time::Instant,
-    attempt: u64,
+    delays: backon::ExponentialBackoff,
 }
 
 impl SetupRetry {
     fn new() -> Self {
-        SetupRetry { deadline: tokio::time::Instant::now() + SETUP_WINDOW, attempt: 0 }
+        use backon::BackoffBuilder;
+        let delays = backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_delay(Duration::from_millis(500))
+            .with_jitter()
+            .without_max_times()
+            .build();
+        SetupRetry { deadline: tokio::time::Instant::now() + SETUP_WINDOW, delays }
     }
 
     /// Waits before the next attempt; false (without waiting) once the window is used up.
     async fn pause(&mut self) -> bool {
-        self.attempt += 1;
-        let pause = Duration::from_millis((50 * self.attempt).min(500));
+        let pause = self.delays.next().unwrap_or(Duration::from_millis(500));
         if tokio::time::Instant::now() + pause > self.deadline {
             return false;
         }
