@@ -475,6 +475,19 @@ fn log_event(e: &Event) {
     }
 }
 
+/// Delays between attempts to reopen a failed watch: 200 ms doubling up to 5 s, each with a
+/// random extra of up to itself (jitter).
+fn watch_backoff() -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_factor(2.0)
+        .with_max_delay(Duration::from_secs(5))
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
 #[cfg(test)]
 mod tests {
     use etl_coordination_core::{AcquisitionReason, StopReason};
@@ -488,17 +501,4 @@ mod tests {
         let revocations: Vec<&str> = StopReason::ALL.iter().filter_map(|r| r.revocation_label()).collect();
         assert_eq!(revocations, REVOCATION_REASONS);
     }
-}
-
-/// Delays between attempts to reopen a failed watch: 200 ms doubling up to 5 s, each with a
-/// random extra of up to itself (jitter).
-fn watch_backoff() -> impl Iterator<Item = Duration> {
-    use backon::BackoffBuilder;
-    backon::ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(200))
-        .with_factor(2.0)
-        .with_max_delay(Duration::from_secs(5))
-        .with_jitter()
-        .without_max_times()
-        .build()
 }
