@@ -9,8 +9,9 @@
 //!   `etl-coord nats-permissions` prints for the commands written above them;
 //! - the Kubernetes NATS configuration forms a 3-node JetStream cluster on loopback (TLS and
 //!   users as configured, passwords from the Secrets its env names), the bucket Job's pod
-//!   creates the job's buckets, and two "pods" built from the Deployment's container spec
-//!   complete a job on it with replicas 3;
+//!   creates the job's buckets, two "pods" built from the backfill Job's container spec
+//!   complete the job on it with replicas 3 and exit 0, and two from the Deployment's come up,
+//!   see it complete and stay up serving their admin endpoints;
 //! - every worker flag any file uses exists in `etl-coord worker --help`; cross-file names
 //!   (services, ports, probes, annotations, grace period vs drain timeout) agree;
 //! - the alert rules pass `promtool check rules` and their `promtool test rules` unit tests; the
@@ -508,6 +509,53 @@ fn secret(name: &str, key: &str) -> String {
     format!("{name}-{key}-value")
 }
 
+/// The backfill Job of backfill.yaml, its container, and its args.
+fn backfill_job() -> (Value, Value, Vec<String>) {
+    let docs = yaml_docs("kubernetes/backfill.yaml");
+    let job = docs
+        .iter()
+        .find(|d| d["kind"] == "Job" && d["metadata"]["name"] == "etl-backfill")
+        .expect("the backfill Job")
+        .clone();
+    let container = job["spec"]["template"]["spec"]["containers"][0].clone();
+    let args =
+        container["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect();
+    (job, container, args)
+}
+
+#[test]
+fn the_kubernetes_backfill_job_agrees_with_the_worker_and_the_deployment() {
+    let (job, container, args) = backfill_job();
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(args[0], "worker");
+    assert_known_flags("backfill.yaml", &args);
+    // A Job's pods exit when the job is complete; a stall exits 3 and fails the Job at once.
+    assert!(flag(&args, "--on-complete").is_none_or(|v| v == "exit"), "Job pods must exit when done");
+    assert_eq!(flag(&args, "--on-stall"), Some("fatal"));
+    assert_eq!(str_of(pod, &["restartPolicy"]), "Never", "podFailurePolicy needs restartPolicy Never");
+    let rule = &job["spec"]["podFailurePolicy"]["rules"][0];
+    assert_eq!(str_of(rule, &["action"]), "FailJob");
+    assert_eq!(rule["onExitCodes"]["containerName"], container["name"]);
+    assert_eq!(rule["onExitCodes"]["values"][0].as_u64(), Some(3), "exit code 3 is a stall");
+    assert!(job["spec"]["parallelism"].as_u64().unwrap() >= 2, "several pods share the job");
+    assert!(job["spec"]["completions"].is_null(), "work-queue Job: done when the pods exit 0");
+    let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+    assert!(grace > secs(flag(&args, "--drain-timeout").unwrap()), "grace period > drain timeout");
+    assert!(args.iter().all(|a| a != "--instance-id"), "instance ids from the pod name");
+    // The same job, store, NATS user, CA and source as the Deployment; only the ending differs.
+    let (_, dep_container, dep_args) = deployment();
+    for f in ["--job", "--store", "--nats-replicas", "--source", "--lease-duration", "--max-attempts"] {
+        assert_eq!(flag(&args, f), flag(&dep_args, f), "{f} as in pipeline.yaml");
+    }
+    assert_eq!(container["env"], dep_container["env"], "the same environment as the Deployment's pods");
+    assert_eq!(pod["volumes"], deployment().0["spec"]["template"]["spec"]["volumes"], "the CA volume");
+    // Its bucket Job is pipeline.yaml's.
+    let docs = yaml_docs("kubernetes/backfill.yaml");
+    let setup = docs.iter().find(|d| d["metadata"]["name"] == "etl-pipeline-buckets").unwrap();
+    let pipeline = yaml_docs("kubernetes/pipeline.yaml");
+    assert_eq!(setup, pipeline.iter().find(|d| d["kind"] == "Job").unwrap(), "one bucket Job, two files");
+}
+
 /// The pipeline Deployment, its container, and its args.
 fn deployment() -> (Value, Value, Vec<String>) {
     let docs = yaml_docs("kubernetes/pipeline.yaml");
@@ -709,24 +757,48 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
     let setup_env = pod_env(setup, "etl-pipeline-buckets-x1", &[(&ca_mount(setup), &ca)]);
     let out = etl_coord().args(&setup_args).envs(setup_env.iter().map(|(k, v)| (k, v))).output().unwrap();
     assert!(out.status.success(), "the bucket Job: {}", String::from_utf8_lossy(&out.stderr));
-    let (dep, container, args) = (deployment().0, pipeline_container, pipeline_args);
-    let grace = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"].as_u64().unwrap();
-    let worker_ca = ca_mount(&container);
-    let mut pods = Vec::new();
-    for i in 0..2 {
-        let admin = format!("127.0.0.1:{}", free_port());
-        let mut a = args.clone();
+    // The pod command of a container spec: args as written but the store, the source and the
+    // admin address; env as a pod would have it.
+    let pod = |container: &Value, args: &[String], pod_name: &str, admin: &str| {
+        let mut a = args.to_vec();
         let mut set = |f: &str, v: &str| {
             let at = a.iter().position(|x| x == f).unwrap() + 1;
             a[at] = v.to_owned();
         };
         set("--store", &store);
         set("--source", &format!("files:{}", deploy().join("input").display()));
-        set("--admin-addr", &admin);
-        let pod_name = format!("etl-pipeline.7f9c-{i}");
+        set("--admin-addr", admin);
         let mut cmd = etl_coord();
-        cmd.args(&a).envs(pod_env(&container, &pod_name, &[(&worker_ca, &ca)]));
-        let (child, rx) = spawn_following(&mut cmd);
+        cmd.args(&a).envs(pod_env(container, pod_name, &[(&ca_mount(container), &ca)]));
+        cmd
+    };
+    // The backfill Job's pods process the job and exit 0, as a Job needs them to.
+    let (_, backfill_container, backfill_args) = backfill_job();
+    let mut backfill = Vec::new();
+    for i in 0..2 {
+        let admin = format!("127.0.0.1:{}", free_port());
+        backfill.push(spawn_following(&mut pod(
+            &backfill_container,
+            &backfill_args,
+            &format!("etl-backfill-x{i}"),
+            &admin,
+        )));
+    }
+    for (child, rx) in &mut backfill {
+        let seen = wait_for_line(rx, "job complete", Duration::from_secs(90));
+        assert!(seen.iter().all(|l| !l.contains("ERROR")), "{}", seen.join("\n"));
+        assert_eq!(exit_within(child, Duration::from_secs(30)), Some(0), "a finished Job pod exits 0");
+    }
+    // Then the Deployment's pods on the same (complete) job: they connect as configured, see
+    // it complete, and stay up serving their admin endpoints.
+    let (dep, container, args) = (deployment().0, pipeline_container, pipeline_args);
+    let grace = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"].as_u64().unwrap();
+    let worker_ca = ca_mount(&container);
+    let mut pods = Vec::new();
+    for i in 0..2 {
+        let admin = format!("127.0.0.1:{}", free_port());
+        let pod_name = format!("etl-pipeline.7f9c-{i}");
+        let (child, rx) = spawn_following(&mut pod(&container, &args, &pod_name, &admin));
         procs.0.push(child);
         pods.push((rx, admin, pod_name));
     }

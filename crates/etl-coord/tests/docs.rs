@@ -220,15 +220,16 @@ impl Session {
     }
 
     fn kubectl(&mut self, doc: &str, line: &str, args: &[&str]) {
-        let manifests: Vec<Value> = ["kubernetes/pipeline.yaml", "kubernetes/nats.yaml"]
-            .iter()
-            .flat_map(|f| {
-                let text = std::fs::read_to_string(root().join("deploy").join(f)).unwrap();
-                serde_norway::Deserializer::from_str(&text)
-                    .map(|d| serde::Deserialize::deserialize(d).unwrap())
-                    .collect::<Vec<Value>>()
-            })
-            .collect();
+        let manifests: Vec<Value> =
+            ["kubernetes/pipeline.yaml", "kubernetes/backfill.yaml", "kubernetes/nats.yaml"]
+                .iter()
+                .flat_map(|f| {
+                    let text = std::fs::read_to_string(root().join("deploy").join(f)).unwrap();
+                    serde_norway::Deserializer::from_str(&text)
+                        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+                        .collect::<Vec<Value>>()
+                })
+                .collect();
         let named = |kind: &str, name: &str| {
             manifests.iter().any(|m| m["kind"] == kind && m["metadata"]["name"].as_str() == Some(name))
         };
@@ -247,6 +248,7 @@ impl Session {
                     "deployment" | "deploy" => "Deployment",
                     "svc" | "service" => "Service",
                     "statefulset" | "sts" => "StatefulSet",
+                    "job" => "Job",
                     _ => continue,
                 };
                 assert!(named(kind, name), "{doc}: `{line}`: no {kind} {name} in deploy/kubernetes");
@@ -255,10 +257,11 @@ impl Session {
         if let ["create", "secret", "generic", name, sources @ ..]
         | ["create", "configmap", name, sources @ ..] = args
         {
-            let text: String = ["kubernetes/pipeline.yaml", "kubernetes/nats.yaml"]
-                .iter()
-                .map(|f| std::fs::read_to_string(root().join("deploy").join(f)).unwrap())
-                .collect();
+            let text: String =
+                ["kubernetes/pipeline.yaml", "kubernetes/backfill.yaml", "kubernetes/nats.yaml"]
+                    .iter()
+                    .map(|f| std::fs::read_to_string(root().join("deploy").join(f)).unwrap())
+                    .collect();
             assert!(
                 text.contains(&format!("name: {name}\n")) || text.contains(&format!("secretName: {name}\n")),
                 "{doc}: `{line}`: no manifest uses {name}"
