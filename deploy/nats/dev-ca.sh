@@ -5,7 +5,7 @@
 #
 #   sh deploy/nats/dev-ca.sh [DIR]      (default: deploy/nats/certs)
 #
-# Writes DIR/ca.pem (give it to clients: --nats-tls-ca or NATS_TLS_CA), DIR/ca-key.pem, and
+# Writes DIR/ca.pem (give it to clients: --nats-tls-ca, ETL_COORD_NATS_TLS_CA or NATS_CA), DIR/ca-key.pem, and
 # DIR/server-cert.pem + DIR/server-key.pem (the server's `tls` block). The server certificate
 # names the hosts clients use: nats (compose and Kubernetes Service), the StatefulSet's pods,
 # localhost and 127.0.0.1. An existing CA in DIR is kept; the server certificate is remade.

@@ -29,10 +29,13 @@ use etl_coordination_memory::MemoryStore;
 const AFTER_HELP: &str = "\
 Exit codes: 0 job complete (or drained, or stalled with --on-stall warn), 3 job stalled on
 quarantined splits, 1 a fatal error (the message says what to do), 2 a usage error (a flag or
-value is wrong; nothing was started).
+value is wrong; nothing was started), 130 a second termination signal cut a drain short;
+--exit-code-when-drained sets the code of a drained worker (0 by default).
 
-Environment: every flag can also be given as ETL_COORD_<FLAG> (upper case, dashes as
-underscores: --lease-duration is ETL_COORD_LEASE_DURATION); a flag on the command line wins.
+Environment: every worker and store flag can also be given as ETL_COORD_<FLAG> (upper case,
+dashes as underscores: --lease-duration is ETL_COORD_LEASE_DURATION; booleans take true or
+false); a flag on the command line wins. One-shot flags (requeue --split, status --state,
+--watch, ...) and the demo's are read from the command line only.
 The NATS CLI's variables are honoured when the ETL_COORD_ one is unset: NATS_URL (--store),
 NATS_USER, NATS_PASSWORD, NATS_CREDS, NATS_TOKEN, NATS_CA (--nats-tls-ca). POD_NAME gives the
 instance id when --instance-id is not set. RUST_LOG, if set, overrides -v/-q.";
@@ -85,17 +88,17 @@ struct NatsPermissionsArgs {
     #[arg(long, env = "ETL_COORD_JOB")]
     job: String,
     /// Include creating the job's buckets (for `nats-buckets`, or workers that create them).
-    #[arg(long, env = "ETL_COORD_CREATE")]
+    #[arg(long)]
     create: bool,
     /// `conf`: a user entry for the server's `authorization { users: [...] }`; `json`: the
     /// permissions alone, as JSON (e.g. for `nsc` or a templating tool).
-    #[arg(long, default_value = "conf", value_parser = ["conf", "json"], env = "ETL_COORD_FORMAT")]
+    #[arg(long, default_value = "conf", value_parser = ["conf", "json"])]
     format: String,
     /// The user name in the `conf` entry.
-    #[arg(long, default_value = "etl-JOB", env = "ETL_COORD_USER")]
+    #[arg(long, default_value = "etl-JOB")]
     user: String,
     /// The environment variable the server reads the user's password from (`conf`).
-    #[arg(long, default_value = "ETL_COORD_NATS_PASSWORD", env = "ETL_COORD_PASSWORD_VAR")]
+    #[arg(long, default_value = "ETL_JOB_NATS_PASSWORD")]
     password_var: String,
 }
 
@@ -104,41 +107,41 @@ struct NatsBucketsArgs {
     #[command(flatten)]
     store: StoreArgs,
     /// Only check that both buckets exist with a valid configuration; create nothing.
-    #[arg(long, env = "ETL_COORD_CHECK")]
+    #[arg(long)]
     check: bool,
 }
 
 #[derive(clap::Args, Debug)]
 struct DemoArgs {
     /// In-process workers.
-    #[arg(long, default_value_t = 3, env = "ETL_COORD_WORKERS")]
+    #[arg(long, default_value_t = 3)]
     workers: usize,
     /// Read this directory instead of generating a dataset.
-    #[arg(long, env = "ETL_COORD_INPUT")]
+    #[arg(long)]
     input: Option<PathBuf>,
     /// Generated dataset: files.
-    #[arg(long, default_value_t = 48, env = "ETL_COORD_FILES")]
+    #[arg(long, default_value_t = 48)]
     files: usize,
     /// Generated dataset: lines per file.
-    #[arg(long, default_value_t = 2000, env = "ETL_COORD_LINES")]
+    #[arg(long, default_value_t = 2000)]
     lines: usize,
     /// Target bytes per split (small by default so the demo dataset spreads over the workers).
-    #[arg(long, default_value_t = 256 * 1024, env = "ETL_COORD_SPLIT_SIZE")]
+    #[arg(long, default_value_t = 256 * 1024)]
     split_size: u64,
     /// Kill and freeze workers at random while the job runs; it must still complete with no loss.
-    #[arg(long, env = "ETL_COORD_CHAOS")]
+    #[arg(long)]
     chaos: bool,
     /// Lease duration (whole seconds), e.g. 3s.
-    #[arg(long, default_value = "3s", value_parser = parse_duration, env = "ETL_COORD_LEASE_DURATION")]
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
     lease_duration: Duration,
     /// Splits per worker.
-    #[arg(long, default_value_t = 4, env = "ETL_COORD_MAX_IN_FLIGHT")]
+    #[arg(long, default_value_t = 4)]
     max_in_flight: u32,
     /// Sleep per record in milliseconds (default: 0, or 1 with --chaos so faults land mid-job).
-    #[arg(long, env = "ETL_COORD_RECORD_DELAY_MS")]
+    #[arg(long)]
     record_delay_ms: Option<u64>,
     /// Seed of the chaos schedule.
-    #[arg(long, default_value_t = 1, env = "ETL_COORD_SEED")]
+    #[arg(long, default_value_t = 1)]
     seed: u64,
 }
 
@@ -206,11 +209,19 @@ impl StoreArgs {
         if store != "memory" && !["nats://", "tls://"].iter().any(|p| store.starts_with(p)) {
             return Err(("--store", format!("{store:?}: expected `memory` or nats://HOST:PORT")));
         }
-        let creds = or_nats_env(&self.nats_creds.as_ref().map(|p| p.display().to_string()), "NATS_CREDS")
+        // The NATS CLI's credentials only when none were given here (flag or ETL_COORD_): an
+        // ambient NATS_USER must not clash with an explicit --nats-creds.
+        let ours = self.nats_creds.is_some()
+            || self.nats_token.is_some()
+            || self.nats_user.is_some()
+            || self.nats_password.is_some();
+        let fallback =
+            |value: &Option<String>, var: &str| if ours { value.clone() } else { or_nats_env(value, var) };
+        let creds = fallback(&self.nats_creds.as_ref().map(|p| p.display().to_string()), "NATS_CREDS")
             .map(PathBuf::from);
-        let token = or_nats_env(&self.nats_token, "NATS_TOKEN");
-        let user = or_nats_env(&self.nats_user, "NATS_USER");
-        let password = or_nats_env(&self.nats_password, "NATS_PASSWORD");
+        let token = fallback(&self.nats_token, "NATS_TOKEN");
+        let user = fallback(&self.nats_user, "NATS_USER");
+        let password = fallback(&self.nats_password, "NATS_PASSWORD");
         let tls_ca = or_nats_env(&self.nats_tls_ca.as_ref().map(|p| p.display().to_string()), "NATS_CA")
             .map(PathBuf::from);
         let user = match (user, password) {
@@ -225,8 +236,9 @@ impl StoreArgs {
         };
         let given = [creds.is_some(), token.is_some(), user.is_some()].iter().filter(|g| **g).count();
         if given > 1 {
+            let flag = if creds.is_some() { "--nats-creds" } else { "--nats-token" };
             return Err((
-                "--nats-creds",
+                flag,
                 "give one of --nats-creds, --nats-token, --nats-user/--nats-password (set here or by the environment)"
                     .into(),
             ));
@@ -285,6 +297,11 @@ struct WorkerArgs {
     /// SQLite source: rows per split.
     #[arg(long, default_value_t = DEFAULT_SPLIT_ROWS, env = "ETL_COORD_SPLIT_ROWS")]
     split_rows: u64,
+    /// The exit code of a worker that drained (SIGTERM) before the job ended. 0 suits a
+    /// Deployment; a Kubernetes Job needs non-zero (e.g. 143), or one drained pod would make
+    /// the Job stop replacing pods and end complete with splits left.
+    #[arg(long, default_value_t = 0, env = "ETL_COORD_EXIT_CODE_WHEN_DRAINED")]
+    exit_code_when_drained: u8,
     /// Serve /metrics, /healthz and /readyz on this address.
     #[arg(long, env = "ETL_COORD_ADMIN_ADDR")]
     admin_addr: Option<SocketAddr>,
@@ -305,20 +322,20 @@ struct StatusArgs {
     store: StoreArgs,
     /// `table`, `wide` (every column in full, and whether each split holds a live lease) or
     /// `json` (for tooling).
-    #[arg(short, long, default_value = "table", value_parser = ["table", "wide", "json"], env = "ETL_COORD_OUTPUT")]
+    #[arg(short, long, default_value = "table", value_parser = ["table", "wide", "json"])]
     output: String,
     /// Same as `-o json`.
-    #[arg(long, env = "ETL_COORD_JSON")]
+    #[arg(long)]
     json: bool,
     /// Show only splits in these states (comma-separated: done, owned, unleased, quarantined,
     /// undecodable); the summary still counts every split.
-    #[arg(long, value_delimiter = ',', env = "ETL_COORD_STATE", value_parser = ["done", "owned", "unleased", "quarantined", "undecodable"], ignore_case = true)]
+    #[arg(long, value_delimiter = ',', value_parser = ["done", "owned", "unleased", "quarantined", "undecodable"], ignore_case = true)]
     state: Vec<String>,
     /// Print the status again every --interval until interrupted.
-    #[arg(short, long, env = "ETL_COORD_WATCH")]
+    #[arg(short, long)]
     watch: bool,
     /// How often --watch prints.
-    #[arg(long, default_value = "2s", value_parser = parse_duration, env = "ETL_COORD_INTERVAL")]
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
     interval: Duration,
 }
 
@@ -327,7 +344,7 @@ struct RequeueArgs {
     #[command(flatten)]
     store: StoreArgs,
     /// The quarantined split's id.
-    #[arg(long, env = "ETL_COORD_SPLIT", value_parser = parse_split)]
+    #[arg(long, value_parser = parse_split)]
     split: String,
 }
 
@@ -374,10 +391,21 @@ fn validate(cli: &Cli) {
             }
             Some(&a.store)
         }
+        Command::Demo(a) => {
+            let t = Tuning {
+                lease_duration: a.lease_duration,
+                max_in_flight: a.max_in_flight,
+                ..Tuning::default()
+            };
+            if let Err(e) = t.validate() {
+                fail(&format!("--{}", e.field.replace('_', "-")), format!("{}: {}", e.value, e.rule));
+            }
+            None
+        }
         Command::Status(a) => Some(&a.store),
         Command::Requeue(a) => Some(&a.store),
         Command::NatsBuckets(a) => Some(&a.store),
-        Command::Demo(_) | Command::NatsPermissions(_) => None,
+        Command::NatsPermissions(_) => None,
     };
     if let Some(Err((flag, msg))) = store.map(StoreArgs::resolve) {
         fail(flag, msg);
@@ -437,7 +465,7 @@ fn init_logging(cli: &Cli) {
     let base: i32 = if matches!(cli.command, Command::Demo(_)) { 0 } else { 2 };
     let level = (base + i32::from(cli.verbose) - i32::from(cli.quiet)).clamp(0, 4) as usize;
     // The NATS client's own info lines (every connect) stay out of a healthy worker's log.
-    let client = if level >= 4 { "debug" } else { "warn" };
+    let client = if level >= 4 { "debug" } else { levels[level.min(1)] };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(format!("{},async_nats={client}", levels[level]))
     });
@@ -720,7 +748,7 @@ async fn worker_on<S: etl_coordination_store::Store>(
             tracing::info!("job complete");
             true
         }
-        Ok(JobOutcome::Drained) => false,
+        Ok(JobOutcome::Drained) => return Ok(ExitCode::from(a.exit_code_when_drained)),
         Ok(JobOutcome::Stalled { quarantined }) => {
             tracing::warn!("job stalled (on-stall warn): {} quarantined split(s)", quarantined.len());
             true

@@ -190,7 +190,11 @@ pub async fn status<S: Store>(stores: &JobStores<S>) -> anyhow::Result<Status> {
             Some((t, v, c)) if t == m.term && v == m.version => {
                 match records::decode::<ManifestChunk>(&e.value) {
                     Ok(chunk) => chunks.push((c, chunk.splits.into_iter().map(|(id, _)| id).collect())),
-                    Err(err) => undecodable.push(bad("state", e.key.as_str(), &err)),
+                    // Found, but its splits are unknown: flagged, and counted as found.
+                    Err(err) => {
+                        undecodable.push(bad("state", e.key.as_str(), &err));
+                        chunks.push((c, Vec::new()));
+                    }
                 }
             }
             _ => {}

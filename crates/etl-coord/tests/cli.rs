@@ -503,3 +503,30 @@ fn status_watch_prints_again_every_interval_until_stopped() {
     let _ = child.wait();
     assert_eq!(snapshots, 3, "three snapshots, one per interval");
 }
+
+#[test]
+fn a_drained_worker_exits_with_the_code_it_was_given() {
+    use std::io::BufRead;
+    let (_tmp, data) = data_dir();
+    input(&data, 1, 400);
+    let mut child = etl_coord()
+        .args([
+            "worker",
+            "--store",
+            "memory",
+            "--job",
+            "t-drained",
+            "--source",
+            &format!("files:{}", data.display()),
+        ])
+        .args(["--record-delay-ms", "20", "--exit-code-when-drained", "143"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut lines = stderr.lines().map_while(Result::ok);
+    assert!(lines.any(|l| l.contains("split acquired")), "the worker started");
+    std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    std::thread::spawn(move || lines.for_each(drop));
+    assert_eq!(child.wait().unwrap().code(), Some(143), "drained before the job ended");
+}

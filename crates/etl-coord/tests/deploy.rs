@@ -391,7 +391,7 @@ fn the_compose_services_run_their_commands_against_the_compose_nats_config() {
     let certs = tmp.path().join("certs");
     dev_certs(&certs);
     let (certs_dst, _) = nats_mounts.iter().find(|(c, _)| !c.ends_with(".conf")).unwrap();
-    let secrets = [("ETL_COORD_NATS_PASSWORD", "job-secret"), ("ETL_COORD_SETUP_PASSWORD", "setup-secret")];
+    let secrets = [("ETL_JOB_NATS_PASSWORD", "job-secret"), ("ETL_SETUP_NATS_PASSWORD", "setup-secret")];
     let port = free_port();
     let local_conf = tmp.path().join("dev.conf");
     let conf = replace_n(&replace_once(&dev, "/data", tmp.path()), certs_dst, &certs, 2);
@@ -533,8 +533,17 @@ fn the_kubernetes_backfill_job_agrees_with_the_worker_and_the_deployment() {
     assert!(flag(&args, "--on-complete").is_none_or(|v| v == "exit"), "Job pods must exit when done");
     assert_eq!(flag(&args, "--on-stall"), Some("fatal"));
     assert_eq!(str_of(pod, &["restartPolicy"]), "Never", "podFailurePolicy needs restartPolicy Never");
-    let rule = &job["spec"]["podFailurePolicy"]["rules"][0];
-    assert_eq!(str_of(rule, &["action"]), "FailJob");
+    let rules = job["spec"]["podFailurePolicy"]["rules"].as_sequence().unwrap();
+    let drained: u64 =
+        flag(&args, "--exit-code-when-drained").expect("drained pods exit non-zero").parse().unwrap();
+    assert!(drained != 0 && drained != 3, "a drained pod is neither a success nor a stall");
+    assert!(
+        rules
+            .iter()
+            .any(|r| r["action"] == "Ignore" && r["onPodConditions"][0]["type"] == "DisruptionTarget"),
+        "evicted (drained) pods are replaced without counting: {rules:?}"
+    );
+    let rule = rules.iter().find(|r| r["action"] == "FailJob").expect("a FailJob rule");
     assert_eq!(rule["onExitCodes"]["containerName"], container["name"]);
     assert_eq!(rule["onExitCodes"]["values"][0].as_u64(), Some(3), "exit code 3 is a stall");
     assert!(job["spec"]["parallelism"].as_u64().unwrap() >= 2, "several pods share the job");
@@ -544,7 +553,15 @@ fn the_kubernetes_backfill_job_agrees_with_the_worker_and_the_deployment() {
     assert!(args.iter().all(|a| a != "--instance-id"), "instance ids from the pod name");
     // The same job, store, NATS user, CA and source as the Deployment; only the ending differs.
     let (_, dep_container, dep_args) = deployment();
-    for f in ["--job", "--store", "--nats-replicas", "--source", "--lease-duration", "--max-attempts"] {
+    for f in [
+        "--job",
+        "--store",
+        "--nats-replicas",
+        "--source",
+        "--lease-duration",
+        "--max-attempts",
+        "--drain-timeout",
+    ] {
         assert_eq!(flag(&args, f), flag(&dep_args, f), "{f} as in pipeline.yaml");
     }
     assert_eq!(container["env"], dep_container["env"], "the same environment as the Deployment's pods");
