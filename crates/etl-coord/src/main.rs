@@ -383,6 +383,21 @@ fn validate(cli: &Cli) {
         use clap::CommandFactory;
         Cli::command().error(clap::error::ErrorKind::ValueValidation, format!("{flag} {msg}")).exit()
     };
+    let positive = |flag: &str, d: Duration| {
+        if d.is_zero() {
+            fail(flag, "must be more than 0s".into());
+        }
+    };
+    match &cli.command {
+        Command::Worker(a) => positive("--nats-op-timeout", a.store.nats_op_timeout),
+        Command::Status(a) => {
+            positive("--nats-op-timeout", a.store.nats_op_timeout);
+            positive("--interval", a.interval);
+        }
+        Command::Requeue(a) => positive("--nats-op-timeout", a.store.nats_op_timeout),
+        Command::NatsBuckets(a) => positive("--nats-op-timeout", a.store.nats_op_timeout),
+        Command::Demo(_) | Command::NatsPermissions(_) => {}
+    }
     let store = match &cli.command {
         Command::Worker(a) => {
             if let Err(e) = tuning(a).validate() {

@@ -180,6 +180,7 @@ fn usage_errors_exit_2_naming_the_flag_before_anything_starts() {
         (vec!["--nats-tls-ca", "/no/such.pem"], "--nats-tls-ca"),
         (vec!["--instance-id", "a.b"], "--instance-id"),
         (vec!["--on-stall", "sometimes"], "--on-stall"),
+        (vec!["--nats-op-timeout", "0s"], "--nats-op-timeout"),
     ] {
         let t = std::time::Instant::now();
         let (code, _, err) = run(etl_coord()
