@@ -706,15 +706,8 @@ async fn worker_on<S: etl_coordination_store::Store>(
     };
     let config = DriverConfig {
         job: a.store.job.clone(),
-        instance_id: default_instance_id(a.instance_id)?,
-        tuning: Tuning {
-            lease_duration: a.lease_duration,
-            max_in_flight: a.max_in_flight,
-            max_attempts: a.max_attempts,
-            replan_interval: a.replan_interval,
-            drain_timeout: a.drain_timeout,
-            plan_timeout: a.plan_timeout,
-        },
+        instance_id: default_instance_id(a.instance_id.clone())?,
+        tuning: tuning(&a),
         on_stall: if a.on_stall == "warn" { OnStall::Warn } else { OnStall::Fatal },
         ..DriverConfig::default()
     };
