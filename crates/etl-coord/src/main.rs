@@ -20,8 +20,8 @@ use etl_coord::sources::AnySource;
 use etl_coord::sources::files::DEFAULT_SPLIT_BYTES;
 use etl_coord::sources::sqlite::DEFAULT_SPLIT_ROWS;
 use etl_coordination_driver::{
-    CoordinationDriver, DriverConfig, DriverError, InstanceId, JobOutcome, JobStores, OnStall, SplitId,
-    Tuning,
+    CoordinationDriver, DriverConfig, DriverError, InstanceId, JobOutcome, JobState, JobStores, OnLaneStall,
+    OnStall, SplitId, Tuning,
 };
 use etl_coordination_memory::MemoryStore;
 
@@ -70,7 +70,9 @@ enum Command {
     /// Show a job's plan, leader, live workers and every split.
     #[command(after_help = AFTER_HELP)]
     Status(StatusArgs),
-    /// Return a quarantined split to the queue (attempts reset) after fixing its cause.
+    /// Return a quarantined split to the queue (attempts reset) after fixing its cause; with
+    /// --reset, start any split over from the beginning (the repair for a record nobody can
+    /// decode).
     #[command(after_help = AFTER_HELP)]
     Requeue(RequeueArgs),
     /// Print the NATS permissions a job's clients need, to paste into the server's
@@ -287,10 +289,21 @@ struct WorkerArgs {
     /// What a stalled job (quarantined splits) means: fatal (exit 3) or warn (exit 0).
     #[arg(long, default_value = "fatal", value_parser = ["fatal", "warn"], env = "ETL_COORD_ON_STALL")]
     on_stall: String,
-    /// After the job ends (complete, or stalled with on-stall warn): exit 0, or keep serving the
-    /// admin endpoints until SIGTERM (for a Kubernetes Deployment, which restarts exited pods).
+    /// After the job ends (complete, or stalled with on-stall warn): exit 0, or `wait`: stay
+    /// until SIGTERM, serving the admin endpoints and taking up splits that `requeue` puts
+    /// back (for a Kubernetes Deployment, which restarts exited pods).
     #[arg(long, default_value = "exit", value_parser = ["exit", "wait"], env = "ETL_COORD_ON_COMPLETE")]
     on_complete: String,
+    /// A lane that holds its lease but commits no progress for this long is stalled (a source
+    /// stuck on a hung connection): a warning, the etl_coordination_lanes_stalled gauge, and
+    /// with --on-lane-stall release the split is handed on. 0s turns the check off.
+    #[arg(long, default_value = "10m", value_parser = parse_duration, env = "ETL_COORD_LANE_STALL_TIMEOUT")]
+    lane_stall_timeout: Duration,
+    /// What a stalled lane gets: `warn` (report it only) or `release` (stop the lane and end
+    /// its tenancy as failed, so a peer retries the split from its committed progress; one
+    /// attempt is consumed if the tenancy committed nothing).
+    #[arg(long, default_value = "warn", value_parser = ["warn", "release"], env = "ETL_COORD_ON_LANE_STALL")]
+    on_lane_stall: String,
     /// Files source: target bytes per split.
     #[arg(long, default_value_t = DEFAULT_SPLIT_BYTES, env = "ETL_COORD_SPLIT_SIZE")]
     split_size: u64,
@@ -314,6 +327,10 @@ struct WorkerArgs {
     /// Test fault: reaching an input line containing this text reports the split unprocessable.
     #[arg(long, hide = true)]
     unprocessable_marker: Option<String>,
+    /// Test fault: reaching an input line containing this text hangs the lane's reader, like a
+    /// read on a connection that never answers (only a stop signal ends it).
+    #[arg(long, hide = true)]
+    hang_marker: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -328,8 +345,8 @@ struct StatusArgs {
     #[arg(long)]
     json: bool,
     /// Show only splits in these states (comma-separated: done, owned, unleased, quarantined,
-    /// undecodable); the summary still counts every split.
-    #[arg(long, value_delimiter = ',', value_parser = ["done", "owned", "unleased", "quarantined", "undecodable"], ignore_case = true)]
+    /// undecodable, missing); the summary still counts every split.
+    #[arg(long, value_delimiter = ',', value_parser = ["done", "owned", "unleased", "quarantined", "undecodable", "missing"], ignore_case = true)]
     state: Vec<String>,
     /// Print the status again every --interval until interrupted.
     #[arg(short, long)]
@@ -343,9 +360,18 @@ struct StatusArgs {
 struct RequeueArgs {
     #[command(flatten)]
     store: StoreArgs,
-    /// The quarantined split's id.
+    /// The split's id (quarantined, unless --reset).
     #[arg(long, value_parser = parse_split)]
     split: String,
+    /// Rewrite the split's record from its descriptor, whatever it holds (an undecodable
+    /// value, a Done split to run again, a stuck owner, which is fenced): progress from the
+    /// start, attempts 0, back in the queue. Every record of the split is emitted again
+    /// (at-least-once). Asks for confirmation unless --yes.
+    #[arg(long)]
+    reset: bool,
+    /// Do not ask for confirmation (--reset).
+    #[arg(short, long, requires = "reset")]
+    yes: bool,
 }
 
 /// A job name, checked as the store checks it.
@@ -403,6 +429,30 @@ fn validate(cli: &Cli) {
             if let Err(e) = tuning(a).validate() {
                 let flag = format!("--{}", e.field.replace('_', "-"));
                 fail(&flag, format!("{}: {}", e.value, e.rule));
+            }
+            // What the input and the local files can tell is told now, not after connecting.
+            if let Err(e) = AnySource::open(&a.source, a.split_size, a.split_rows) {
+                let msg = format!("{e:#}");
+                match msg.strip_prefix("--").and_then(|m| m.split_once(' ')) {
+                    Some((flag, rest)) => fail(&format!("--{flag}"), rest.to_owned()),
+                    None => fail("--source", format!("{}: {msg}", a.source)),
+                }
+            }
+            if let Some(sink) = &a.sink {
+                let dir =
+                    sink.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+                if !dir.is_dir() {
+                    fail(
+                        "--sink",
+                        format!("{}: the directory {} does not exist", sink.display(), dir.display()),
+                    );
+                }
+                if sink.is_dir() {
+                    fail("--sink", format!("{} is a directory; give a file", sink.display()));
+                }
+            }
+            if let Err(e) = default_instance_id(a.instance_id.clone()) {
+                fail("--instance-id", format!("{e:#} (set --instance-id, or a POD_NAME that is a valid id)"));
             }
             Some(&a.store)
         }
@@ -505,9 +555,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let stores = open_stores(&a.store).await?;
             let mut first = true;
             loop {
-                let mut s = match &stores {
-                    Stores::Memory(st) => ops::status(st).await?,
-                    Stores::Nats(st) => ops::status(&**st).await?,
+                let read = match &stores {
+                    Stores::Memory(st) => ops::status(st).await,
+                    Stores::Nats(st) => ops::status(&**st).await,
+                };
+                let mut s = match read {
+                    Ok(s) => s,
+                    // Watching carries on through a store that is briefly unavailable.
+                    Err(e) if a.watch => {
+                        tracing::warn!("reading the job failed: {e:#}; trying again in {:?}", a.interval);
+                        tokio::time::sleep(a.interval).await;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
                 };
                 ops::filter(&mut s, &a.state);
                 let text = if a.json || a.output == "json" {
@@ -582,14 +642,58 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Requeue(a) => {
             let split = SplitId::new(a.split.clone())?;
-            match open_stores(&a.store).await? {
-                Stores::Memory(st) => ops::requeue(&st, &split).await?,
-                Stores::Nats(st) => ops::requeue(&*st, &split).await?,
+            let stores = open_stores(&a.store).await?;
+            if !a.reset {
+                match &stores {
+                    Stores::Memory(st) => ops::requeue(st, &split).await?,
+                    Stores::Nats(st) => ops::requeue(&**st, &split).await?,
+                }
+                println!("split {split} requeued: attempts reset, offered to workers again");
+                return Ok(ExitCode::SUCCESS);
             }
-            println!("split {split} requeued: attempts reset, offered to workers again");
+            let plan = match &stores {
+                Stores::Memory(st) => ops::plan_reset(st, &split).await?,
+                Stores::Nats(st) => ops::plan_reset(&**st, &split).await?,
+            };
+            if !a.yes && !confirm(&plan)? {
+                println!("split {split} left as it is");
+                return Ok(ExitCode::from(1));
+            }
+            match &stores {
+                Stores::Memory(st) => ops::apply_reset(st, &plan).await?,
+                Stores::Nats(st) => ops::apply_reset(&**st, &plan).await?,
+            }
+            println!("split {split} reset: it starts over from the beginning, offered to workers again");
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Asks on the terminal before a reset; without a terminal to ask on, a usage error (exit 2)
+/// that names --yes.
+fn confirm(plan: &ops::ResetPlan) -> anyhow::Result<bool> {
+    use std::io::{BufRead, IsTerminal, Write};
+    let what = format!(
+        "split {} is now: {}. A reset starts it over from the beginning: every record of it is \
+         emitted again, and a worker holding it is fenced.",
+        plan.split, plan.current
+    );
+    if !std::io::stdin().is_terminal() {
+        use clap::CommandFactory;
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                format!(
+                    "--reset needs confirmation and stdin is not a terminal: {what} Add --yes to go ahead."
+                ),
+            )
+            .exit();
+    }
+    eprint!("{what}\nReset it? [y/N] ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
 }
 
 /// The job's stores, on the backend `--store` names.
@@ -709,6 +813,9 @@ async fn worker_on<S: etl_coordination_store::Store>(
         instance_id: default_instance_id(a.instance_id.clone())?,
         tuning: tuning(&a),
         on_stall: if a.on_stall == "warn" { OnStall::Warn } else { OnStall::Fatal },
+        stay_after_end: a.on_complete == "wait",
+        lane_stall_timeout: Some(a.lane_stall_timeout).filter(|t| !t.is_zero()),
+        on_lane_stall: if a.on_lane_stall == "release" { OnLaneStall::Release } else { OnLaneStall::Warn },
         ..DriverConfig::default()
     };
     let metrics = etl_coordination_metrics::install_prometheus()?;
@@ -723,15 +830,19 @@ async fn worker_on<S: etl_coordination_store::Store>(
     }
     let drain = handle.clone();
     let ready_flag = ready.clone();
-    let (terminated_tx, mut terminated) = tokio::sync::watch::channel(false);
+    // The listeners are installed once, before the first signal, so a second signal that comes
+    // while the first is handled is not lost.
+    let mut signals = ShutdownSignals::new()?;
     tokio::spawn(async move {
-        shutdown_signal().await;
+        signals.recv().await;
         ready_flag.store(false, Ordering::Relaxed);
         tracing::info!("termination signal: draining (a second one exits at once)");
         drain.drain();
-        let _ = terminated_tx.send(true);
-        shutdown_signal().await;
-        tracing::warn!("second termination signal: exiting without finishing the drain");
+        signals.recv().await;
+        tracing::warn!(
+            "second termination signal: exiting without finishing the drain (leases left behind expire \
+             after --lease-duration; peers take the splits over then)"
+        );
         std::process::exit(130);
     });
     let opts = RunOptions {
@@ -739,6 +850,7 @@ async fn worker_on<S: etl_coordination_store::Store>(
         record_delay: Duration::from_millis(a.record_delay_ms),
         poison_marker: a.poison_marker,
         unprocessable_marker: a.unprocessable_marker,
+        hang_marker: a.hang_marker,
         ..RunOptions::default()
     };
     tokio::spawn(async move {
@@ -751,43 +863,73 @@ async fn worker_on<S: etl_coordination_store::Store>(
             }
         }
     });
-    let ended = match handle.outcome().await {
+    if a.on_complete == "wait" {
+        // The worker stays after the end (the driver's stay_after_end): say so each time the
+        // job ends, so an operator reading the log knows requeued work will be taken up.
+        let mut state = handle.job_state();
+        tokio::spawn(async move {
+            while state.changed().await.is_ok() {
+                let ended =
+                    matches!(*state.borrow_and_update(), JobState::Complete | JobState::Stalled { .. });
+                if ended {
+                    tracing::info!(
+                        "job ended; serving the admin endpoints and waiting for requeued splits until a \
+                         termination signal (--on-complete wait)"
+                    );
+                }
+            }
+        });
+    }
+    match handle.outcome().await {
         Ok(JobOutcome::Complete) => {
             tracing::info!("job complete");
-            true
+            Ok(ExitCode::SUCCESS)
         }
-        Ok(JobOutcome::Drained) => return Ok(ExitCode::from(a.exit_code_when_drained)),
+        Ok(JobOutcome::Drained) => Ok(ExitCode::from(a.exit_code_when_drained)),
         Ok(JobOutcome::Stalled { quarantined }) => {
             tracing::warn!("job stalled (on-stall warn): {} quarantined split(s)", quarantined.len());
-            true
+            Ok(ExitCode::SUCCESS)
         }
         Err(e @ DriverError::Stalled { .. }) => {
             tracing::error!("{e}");
-            return Ok(ExitCode::from(3));
+            Ok(ExitCode::from(3))
         }
-        Err(e) => return Err(e.into()),
-    };
-    if ended && a.on_complete == "wait" {
-        tracing::info!(
-            "job ended; serving the admin endpoints until a termination signal (--on-complete wait)"
-        );
-        let _ = terminated.wait_for(|t| *t).await;
+        Err(e) => Err(e.into()),
     }
-    Ok(ExitCode::SUCCESS)
 }
 
-async fn shutdown_signal() {
+/// SIGTERM and Ctrl-C (SIGINT), listened to from creation on.
+struct ShutdownSignals {
     #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("signal handler");
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn new() -> anyhow::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(ShutdownSignals {
+                term: signal(SignalKind::terminate()).context("listening for SIGTERM")?,
+                int: signal(SignalKind::interrupt()).context("listening for SIGINT")?,
+            })
         }
+        #[cfg(not(unix))]
+        Ok(ShutdownSignals {})
     }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
+
+    /// The next termination signal.
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 /// The admin endpoints (axum on hyper: keep-alive, methods, and an accept loop that backs off

@@ -3,9 +3,10 @@
 
 use anyhow::{Context, bail};
 use etl_coordination_core::records::{
-    self, EndReason, LeaderRecord, ManifestChunk, PlanHead, PresenceRecord, SplitRecord, SplitState, keys,
+    self, Descriptor, LeaderRecord, LeaseRecord, ManifestChunk, PlanHead, PresenceRecord, SplitRecord,
+    SplitState, keys,
 };
-use etl_coordination_core::{Prefix, SplitId};
+use etl_coordination_core::{Prefix, Revision, SplitId};
 use etl_coordination_driver::JobStores;
 use etl_coordination_store::Store;
 use serde::Serialize;
@@ -42,6 +43,8 @@ pub struct Summary {
     pub quarantined: usize,
     /// Whose record cannot be decoded.
     pub undecodable: usize,
+    /// In the manifest but without a record (never written, or deleted by hand).
+    pub missing: usize,
     /// Done as a share of all, in percent.
     pub percent_complete: f64,
 }
@@ -88,12 +91,15 @@ pub struct WorkerView {
 pub struct SplitView {
     /// Id.
     pub id: String,
-    /// Unleased, Owned, Done, Quarantined, or Undecodable (its record could not be read).
+    /// Unleased, Owned, Done, Quarantined, Undecodable (its record could not be read) or
+    /// Missing (the manifest lists it, the store has no record of it).
     pub state: String,
     /// Owner (instance id) if owned.
     pub owner: Option<String>,
     /// Whether a live lease exists.
     pub leased: bool,
+    /// Who holds the live lease (instance id), if it can be read.
+    pub lease_holder: Option<String>,
     /// Epoch.
     pub epoch: u64,
     /// Failing tenancies.
@@ -173,13 +179,20 @@ pub async fn status<S: Store>(stores: &JobStores<S>) -> anyhow::Result<Status> {
             Err(err) => undecodable.push(bad("lease", e.key.as_str(), &err)),
         }
     }
-    let leases: std::collections::BTreeSet<SplitId> = stores
-        .lease
-        .list(&keys::split_prefix())
-        .await?
-        .iter()
-        .filter_map(|e| keys::parse_split(&e.key))
-        .collect();
+    // Every live lease, with its holder when the value can be read.
+    let mut leases: std::collections::HashMap<SplitId, Option<String>> = std::collections::HashMap::new();
+    for e in stores.lease.list(&keys::split_prefix()).await? {
+        let Some(id) = keys::parse_split(&e.key) else { continue };
+        let holder = match records::decode::<LeaseRecord>(&e.value) {
+            Ok(l) => Some(l.owner.instance.to_string()),
+            Err(err) => {
+                undecodable.push(bad("lease", e.key.as_str(), &err));
+                None
+            }
+        };
+        leases.insert(id, holder);
+    }
+    let lease_of = |id: &SplitId| (leases.contains_key(id), leases.get(id).cloned().flatten());
     let Some(m) = head.and_then(|h| h.manifest) else {
         out.undecodable = undecodable;
         return Ok(out);
@@ -219,13 +232,34 @@ pub async fn status<S: Store>(stores: &JobStores<S>) -> anyhow::Result<Status> {
         .filter_map(|e| Some((keys::parse_split(&e.key)?, (e.key.to_string(), records::decode(&e.value)))))
         .collect();
     for id in chunks.into_iter().flat_map(|(_, ids)| ids) {
-        let Some((key, rec)) = split_records.remove(&id) else { continue };
+        let (leased, lease_holder) = lease_of(&id);
+        let Some((key, rec)) = split_records.remove(&id) else {
+            // Listed, but no record: a plan whose records were deleted by hand, or a listing
+            // from a replica that lags behind the plan (status again will tell).
+            out.splits.push(SplitView {
+                id: id.to_string(),
+                state: "Missing".into(),
+                owner: None,
+                leased,
+                lease_holder,
+                epoch: 0,
+                attempts: 0,
+                progress: None,
+                last_error: Some(
+                    "the plan lists it but the store has no record of it; `etl-coord requeue --reset` \
+                     recreates it"
+                        .into(),
+                ),
+            });
+            continue;
+        };
         let view = match rec {
             Ok(r) => SplitView {
                 id: id.to_string(),
                 state: format!("{:?}", r.state),
                 owner: r.owner.map(|o| o.instance.to_string()),
-                leased: leases.contains(&id),
+                leased,
+                lease_holder,
                 epoch: r.epoch.0,
                 attempts: r.attempts,
                 progress: r.progress.map(|p| render_progress(&p)),
@@ -238,7 +272,8 @@ pub async fn status<S: Store>(stores: &JobStores<S>) -> anyhow::Result<Status> {
                     id: id.to_string(),
                     state: "Undecodable".into(),
                     owner: None,
-                    leased: leases.contains(&id),
+                    leased,
+                    lease_holder,
                     epoch: 0,
                     attempts: 0,
                     progress: None,
@@ -257,6 +292,7 @@ pub async fn status<S: Store>(stores: &JobStores<S>) -> anyhow::Result<Status> {
         unleased: count("Unleased"),
         quarantined: count("Quarantined"),
         undecodable: count("Undecodable"),
+        missing: count("Missing"),
         percent_complete: if total == 0 { 0.0 } else { 100.0 * count("Done") as f64 / total as f64 },
     };
     out.undecodable = undecodable;
@@ -304,12 +340,13 @@ pub fn render(s: &Status, output: Output) -> String {
     ));
     let m = &s.summary;
     out.push_str(&format!(
-        "splits: {} done, {} owned, {} unleased, {} quarantined{} ({:.1}% complete)\n",
+        "splits: {} done, {} owned, {} unleased, {} quarantined{}{} ({:.1}% complete)\n",
         m.done,
         m.owned,
         m.unleased,
         m.quarantined,
         if m.undecodable > 0 { format!(", {} undecodable", m.undecodable) } else { String::new() },
+        if m.missing > 0 { format!(", {} missing", m.missing) } else { String::new() },
         m.percent_complete
     ));
     for u in &s.undecodable {
@@ -338,7 +375,12 @@ pub fn render(s: &Status, output: Output) -> String {
             cut(x.last_error.as_deref().unwrap_or(""), 60),
         ];
         if output == Output::Wide {
-            row.insert(3, if x.leased { "yes" } else { "no" }.to_owned());
+            let leased = match (&x.lease_holder, x.leased) {
+                (Some(holder), _) => holder.clone(),
+                (None, true) => "yes (unreadable)".to_owned(),
+                (None, false) => "-".to_owned(),
+            };
+            row.insert(3, leased);
         }
         table.add_row(row);
     }
@@ -353,19 +395,101 @@ pub fn render(s: &Status, output: Output) -> String {
 pub async fn requeue<S: Store>(stores: &JobStores<S>, split: &SplitId) -> anyhow::Result<()> {
     let key = keys::split(split);
     let Some(e) = stores.state.get(&key).await? else { bail!("split {split} does not exist in this job") };
-    let mut rec: SplitRecord = records::decode(&e.value)?;
+    let rec: SplitRecord = records::decode(&e.value).with_context(|| {
+        format!(
+            "the record of split {split} cannot be decoded; `requeue --reset --split {split}` rewrites it"
+        )
+    })?;
     if rec.state != SplitState::Quarantined {
-        bail!("split {split} is {:?}, not Quarantined; only quarantined splits can be requeued", rec.state);
+        bail!(
+            "split {split} is {:?}, not Quarantined; only quarantined splits can be requeued \
+             (`requeue --reset` starts any split over from the beginning)",
+            rec.state
+        );
     }
-    rec.state = SplitState::Unleased;
-    rec.owner = None;
-    rec.attempts = 0;
-    rec.epoch = rec.epoch.next();
-    rec.last_end = Some(EndReason::Requeued);
     stores
         .state
-        .compare_and_swap(&key, e.revision, records::encode(&rec), None)
+        .compare_and_swap(&key, e.revision, records::encode(&rec.requeued()), None)
         .await
         .with_context(|| format!("split {split} changed while requeueing; run the command again"))?;
     Ok(())
+}
+
+/// A reset of one split (`requeue --reset`), read and ready to write.
+#[derive(Clone, Debug)]
+pub struct ResetPlan {
+    /// The split.
+    pub split: SplitId,
+    /// What its record holds now, in words (for the confirmation).
+    pub current: String,
+    /// The revision the write expects (`None`: the record is missing and is created).
+    expected: Option<Revision>,
+    record: SplitRecord,
+}
+
+/// Reads what a reset of `split` would replace: the split must have a descriptor a worker can
+/// read (the split is real and can be processed); its record may be anything, even missing or
+/// undecodable.
+pub async fn plan_reset<S: Store>(stores: &JobStores<S>, split: &SplitId) -> anyhow::Result<ResetPlan> {
+    match stores.state.get(&keys::desc(split)).await? {
+        None => bail!(
+            "split {split} has no descriptor in this job: no planner planned it (check the id: \
+             `etl-coord status` lists the splits)"
+        ),
+        Some(d) => {
+            records::decode::<Descriptor>(&d.value).map_err(|e| {
+                anyhow::anyhow!(
+                    "the descriptor of split {split} cannot be decoded ({e}); a reset needs it to \
+                     rebuild the split: restore the state bucket from a backup, or run the job again \
+                     under a new job name"
+                )
+            })?;
+        }
+    }
+    let lease = stores.lease.get(&keys::split(split)).await?;
+    let lease_epoch =
+        lease.as_ref().and_then(|l| records::decode::<LeaseRecord>(&l.value).ok()).map(|l| l.epoch);
+    let holder = lease
+        .as_ref()
+        .and_then(|l| records::decode::<LeaseRecord>(&l.value).ok())
+        .map(|l| format!(", its lease held by {}", l.owner.instance));
+    let (current, expected, record) = match stores.state.get(&keys::split(split)).await? {
+        None => ("missing".to_owned(), None, SplitRecord::reset(None, lease_epoch)),
+        Some(e) => match records::decode::<SplitRecord>(&e.value) {
+            Ok(r) => {
+                let progress = r.progress.as_deref().map_or("none".to_owned(), render_progress);
+                let text = format!(
+                    "{:?} at epoch {}{}, progress {progress}, attempts {}",
+                    r.state,
+                    r.epoch,
+                    r.owner.as_ref().map_or(String::new(), |o| format!(", owned by {}", o.instance)),
+                    r.attempts
+                );
+                (text, Some(e.revision), SplitRecord::reset(Some((e.revision, Some(&r))), lease_epoch))
+            }
+            Err(err) => (
+                format!("undecodable ({err})"),
+                Some(e.revision),
+                SplitRecord::reset(Some((e.revision, None)), lease_epoch),
+            ),
+        },
+    };
+    Ok(ResetPlan {
+        split: split.clone(),
+        current: format!("{current}{}", holder.unwrap_or_default()),
+        expected,
+        record,
+    })
+}
+
+/// Writes a planned reset, fenced on what was read: if the record changed since, nothing is
+/// written and the error says to run the command again.
+pub async fn apply_reset<S: Store>(stores: &JobStores<S>, plan: &ResetPlan) -> anyhow::Result<()> {
+    let key = keys::split(&plan.split);
+    let value = records::encode(&plan.record);
+    let written = match plan.expected {
+        Some(rev) => stores.state.compare_and_swap(&key, rev, value, None).await.map(|_| ()),
+        None => stores.state.create(&key, value, None).await.map(|_| ()),
+    };
+    written.with_context(|| format!("split {} changed while resetting it; run the command again", plan.split))
 }

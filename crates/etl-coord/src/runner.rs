@@ -45,6 +45,9 @@ pub struct RunOptions {
     pub poison_marker: Option<String>,
     /// Reaching a record containing this text reports the split unprocessable.
     pub unprocessable_marker: Option<String>,
+    /// Reaching a record containing this text hangs the lane, like a read on a connection
+    /// that never answers: only a stop signal ends it.
+    pub hang_marker: Option<String>,
     /// Incremented per emitted record (progress displays).
     pub counter: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
@@ -58,6 +61,7 @@ impl Default for RunOptions {
             record_delay: Duration::ZERO,
             poison_marker: None,
             unprocessable_marker: None,
+            hang_marker: None,
             counter: None,
         }
     }
@@ -117,7 +121,13 @@ async fn lane_loop<R: SplitReader>(
             lane.stopped();
             return (emitted, LaneEnd::Stopped);
         }
-        let record = match reader.next().await {
+        // A read that never answers (a hung connection) must not outlive a stop signal: the
+        // lane stall check may have released the split.
+        let read = tokio::select! {
+            r = reader.next() => r,
+            _ = lane.revoked() => continue,
+        };
+        let record = match read {
             Ok(r) => r,
             Err(e) => {
                 warn!(%split, error = %e, "reading the split failed");
@@ -131,6 +141,7 @@ async fn lane_loop<R: SplitReader>(
                 return (emitted, LaneEnd::Failed);
             }
             let mut lane_opt = Some(lane);
+            let mut delays = retry_delays();
             loop {
                 let l = lane_opt.take().expect("lane");
                 match l.finish(reader.final_progress()).await {
@@ -141,7 +152,7 @@ async fn lane_loop<R: SplitReader>(
                             return (emitted, LaneEnd::Revoked);
                         }
                         lane_opt = Some(l);
-                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        tokio::time::sleep(delays.next().unwrap_or(MAX_RETRY_DELAY)).await;
                     }
                 }
             }
@@ -154,6 +165,11 @@ async fn lane_loop<R: SplitReader>(
         if opts.unprocessable_marker.as_deref().is_some_and(|m| record.content.contains(m)) {
             lane.unprocessable(format!("record {} cannot be processed", record.key));
             return (emitted, LaneEnd::Failed);
+        }
+        if opts.hang_marker.as_deref().is_some_and(|m| record.content.contains(m)) {
+            debug!(%split, record = %record.key, "hanging on this record (test fault)");
+            lane.revoked().await;
+            continue;
         }
         if !opts.record_delay.is_zero() {
             tokio::select! {
@@ -186,6 +202,7 @@ async fn lane_loop<R: SplitReader>(
             // Commit before going on: a lane never runs more than one commit interval ahead of
             // its durable progress, so a store outage bounds both the replay and what a zombie
             // (a lane that lost its split without hearing of it) emits twice.
+            let mut delays = retry_delays();
             loop {
                 let p = uncommitted.clone().expect("progress");
                 match lane.commit(p).await {
@@ -198,7 +215,7 @@ async fn lane_loop<R: SplitReader>(
                     CommitOutcome::Lost => return (emitted, LaneEnd::Revoked),
                     CommitOutcome::Retryable => {
                         tokio::select! {
-                            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                            () = tokio::time::sleep(delays.next().unwrap_or(MAX_RETRY_DELAY)) => {}
                             _ = lane.revoked() => break,
                         }
                     }
@@ -206,4 +223,21 @@ async fn lane_loop<R: SplitReader>(
             }
         }
     }
+}
+
+/// The longest wait between two tries of a commit the store could not take.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(2);
+
+/// Waits between tries of a commit the store could not take (it is down or cut off): 100 ms
+/// doubling up to [`MAX_RETRY_DELAY`], each plus a random extra of up to itself, so lanes that
+/// lost the store together do not retry in lockstep.
+fn retry_delays() -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_factor(2.0)
+        .with_max_delay(MAX_RETRY_DELAY)
+        .with_jitter()
+        .without_max_times()
+        .build()
 }

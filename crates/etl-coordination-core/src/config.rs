@@ -28,6 +28,12 @@ pub struct Config {
     pub fingerprint: String,
     /// The knobs.
     pub tuning: Tuning,
+    /// After the job ends (P13: complete, or stalled), stay instead of leaving: keep the
+    /// presence, the watches and any leadership, report the end as
+    /// [`Event::JobEnded`](crate::Event::JobEnded), and take up splits that come back (an
+    /// operator's requeue) as usual. The worker leaves only when drained. Default: leave
+    /// ([`Action::Finished`](crate::Action::Finished) with the outcome).
+    pub stay_after_end: bool,
 }
 
 /// The knobs of the product documents' tuning table (SPEC section 7). Embedding layers (the
@@ -137,7 +143,13 @@ impl Tuning {
 impl Config {
     /// A configuration with the documented defaults.
     pub fn new(instance_id: InstanceId, incarnation: Incarnation, fingerprint: impl Into<String>) -> Self {
-        Config { instance_id, incarnation, fingerprint: fingerprint.into(), tuning: Tuning::default() }
+        Config {
+            instance_id,
+            incarnation,
+            fingerprint: fingerprint.into(),
+            tuning: Tuning::default(),
+            stay_after_end: false,
+        }
     }
 
     /// Checks every field; the error names the first offending one.

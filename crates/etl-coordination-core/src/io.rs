@@ -327,16 +327,46 @@ pub enum Event {
         owned: u32,
         /// Live workers in the fleet view.
         live_workers: u32,
-        /// Quarantined splits in the manifest.
-        quarantined: u32,
+        /// The published manifest's splits by state, as this worker's view has them.
+        splits: SplitCounts,
+        /// Keys (of either bucket) whose current value this worker cannot decode. Such a
+        /// split record blocks completion until it is rewritten (`etl-coord requeue --reset`).
+        undecodable_records: u32,
     },
-    /// A record could not be decoded and was ignored.
+    /// A value could not be decoded: the worker ignores it (a split record so read can be
+    /// neither claimed nor completed). Reported once per key and value.
     Undecodable {
         /// The key.
         key: String,
         /// The decoder's message.
         error: String,
     },
+    /// The job ended (P13) and this worker stays ([`crate::Config::stay_after_end`]): it
+    /// keeps its presence and watches and takes up splits that come back (an operator's
+    /// requeue). Reported again if the outcome changes.
+    JobEnded {
+        /// Complete or Stalled.
+        outcome: Outcome,
+    },
+    /// After [`Event::JobEnded`]: a split is no longer terminal (requeued or reset), so the job
+    /// runs again.
+    JobReopened,
+}
+
+/// The splits of the published manifest by the state of their records, as one worker's view
+/// has them (the `etl_coordination_splits{state}` gauge).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct SplitCounts {
+    /// Waiting for an owner (no record yet counts here too).
+    pub unleased: u32,
+    /// Recorded as owned (the owner may be dead and its lease expiring).
+    pub owned: u32,
+    /// Done.
+    pub done: u32,
+    /// Quarantined after `max_attempts` failing tenancies.
+    pub quarantined: u32,
+    /// Whose record cannot be decoded.
+    pub undecodable: u32,
 }
 
 /// Outputs of [`crate::Worker::handle`].

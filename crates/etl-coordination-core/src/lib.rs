@@ -29,7 +29,7 @@ pub use ids::{
 };
 pub use io::{
     AcquisitionReason, Action, CommitOutcome, Event, FatalError, Input, Outcome, Plan, PlanKind,
-    PlannedSplit, StopReason, WatchId,
+    PlannedSplit, SplitCounts, StopReason, WatchId,
 };
 pub use store::{
     Bucket, DeleteCause, Entry, Key, KeyError, MAX_KEY_LEN, Prefix, StoreError, StoreReply, StoreRequest,

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{Epoch, Incarnation, InstanceId, Owner, SplitId};
+use crate::ids::{Epoch, Incarnation, InstanceId, Owner, Revision, SplitId};
 use crate::io::PlanKind;
 use crate::store::{Key, Prefix};
 
@@ -228,6 +228,50 @@ impl SplitRecord {
     /// Whether the record is terminal (Done or Quarantined).
     pub fn is_terminal(&self) -> bool {
         matches!(self.state, SplitState::Done | SplitState::Quarantined)
+    }
+
+    /// The record an operator's requeue writes over a quarantined one (after fixing the
+    /// cause): back in the queue with its attempts reset and its progress kept, under the next
+    /// epoch (a new ownership, as every claim makes).
+    pub fn requeued(&self) -> SplitRecord {
+        SplitRecord {
+            epoch: self.epoch.next(),
+            owner: None,
+            state: SplitState::Unleased,
+            attempts: 0,
+            last_end: Some(EndReason::Requeued),
+            progressed: false,
+            ..self.clone()
+        }
+    }
+
+    /// The record an operator's reset writes (`etl-coord requeue --reset`): the split starts
+    /// over (no progress, no attempts, in the queue), whatever the record held, even a value
+    /// nobody can decode. Its records are emitted again: at-least-once allows that, and it is
+    /// the only repair for a record that is lost.
+    ///
+    /// The epoch is above every epoch the split has had, so every tenancy is fenced: a record's
+    /// epoch grows by at most one per write of the key and starts at 0, while revisions grow by
+    /// at least one per write and start at 1, so every epoch written so far is below the
+    /// revision `replaced` of the value being replaced; a lease's epoch is at most one above
+    /// the record's, and `lease` raises the floor when it is known.
+    pub fn reset(replaced: Option<(Revision, Option<&SplitRecord>)>, lease: Option<Epoch>) -> SplitRecord {
+        let mut epoch = Epoch(0);
+        if let Some((rev, current)) = replaced {
+            epoch = epoch.max(Epoch(rev.0));
+            if let Some(r) = current {
+                epoch = epoch.max(r.epoch.next());
+            }
+        }
+        if let Some(e) = lease {
+            epoch = epoch.max(e.next());
+        }
+        SplitRecord {
+            epoch,
+            last_end: Some(EndReason::Requeued),
+            last_error: Some("reset by an operator: processed again from the start".into()),
+            ..SplitRecord::new()
+        }
     }
 }
 

@@ -8,9 +8,11 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::ids::{Incarnation, InstanceId, Revision, SplitId};
+use crate::io::SplitCounts;
 use crate::records::{
     LeaderRecord, LeaseRecord, ManifestRef, PlanHead, PresenceRecord, SplitRecord, SplitState,
 };
+use crate::store::{Bucket, Key};
 
 /// What the view knows of one split.
 #[derive(Clone, Debug, Default)]
@@ -18,6 +20,9 @@ pub(crate) struct SplitView {
     pub record: Option<SplitRecord>,
     /// Latest revision seen for the record key (put or delete).
     pub record_rev: Revision,
+    /// The value at `record_rev` could not be decoded (`record` is `None`): the split can be
+    /// neither claimed nor completed until someone rewrites it (`etl-coord requeue --reset`).
+    pub record_undecodable: bool,
     pub lease: Option<LeaseRecord>,
     /// Latest revision seen for the lease key (put or delete).
     pub lease_rev: Revision,
@@ -33,6 +38,8 @@ pub(crate) struct SplitView {
 struct Counted {
     done: bool,
     quarantined: bool,
+    owned: bool,
+    undecodable: bool,
     old_incarnation: bool,
 }
 
@@ -52,6 +59,13 @@ pub(crate) struct View {
     pub manifest_len: usize,
     pub done: usize,
     pub quarantined: usize,
+    /// Manifest splits whose record says Owned.
+    pub owned: usize,
+    /// Manifest splits whose record cannot be decoded.
+    pub undecodable_splits: usize,
+    /// Every key (of either bucket) whose latest value seen could not be decoded, with that
+    /// value's revision: it is reported once per value, and counted while it stays.
+    pub undecodable: BTreeMap<(Bucket, Key), Revision>,
     pub workers: BTreeMap<InstanceId, (Revision, PresenceRecord)>,
     pub leader: Option<(Revision, LeaderRecord)>,
     /// The newest revision of the leader key seen (put or delete): a read of it at an older
@@ -73,6 +87,9 @@ impl View {
             manifest_len: 0,
             done: 0,
             quarantined: 0,
+            owned: 0,
+            undecodable_splits: 0,
+            undecodable: BTreeMap::new(),
             workers: BTreeMap::new(),
             leader: None,
             leader_seen: Revision(0),
@@ -91,6 +108,19 @@ impl View {
         self.manifest_len.saturating_sub(self.done + self.quarantined)
     }
 
+    /// Manifest splits by the state of their records (a split without a record counts as
+    /// Unleased: it waits for its first claim).
+    pub fn split_counts(&self) -> SplitCounts {
+        let known = self.done + self.quarantined + self.owned + self.undecodable_splits;
+        SplitCounts {
+            unleased: self.manifest_len.saturating_sub(known) as u32,
+            owned: self.owned as u32,
+            done: self.done as u32,
+            quarantined: self.quarantined as u32,
+            undecodable: self.undecodable_splits as u32,
+        }
+    }
+
     /// Every manifest split has a terminal record.
     pub fn all_terminal(&self) -> bool {
         self.manifest.is_some() && self.done + self.quarantined == self.manifest_len
@@ -103,7 +133,22 @@ impl View {
         }
         sv.record_rev = rev;
         sv.record = Some(record);
+        sv.record_undecodable = false;
         self.refresh(id);
+    }
+
+    /// The record's value at `rev` cannot be decoded: whatever the view knew of it is gone.
+    /// Returns whether `rev` was news (not older than what the view knows).
+    pub fn put_undecodable_record(&mut self, id: &SplitId, rev: Revision) -> bool {
+        let sv = self.splits.entry(id.clone()).or_default();
+        if rev < sv.record_rev {
+            return false;
+        }
+        sv.record_rev = rev;
+        sv.record = None;
+        sv.record_undecodable = true;
+        self.refresh(id);
+        true
     }
 
     pub fn delete_record(&mut self, id: &SplitId, rev: Revision) {
@@ -113,6 +158,7 @@ impl View {
         }
         sv.record_rev = rev;
         sv.record = None;
+        sv.record_undecodable = false;
         self.refresh(id);
     }
 
@@ -148,6 +194,7 @@ impl View {
     pub fn forget_record(&mut self, id: &SplitId) {
         if let Some(sv) = self.splits.get_mut(id) {
             sv.record = None;
+            sv.record_undecodable = false;
             self.refresh(id);
         }
     }
@@ -184,6 +231,8 @@ impl View {
         let new = Counted {
             done: in_manifest && state == Some(SplitState::Done),
             quarantined: in_manifest && state == Some(SplitState::Quarantined),
+            owned: in_manifest && state == Some(SplitState::Owned),
+            undecodable: in_manifest && sv.record_undecodable,
             old_incarnation: in_manifest
                 && state == Some(SplitState::Owned)
                 && sv
@@ -217,6 +266,8 @@ impl View {
         }
         adjust(&mut self.done, old.done, new.done);
         adjust(&mut self.quarantined, old.quarantined, new.quarantined);
+        adjust(&mut self.owned, old.owned, new.owned);
+        adjust(&mut self.undecodable_splits, old.undecodable, new.undecodable);
         if old.old_incarnation != new.old_incarnation {
             if new.old_incarnation {
                 self.old_incarnation.insert(id.clone());

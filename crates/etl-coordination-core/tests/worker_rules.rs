@@ -1441,3 +1441,121 @@ fn p4_a_delayed_head_write_is_not_sent_after_the_worker_stepped_down() {
     let a = r.advance(Duration::from_secs(1));
     assert_eq!(writes_to(&a, Bucket::State, "plan.head"), 0, "a deposed worker wrote the head: {a:?}");
 }
+
+/// Bytes no release of this project writes (format byte 255).
+fn garbage() -> Bytes {
+    Bytes::from_static(b"\xffnot a record")
+}
+
+fn undecodable_events(r: &Rig) -> usize {
+    r.events().iter().filter(|e| matches!(e, Event::Undecodable { .. })).count()
+}
+
+#[test]
+fn an_undecodable_split_record_is_never_claimed_blocks_completion_and_is_reported_once() {
+    let mut r = Rig::new(cfg("w1", 1));
+    r.plan = Some(plan(2, PlanKind::Final));
+    r.feed(Input::Start);
+    // Both lanes run; s1's record is overwritten by another program while it runs.
+    assert_eq!(r.started().len(), 2);
+    let corrupt_rev = r.write_raw(Bucket::State, "split.s1", garbage());
+    // The holder is fenced at once (its next write could never match that value) ...
+    assert!(
+        r.log.contains(&Action::StopLane {
+            split: sid("s1"),
+            epoch: Epoch(1),
+            reason: StopReason::Fenced,
+            deadline: None
+        }),
+        "{:?}",
+        r.log
+    );
+    r.feed(Input::Finish { split: sid("s0"), epoch: Epoch(1), progress: Bytes::from_static(b"end") });
+    // ... and nothing completes while s1 cannot be read, nor is it claimed again.
+    assert!(!r.log.iter().any(|a| matches!(a, Action::Finished(_))), "{:?}", r.log);
+    assert_eq!(r.started().len(), 2);
+    let Some(Event::Gauges { splits, undecodable_records, .. }) = r.last_gauges() else { panic!("gauges") };
+    assert_eq!((splits.done, splits.undecodable, splits.unleased, undecodable_records), (1, 1, 0, 1));
+    // Reported once per value, not at every resync.
+    let reported = undecodable_events(&r);
+    assert_eq!(reported, 1);
+    r.advance(Duration::from_secs(31));
+    assert_eq!(undecodable_events(&r), reported, "a resync does not report the same value again");
+    // The operator's reset (`requeue --reset`): the split starts over and the job completes.
+    let reset = SplitRecord::reset(Some((corrupt_rev, None)), None);
+    assert!(reset.epoch.0 >= corrupt_rev.0, "the reset's epoch is above every epoch of the split");
+    r.write_raw(Bucket::State, "split.s1", records::encode(&reset));
+    let (split, epoch) = r.started().last().cloned().unwrap();
+    assert_eq!(split, sid("s1"));
+    assert_eq!(epoch, reset.epoch.next());
+    let Some(Action::StartLane { progress, .. }) =
+        r.log.iter().rev().find(|a| matches!(a, Action::StartLane { .. })).cloned()
+    else {
+        panic!("a lane")
+    };
+    assert_eq!(progress, None, "from the start");
+    r.feed(Input::Finish { split, epoch, progress: Bytes::from_static(b"end") });
+    assert!(r.log.contains(&Action::Finished(Outcome::Complete)), "{:?}", r.log);
+    let Some(Event::Gauges { undecodable_records, .. }) = r.last_gauges() else { panic!("gauges") };
+    assert_eq!(undecodable_records, 0);
+}
+
+#[test]
+fn gauges_count_the_plans_splits_by_state() {
+    let mut c = cfg("w1", 1);
+    c.tuning.max_in_flight = 2;
+    let mut r = Rig::new(c);
+    r.plan = Some(plan(4, PlanKind::Final));
+    r.feed(Input::Start);
+    let Some(Event::Gauges { owned, splits, .. }) = r.last_gauges() else { panic!("gauges") };
+    assert_eq!(owned, 2);
+    assert_eq!(splits, SplitCounts { unleased: 2, owned: 2, done: 0, quarantined: 0, undecodable: 0 });
+    let (s, e) = r.started()[0].clone();
+    r.feed(Input::Finish { split: s, epoch: e, progress: Bytes::from_static(b"end") });
+    let Some(Event::Gauges { splits, .. }) = r.last_gauges() else { panic!("gauges") };
+    // One done, and the freed lane took the next unleased one.
+    assert_eq!(splits, SplitCounts { unleased: 1, owned: 2, done: 1, quarantined: 0, undecodable: 0 });
+}
+
+#[test]
+fn a_worker_that_stays_after_the_end_takes_up_a_requeued_split_and_leaves_when_drained() {
+    let mut c = cfg("w1", 1);
+    c.tuning.max_attempts = 1;
+    c.stay_after_end = true;
+    let mut r = Rig::new(c);
+    r.plan = Some(plan(2, PlanKind::Final));
+    r.feed(Input::Start);
+    r.feed(Input::Finish { split: sid("s0"), epoch: Epoch(1), progress: Bytes::from_static(b"end") });
+    r.feed(Input::Fail { split: sid("s1"), epoch: Epoch(1), error: "bad row".into(), unprocessable: true });
+    let stalled = Outcome::Stalled { quarantined: vec![(sid("s1"), Some("bad row".into()))] };
+    assert!(r.events().contains(&Event::JobEnded { outcome: stalled.clone() }), "{:?}", r.log);
+    assert!(!r.log.iter().any(|a| matches!(a, Action::Finished(_))), "it stays");
+    // It keeps its presence: heartbeats go on.
+    r.take_log();
+    r.advance(Duration::from_secs(2));
+    assert!(r.kv.get(Bucket::Lease, "worker.w1").is_some());
+    // The operator requeues the split after fixing its cause: the job runs again.
+    let rec = r.kv.record("s1");
+    r.write_raw(Bucket::State, "split.s1", records::encode(&rec.requeued()));
+    assert!(r.events().contains(&Event::JobReopened), "{:?}", r.log);
+    let (split, epoch) = r.started().last().cloned().expect("the requeued split is taken up");
+    assert_eq!(split, sid("s1"));
+    r.feed(Input::Finish { split, epoch, progress: Bytes::from_static(b"end") });
+    assert!(r.events().contains(&Event::JobEnded { outcome: Outcome::Complete }), "{:?}", r.log);
+    // Drained, it leaves with the job's end as its outcome.
+    r.feed(Input::Drain);
+    assert!(r.log.contains(&Action::Finished(Outcome::Complete)), "{:?}", r.log);
+    assert!(r.kv.get(Bucket::Lease, "worker.w1").is_none(), "presence deleted on the way out");
+}
+
+#[test]
+fn an_undecodable_plan_head_is_reported_and_forgotten_once_repaired() {
+    let mut r = running(1);
+    let head = r.kv.get(Bucket::State, "plan.head").unwrap();
+    r.write_raw(Bucket::State, "plan.head", garbage());
+    let Some(Event::Gauges { undecodable_records, .. }) = r.last_gauges() else { panic!("gauges") };
+    assert_eq!(undecodable_records, 1);
+    r.write_raw(Bucket::State, "plan.head", head.value);
+    let Some(Event::Gauges { undecodable_records, .. }) = r.last_gauges() else { panic!("gauges") };
+    assert_eq!(undecodable_records, 0);
+}

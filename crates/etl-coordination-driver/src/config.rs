@@ -15,6 +15,21 @@ pub enum OnStall {
     Warn,
 }
 
+/// What the driver does about a lane that holds its lease but commits no progress for
+/// [`DriverConfig::lane_stall_timeout`] (a source stuck on a hung connection: heartbeats alone
+/// would keep it owned forever).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OnLaneStall {
+    /// Report it (a warning, the `lanes_stalled` gauge, `lane_stalls_total`) and let it be
+    /// (the default).
+    #[default]
+    Warn,
+    /// Report it, stop the lane and end its tenancy as failed, so a peer (or this worker)
+    /// retries the split from its committed progress. Like any failure, it consumes one
+    /// attempt if the tenancy committed no progress (P12).
+    Release,
+}
+
 /// Driver settings.
 #[derive(Clone, Debug)]
 pub struct DriverConfig {
@@ -28,7 +43,23 @@ pub struct DriverConfig {
     pub on_stall: OnStall,
     /// Timeout of one store request; a timed-out write is treated as in doubt.
     pub op_timeout: Duration,
+    /// After the job ends (complete, or stalled with [`OnStall::Warn`]), stay: keep the
+    /// worker's presence and watches, report the end through
+    /// [`DriverHandle::job_state`](crate::DriverHandle::job_state), and take up splits that
+    /// come back (an operator's requeue). [`DriverHandle::outcome`](crate::DriverHandle::outcome)
+    /// then resolves only when the worker is drained (with the job's end as the outcome) or
+    /// stops on a fatal condition. Default: leave at the end.
+    pub stay_after_end: bool,
+    /// A lane holding its lease with no committed progress for this long is stalled (see
+    /// [`OnLaneStall`]); `None` turns the check off. Measured from the lane's start or its last
+    /// successful commit. Default: 10 minutes.
+    pub lane_stall_timeout: Option<Duration>,
+    /// What to do about a stalled lane.
+    pub on_lane_stall: OnLaneStall,
 }
+
+/// Default of [`DriverConfig::lane_stall_timeout`].
+pub const DEFAULT_LANE_STALL_TIMEOUT: Duration = Duration::from_secs(600);
 
 impl Default for DriverConfig {
     fn default() -> Self {
@@ -38,6 +69,9 @@ impl Default for DriverConfig {
             tuning: Tuning::default(),
             on_stall: OnStall::Fatal,
             op_timeout: Duration::from_secs(5),
+            stay_after_end: false,
+            lane_stall_timeout: Some(DEFAULT_LANE_STALL_TIMEOUT),
+            on_lane_stall: OnLaneStall::Warn,
         }
     }
 }
@@ -50,10 +84,23 @@ impl DriverConfig {
         incarnation: Incarnation,
         fingerprint: String,
     ) -> Result<Config, ConfigError> {
-        let cfg = Config { instance_id, incarnation, fingerprint, tuning: self.tuning.clone() };
+        let cfg = Config {
+            instance_id,
+            incarnation,
+            fingerprint,
+            tuning: self.tuning.clone(),
+            stay_after_end: self.stay_after_end,
+        };
         cfg.validate()?;
         if self.op_timeout.is_zero() {
             return Err(ConfigError { field: "op_timeout", value: "0s".into(), rule: "must be positive" });
+        }
+        if self.lane_stall_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(ConfigError {
+                field: "lane_stall_timeout",
+                value: "0s".into(),
+                rule: "must be positive (None turns the check off)",
+            });
         }
         Ok(cfg)
     }

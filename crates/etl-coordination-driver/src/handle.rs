@@ -9,7 +9,7 @@ use tracing::info;
 
 use crate::config::{DriverConfig, JobStores};
 use crate::lane::Lanes;
-use crate::outcome::{DriverError, JobOutcome};
+use crate::outcome::{DriverError, JobOutcome, JobState};
 use crate::planner::Planner;
 use crate::task::{Control, Task};
 
@@ -18,6 +18,7 @@ use crate::task::{Control, Task};
 pub struct DriverHandle {
     tx: mpsc::UnboundedSender<Control>,
     outcome: watch::Receiver<Option<Result<JobOutcome, DriverError>>>,
+    state: watch::Receiver<JobState>,
     instance_id: InstanceId,
 }
 
@@ -53,6 +54,14 @@ impl DriverHandle {
         }
     }
 
+    /// The job as this worker sees it, updated as it changes: running (or blocked by records
+    /// it cannot decode), then complete or stalled. With
+    /// [`DriverConfig::stay_after_end`](crate::DriverConfig::stay_after_end) it goes back to
+    /// running when work is requeued; watch it with `changed()`.
+    pub fn job_state(&self) -> watch::Receiver<JobState> {
+        self.state.clone()
+    }
+
     /// This worker's instance id.
     pub fn instance_id(&self) -> &InstanceId {
         &self.instance_id
@@ -76,10 +85,11 @@ impl CoordinationDriver {
         };
         let cfg = config.core(instance_id.clone(), Incarnation(random_u64()), planner.fingerprint())?;
         let (outcome_tx, outcome_rx) = watch::channel(None);
+        let (state_tx, state_rx) = watch::channel(JobState::Running);
         info!(instance = %instance_id, incarnation = %format!("{:x}", cfg.incarnation.0), "coordination worker starting");
-        let (task, tx, lanes) = Task::new(cfg, stores, planner, &config, outcome_tx);
+        let (task, tx, lanes) = Task::new(cfg, stores, planner, &config, outcome_tx, state_tx);
         tokio::spawn(task.run());
-        Ok((DriverHandle { tx, outcome: outcome_rx, instance_id }, lanes))
+        Ok((DriverHandle { tx, outcome: outcome_rx, state: state_rx, instance_id }, lanes))
     }
 }
 

@@ -19,12 +19,12 @@ mod outcome;
 mod planner;
 mod task;
 
-pub use config::{DriverConfig, JobStores, OnStall};
+pub use config::{DEFAULT_LANE_STALL_TIMEOUT, DriverConfig, JobStores, OnLaneStall, OnStall};
 pub use etl_coordination_core::{
     AcquisitionReason, CommitOutcome, Epoch, InstanceId, Plan, PlanKind, PlannedSplit, SplitId, StopReason,
     Tuning,
 };
 pub use handle::{CoordinationDriver, DriverHandle};
 pub use lane::{Lane, Lanes, Stop};
-pub use outcome::{DriverError, JobOutcome};
+pub use outcome::{DriverError, JobOutcome, JobState};
 pub use planner::{PlanError, Planner};

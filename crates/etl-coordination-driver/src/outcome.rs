@@ -16,6 +16,27 @@ pub enum JobOutcome {
     Drained,
 }
 
+/// The job as this worker sees it ([`DriverHandle::job_state`](crate::DriverHandle::job_state)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobState {
+    /// Starting, or splits remain to be processed.
+    Running,
+    /// Running, but values this worker cannot decode keep the job from completing (another
+    /// program or release wrote into its buckets): `etl-coord status` names them,
+    /// `etl-coord requeue --reset` rewrites a split's record.
+    Blocked {
+        /// Keys whose value cannot be decoded.
+        undecodable: u32,
+    },
+    /// Every split is Done.
+    Complete,
+    /// Every split is Done or quarantined, some quarantined.
+    Stalled {
+        /// Quarantined splits and their last errors.
+        quarantined: Vec<(SplitId, Option<String>)>,
+    },
+}
+
 /// Why the driver could not run or finish.
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum DriverError {

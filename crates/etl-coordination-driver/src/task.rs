@@ -18,9 +18,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, error, info, trace, warn};
 
-use crate::config::{DriverConfig, JobStores, OnStall};
+use crate::config::{DriverConfig, JobStores, OnLaneStall, OnStall};
 use crate::lane::{Lane, LaneMsg, Lanes, Stop};
-use crate::outcome::{DriverError, JobOutcome, describe};
+use crate::outcome::{DriverError, JobOutcome, JobState, describe};
 use crate::planner::Planner;
 
 /// Control messages from the [`DriverHandle`](crate::DriverHandle).
@@ -46,6 +46,20 @@ struct WatchTask {
     handle: Option<JoinHandle<()>>,
 }
 
+/// A lane the source runs: how to stop it, and when it last made progress.
+struct LaneEntry {
+    epoch: Epoch,
+    stop: watch::Sender<Option<Stop>>,
+    /// The lane's start or its last successful commit.
+    progress_at: Instant,
+    /// Reported stalled (no progress for the lane stall timeout), until its next commit.
+    stalled: bool,
+    /// Told to drain: it commits and stops on its own deadline; no stall check.
+    draining: bool,
+    /// Its finish (terminal commit) is in flight.
+    finishing: bool,
+}
+
 pub(crate) struct Task<S, P> {
     worker: Worker,
     state: Arc<S>,
@@ -58,11 +72,23 @@ pub(crate) struct Task<S, P> {
     lane_rx: mpsc::UnboundedReceiver<LaneMsg>,
     lanes: mpsc::UnboundedSender<Lane>,
     outcome: watch::Sender<Option<Result<JobOutcome, DriverError>>>,
+    job_state: watch::Sender<JobState>,
     on_stall: OnStall,
     op_timeout: Duration,
+    lane_stall_timeout: Option<Duration>,
+    on_lane_stall: OnLaneStall,
     origin: Instant,
     watches: BTreeMap<WatchId, WatchTask>,
-    stops: BTreeMap<SplitId, (Epoch, watch::Sender<Option<Stop>>)>,
+    /// The lanes handed out and not ended, by split.
+    running: BTreeMap<SplitId, LaneEntry>,
+    /// How the job ended, while the worker stays after the end (`stay_after_end`).
+    ended: Option<JobState>,
+    /// Keys the core reports it cannot decode.
+    undecodable: u32,
+    /// The `job_state` label last recorded.
+    state_label: &'static str,
+    /// Inputs raised while executing actions, handled after them.
+    deferred: Vec<Input>,
     waiters: BTreeMap<(SplitId, Epoch), oneshot::Sender<CommitOutcome>>,
     done: bool,
     metrics: Metrics,
@@ -78,6 +104,7 @@ impl<S: Store, P: Planner> Task<S, P> {
         planner: P,
         config: &DriverConfig,
         outcome: watch::Sender<Option<Result<JobOutcome, DriverError>>>,
+        state: watch::Sender<JobState>,
     ) -> (Self, mpsc::UnboundedSender<Control>, Lanes) {
         let (tx, rx) = mpsc::unbounded_channel();
         let (control_tx, control) = mpsc::unbounded_channel();
@@ -96,11 +123,18 @@ impl<S: Store, P: Planner> Task<S, P> {
             lane_rx,
             lanes: lanes_tx,
             outcome,
+            job_state: state,
             on_stall: config.on_stall,
             op_timeout: config.op_timeout,
+            lane_stall_timeout: config.lane_stall_timeout,
+            on_lane_stall: config.on_lane_stall,
             origin: Instant::now(),
             watches: BTreeMap::new(),
-            stops: BTreeMap::new(),
+            running: BTreeMap::new(),
+            ended: None,
+            undecodable: 0,
+            state_label: "running",
+            deferred: Vec::new(),
             waiters: BTreeMap::new(),
             done: false,
             metrics,
@@ -123,6 +157,7 @@ impl<S: Store, P: Planner> Task<S, P> {
         let mut controlled = true;
         while !self.done {
             let deadline = self.worker.next_deadline().map(|t| self.instant(t));
+            let stall_check = self.next_stall_check();
             let input = tokio::select! {
                 msg = self.control.recv(), if controlled => match msg {
                     Some(Control::Freeze(d)) => {
@@ -154,6 +189,10 @@ impl<S: Store, P: Planner> Task<S, P> {
                     None => continue,
                 },
                 () = sleep_until(deadline) => Input::Tick,
+                () = sleep_until(stall_check) => {
+                    self.check_stalls();
+                    continue;
+                }
             };
             self.handle(input);
         }
@@ -203,14 +242,80 @@ impl<S: Store, P: Planner> Task<S, P> {
             }
             LaneMsg::Finish { split, epoch, progress, reply } => {
                 self.wait_for_commit(&split, epoch, reply);
+                if let Some(l) = self.lane(&split, epoch) {
+                    l.finishing = true;
+                }
                 Input::Finish { split, epoch, progress }
             }
             LaneMsg::Fail { split, epoch, error, unprocessable } => {
                 warn!(%split, %epoch, %error, unprocessable, "source reported the split failed");
+                self.lane_ended(&split, epoch);
                 Input::Fail { split, epoch, error, unprocessable }
             }
-            LaneMsg::Stopped { split, epoch } => Input::LaneStopped { split, epoch },
+            LaneMsg::Stopped { split, epoch } => {
+                self.lane_ended(&split, epoch);
+                Input::LaneStopped { split, epoch }
+            }
         }
+    }
+
+    /// The running lane of `split` if it is at `epoch`.
+    fn lane(&mut self, split: &SplitId, epoch: Epoch) -> Option<&mut LaneEntry> {
+        self.running.get_mut(split).filter(|l| l.epoch == epoch)
+    }
+
+    /// The lane of `split` at `epoch` ended: forget it (and its stall).
+    fn lane_ended(&mut self, split: &SplitId, epoch: Epoch) {
+        if self.lane(split, epoch).is_some() {
+            let l = self.running.remove(split).expect("running");
+            if l.stalled {
+                self.metrics.lanes_stalled(self.stalled_lanes());
+            }
+        }
+    }
+
+    fn stalled_lanes(&self) -> u32 {
+        self.running.values().filter(|l| l.stalled).count() as u32
+    }
+
+    /// When the next lane becomes stalled, if it makes no progress meanwhile.
+    fn next_stall_check(&self) -> Option<Instant> {
+        let timeout = self.lane_stall_timeout?;
+        self.running.values().filter(|l| !l.stalled && !l.draining).map(|l| l.progress_at + timeout).min()
+    }
+
+    /// Lanes with no committed progress for the lane stall timeout while holding their lease: a
+    /// warning, the gauge and the counter, and with `OnLaneStall::Release` the lane is stopped
+    /// and its tenancy ended as failed (a peer retries from the committed progress).
+    fn check_stalls(&mut self) {
+        let Some(timeout) = self.lane_stall_timeout else { return };
+        let now = Instant::now();
+        let due: Vec<(SplitId, Epoch)> = self
+            .running
+            .iter()
+            .filter(|(_, l)| !l.stalled && !l.draining && l.progress_at + timeout <= now)
+            .map(|(id, l)| (id.clone(), l.epoch))
+            .collect();
+        for (split, epoch) in due {
+            self.metrics.lane_stall();
+            let idle = humantime(timeout);
+            match self.on_lane_stall {
+                OnLaneStall::Warn => {
+                    warn!(%split, %epoch, "lane stalled: it holds the lease but committed no progress for {idle}; the source may be stuck");
+                    self.running.get_mut(&split).expect("running").stalled = true;
+                }
+                OnLaneStall::Release => {
+                    warn!(%split, %epoch, "lane stalled: no progress committed for {idle}; stopping it and releasing the split as failed");
+                    let l = self.running.remove(&split).expect("running");
+                    let _ = l.stop.send(Some(Stop { reason: StopReason::Fenced, deadline: None }));
+                    let error = format!(
+                        "lane stalled: no progress committed for {idle}; released by the lane stall check"
+                    );
+                    self.handle(Input::Fail { split, epoch, error, unprocessable: false });
+                }
+            }
+        }
+        self.metrics.lanes_stalled(self.stalled_lanes());
     }
 
     fn wait_for_commit(&mut self, split: &SplitId, epoch: Epoch, reply: oneshot::Sender<CommitOutcome>) {
@@ -219,12 +324,16 @@ impl<S: Store, P: Planner> Task<S, P> {
     }
 
     fn handle(&mut self, input: Input) {
-        let now = self.now();
-        trace!(?now, ?input, "core input");
-        let actions = self.worker.handle(now, input);
-        for action in actions {
-            trace!(?action, "core action");
-            self.act(action);
+        let mut next = Some(input);
+        while let Some(input) = next {
+            let now = self.now();
+            trace!(?now, ?input, "core input");
+            let actions = self.worker.handle(now, input);
+            for action in actions {
+                trace!(?action, "core action");
+                self.act(action);
+            }
+            next = if self.deferred.is_empty() { None } else { Some(self.deferred.remove(0)) };
         }
     }
 
@@ -290,7 +399,17 @@ impl<S: Store, P: Planner> Task<S, P> {
             }
             Action::StartLane { split, epoch, descriptor, weight, progress, reason } => {
                 let (stop_tx, stop_rx) = watch::channel(None);
-                self.stops.insert(split.clone(), (epoch, stop_tx));
+                let entry = LaneEntry {
+                    epoch,
+                    stop: stop_tx,
+                    progress_at: Instant::now(),
+                    stalled: false,
+                    draining: false,
+                    finishing: false,
+                };
+                if self.running.insert(split.clone(), entry).is_some_and(|old| old.stalled) {
+                    self.metrics.lanes_stalled(self.stalled_lanes());
+                }
                 let lane = Lane {
                     split,
                     epoch,
@@ -307,19 +426,38 @@ impl<S: Store, P: Planner> Task<S, P> {
             }
             Action::StopLane { split, epoch, reason, deadline } => {
                 let deadline = deadline.map(|t| self.instant(t));
-                if let Some((e, tx)) = self.stops.get(&split)
-                    && *e == epoch
-                {
-                    let _ = tx.send(Some(Stop { reason, deadline }));
+                if let Some(l) = self.lane(&split, epoch) {
+                    let _ = l.stop.send(Some(Stop { reason, deadline }));
+                    l.draining = reason == StopReason::Draining;
                 }
                 if reason != StopReason::Draining {
-                    self.stops.remove(&split);
+                    self.lane_ended(&split, epoch);
                 }
             }
             Action::CommitDone { split, epoch, outcome } => {
+                if let Some(l) = self.lane(&split, epoch) {
+                    match outcome {
+                        CommitOutcome::Ok if l.finishing => self.lane_ended(&split, epoch),
+                        CommitOutcome::Ok => {
+                            l.progress_at = Instant::now();
+                            if std::mem::take(&mut l.stalled) {
+                                info!(%split, %epoch, "stalled lane committed progress again");
+                                self.metrics.lanes_stalled(self.stalled_lanes());
+                            }
+                        }
+                        CommitOutcome::Retryable => l.finishing = false,
+                        CommitOutcome::Lost => self.lane_ended(&split, epoch),
+                    }
+                }
                 if let Some(reply) = self.waiters.remove(&(split, epoch)) {
                     let _ = reply.send(outcome);
                 }
+            }
+            Action::Event(Event::JobEnded { outcome }) => self.job_ended(outcome),
+            Action::Event(Event::JobReopened) => {
+                info!("work came back (a split was requeued or reset): the job runs again");
+                self.ended = None;
+                self.publish_state();
             }
             Action::Event(e) => {
                 self.record(&e);
@@ -328,11 +466,17 @@ impl<S: Store, P: Planner> Task<S, P> {
             Action::Finished(outcome) => {
                 let result = match outcome {
                     Outcome::Complete => {
-                        info!("job complete: every split is done");
+                        if self.ended.is_none() {
+                            info!("job complete: every split is done");
+                        }
+                        self.ended = Some(JobState::Complete);
                         Ok(JobOutcome::Complete)
                     }
                     Outcome::Stalled { quarantined } => {
-                        warn!(splits = %describe(&quarantined), "job stalled on quarantined splits");
+                        if self.ended.is_none() {
+                            warn!(splits = %describe(&quarantined), "job stalled on quarantined splits");
+                        }
+                        self.ended = Some(JobState::Stalled { quarantined: quarantined.clone() });
                         match self.on_stall {
                             OnStall::Fatal => Err(DriverError::Stalled { quarantined }),
                             OnStall::Warn => Ok(JobOutcome::Stalled { quarantined }),
@@ -352,7 +496,7 @@ impl<S: Store, P: Planner> Task<S, P> {
         }
     }
 
-    fn record(&self, e: &Event) {
+    fn record(&mut self, e: &Event) {
         match e {
             Event::Acquired { reason, .. } => self.metrics.acquisition(reason.label()),
             Event::Revoked { reason, .. } => {
@@ -362,18 +506,86 @@ impl<S: Store, P: Planner> Task<S, P> {
             }
             Event::Leadership { leader, .. } => self.metrics.leader(*leader),
             Event::PlanFailed { .. } => self.metrics.plan_failure(),
-            Event::Gauges { owned, live_workers, quarantined } => {
+            Event::Gauges { owned, live_workers, splits, undecodable_records } => {
                 self.metrics.splits_owned(*owned);
                 self.metrics.live_workers(*live_workers);
-                self.metrics.splits_quarantined(*quarantined);
+                self.metrics.splits_quarantined(splits.quarantined);
+                self.metrics.splits([
+                    splits.unleased,
+                    splits.owned,
+                    splits.done,
+                    splits.quarantined,
+                    splits.undecodable,
+                ]);
+                self.metrics.records_undecodable(*undecodable_records);
+                if self.undecodable != *undecodable_records {
+                    self.undecodable = *undecodable_records;
+                    self.publish_state();
+                }
             }
             _ => {}
         }
     }
 
+    /// The job ended while this worker stays after the end (`stay_after_end`): report it; a
+    /// stall that is fatal drains the worker after all.
+    fn job_ended(&mut self, outcome: Outcome) {
+        match outcome {
+            Outcome::Complete => {
+                info!("job complete: every split is done; staying for work that comes back (until drained)");
+                self.ended = Some(JobState::Complete);
+            }
+            Outcome::Stalled { quarantined } => {
+                warn!(splits = %describe(&quarantined), "job stalled on quarantined splits");
+                if self.on_stall == OnStall::Fatal {
+                    // The core leaves with the stall as its outcome, which is fatal then.
+                    self.deferred.push(Input::Drain);
+                } else {
+                    info!("staying for requeued splits (until drained)");
+                }
+                self.ended = Some(JobState::Stalled { quarantined });
+            }
+            Outcome::Drained => {}
+        }
+        self.publish_state();
+    }
+
+    /// Publishes the job state (and its `job_state` gauge) from what is known: the end while
+    /// staying after it, else running, or blocked while undecodable records are reported.
+    fn publish_state(&mut self) {
+        let state = match &self.ended {
+            Some(end) => end.clone(),
+            None if self.undecodable > 0 => JobState::Blocked { undecodable: self.undecodable },
+            None => JobState::Running,
+        };
+        let label = match state {
+            JobState::Running => "running",
+            JobState::Blocked { .. } => "blocked",
+            JobState::Complete => "complete",
+            JobState::Stalled { .. } => "stalled",
+        };
+        if label != self.state_label {
+            if label == "blocked" {
+                warn!(
+                    undecodable = self.undecodable,
+                    "the job is blocked: values nobody can decode keep it from completing (see `etl-coord status`; `etl-coord requeue --reset` rewrites a split)"
+                );
+            }
+            self.state_label = label;
+            self.metrics.job_state(label);
+        }
+        self.job_state.send_if_modified(|s| {
+            let changed = *s != state;
+            *s = state;
+            changed
+        });
+    }
+
     fn finish(&mut self, result: Result<JobOutcome, DriverError>) {
         self.metrics.splits_owned(0);
         self.metrics.leader(false);
+        self.metrics.lanes_stalled(0);
+        self.publish_state();
         self.metrics.job_state(match &result {
             Ok(JobOutcome::Complete) => "complete",
             Ok(JobOutcome::Stalled { .. }) | Err(DriverError::Stalled { .. }) => "stalled",
@@ -381,8 +593,8 @@ impl<S: Store, P: Planner> Task<S, P> {
             Err(_) => "failed",
         });
         self.done = true;
-        for (_, (_, tx)) in std::mem::take(&mut self.stops) {
-            let _ = tx.send(Some(Stop { reason: StopReason::Fenced, deadline: None }));
+        for (_, l) in std::mem::take(&mut self.running) {
+            let _ = l.stop.send(Some(Stop { reason: StopReason::Fenced, deadline: None }));
         }
         for (_, reply) in std::mem::take(&mut self.waiters) {
             let _ = reply.send(CommitOutcome::Lost);
@@ -468,11 +680,32 @@ fn log_event(e: &Event) {
         }
         Event::Released { split } => info!(%split, "split released"),
         Event::Finished { split } => info!(%split, "split done"),
-        Event::Gauges { owned, live_workers, quarantined } => {
-            debug!(owned, live_workers, quarantined, "gauges")
+        Event::Gauges { owned, live_workers, splits, undecodable_records } => {
+            debug!(owned, live_workers, ?splits, undecodable_records, "gauges")
         }
-        Event::Undecodable { key, error } => warn!(%key, %error, "ignored an undecodable record"),
+        Event::Undecodable { key, error } => warn!(
+            %key,
+            %error,
+            "a value in the job's buckets cannot be decoded; it is ignored (a split record so written blocks the job until `etl-coord requeue --reset`)"
+        ),
+        Event::JobEnded { .. } | Event::JobReopened => {}
     }
+}
+
+/// A duration as people write it: `10m`, `90s`, `1h30m`, `1.5s`.
+fn humantime(d: Duration) -> String {
+    let secs = d.as_secs();
+    if d.subsec_millis() != 0 || secs == 0 {
+        return format!("{:.3}s", d.as_secs_f64()).replace(".000s", "s");
+    }
+    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
+    let mut out = String::new();
+    for (n, unit) in [(h, "h"), (m, "m"), (s, "s")] {
+        if n > 0 {
+            out.push_str(&format!("{n}{unit}"));
+        }
+    }
+    out
 }
 
 /// Delays between attempts to reopen a failed watch: 200 ms doubling up to 5 s, each with a

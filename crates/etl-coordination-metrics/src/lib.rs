@@ -40,8 +40,19 @@ pub mod names {
     /// timeout); each is retried after a backoff.
     pub const PLAN_FAILURES_TOTAL: &str = "etl_coordination_plan_failures_total";
 
+    /// Gauge: the plan's splits by the state of their records (`state` label), as this
+    /// worker's view has them.
+    pub const SPLITS: &str = "etl_coordination_splits";
+    /// Gauge: keys of the job's buckets whose current value this worker cannot decode.
+    pub const RECORDS_UNDECODABLE: &str = "etl_coordination_records_undecodable";
+    /// Gauge: this worker's lanes that hold their lease but committed no progress for the lane
+    /// stall timeout.
+    pub const LANES_STALLED: &str = "etl_coordination_lanes_stalled";
+    /// Counter: lanes found stalled (each counted once per stall).
+    pub const LANE_STALLS_TOTAL: &str = "etl_coordination_lane_stalls_total";
+
     /// Every family.
-    pub const ALL: [&str; 10] = [
+    pub const ALL: [&str; 14] = [
         SPLITS_OWNED,
         LIVE_WORKERS,
         LEADER,
@@ -52,6 +63,10 @@ pub mod names {
         WRITES_TOTAL,
         JOB_STATE,
         PLAN_FAILURES_TOTAL,
+        SPLITS,
+        RECORDS_UNDECODABLE,
+        LANES_STALLED,
+        LANE_STALLS_TOTAL,
     ];
 }
 
@@ -63,10 +78,14 @@ pub const REVOCATION_REASONS: [&str; 2] = ["fenced", "starved"];
 pub const WRITE_OUTCOMES: [&str; 3] = ["ok", "conflict", "error"];
 /// Store operations (label values of `store_op_duration_seconds`).
 pub const STORE_OPS: [&str; 6] = ["create", "cas", "delete", "get", "list", "watch"];
-/// Job states (label values of `job_state`): `running` until the worker's run ends, then how it
-/// ended: `complete` (every split Done), `stalled` (quarantined splits block completion),
-/// `drained` (this worker left on request), `failed` (a fatal condition stopped it).
-pub const JOB_STATES: [&str; 5] = ["running", "complete", "stalled", "drained", "failed"];
+/// Job states (label values of `job_state`): `running` while splits remain, `blocked` while
+/// records the worker cannot decode keep the job from completing, then how it ended:
+/// `complete` (every split Done), `stalled` (quarantined splits block completion), `drained`
+/// (this worker left on request), `failed` (a fatal condition stopped it). A worker that stays
+/// after the end (`--on-complete wait`) goes back to `running` when work is requeued.
+pub const JOB_STATES: [&str; 6] = ["running", "blocked", "complete", "stalled", "drained", "failed"];
+/// Split states (label values of `splits`).
+pub const SPLIT_STATES: [&str; 5] = ["unleased", "owned", "done", "quarantined", "undecodable"];
 
 /// Outcome of one store write, for `writes_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,7 +149,27 @@ pub fn describe() {
     );
     describe_gauge!(
         names::JOB_STATE,
-        "1 for this worker's job state (running, complete, stalled, drained, failed), else 0."
+        "1 for this worker's job state (running, blocked, complete, stalled, drained, failed), else 0."
+    );
+    describe_gauge!(
+        names::SPLITS,
+        Unit::Count,
+        "Splits of the published plan by record state (unleased, owned, done, quarantined, undecodable), as this worker sees them."
+    );
+    describe_gauge!(
+        names::RECORDS_UNDECODABLE,
+        Unit::Count,
+        "Keys of the job's buckets whose value this worker cannot decode; an undecodable split record blocks completion."
+    );
+    describe_gauge!(
+        names::LANES_STALLED,
+        Unit::Count,
+        "Lanes of this worker that hold their lease but committed no progress for the lane stall timeout."
+    );
+    describe_counter!(
+        names::LANE_STALLS_TOTAL,
+        Unit::Count,
+        "Lanes found stalled (no committed progress for the lane stall timeout while holding the lease)."
     );
 }
 
@@ -150,6 +189,10 @@ impl Metrics {
         m.leader(false);
         m.splits_quarantined(0);
         m.job_state("running");
+        m.splits([0; 5]);
+        m.records_undecodable(0);
+        m.lanes_stalled(0);
+        counter!(names::LANE_STALLS_TOTAL, "coordination_job" => m.job.clone(), "coordination_instance" => m.instance.clone()).increment(0);
         for reason in ACQUISITION_REASONS {
             counter!(names::ACQUISITIONS_TOTAL, "coordination_job" => m.job.clone(), "coordination_instance" => m.instance.clone(), "reason" => reason).increment(0);
         }
@@ -212,6 +255,29 @@ impl Metrics {
     /// `plan_failures_total`.
     pub fn plan_failure(&self) {
         counter!(names::PLAN_FAILURES_TOTAL, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone()).increment(1);
+    }
+
+    /// `splits{state}`: counts in the order of [`SPLIT_STATES`].
+    pub fn splits(&self, counts: [u32; 5]) {
+        for (state, n) in SPLIT_STATES.into_iter().zip(counts) {
+            gauge!(names::SPLITS, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone(), "state" => state)
+                .set(f64::from(n));
+        }
+    }
+
+    /// `records_undecodable`.
+    pub fn records_undecodable(&self, n: u32) {
+        gauge!(names::RECORDS_UNDECODABLE, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone()).set(f64::from(n));
+    }
+
+    /// `lanes_stalled`.
+    pub fn lanes_stalled(&self, n: u32) {
+        gauge!(names::LANES_STALLED, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone()).set(f64::from(n));
+    }
+
+    /// `lane_stalls_total`.
+    pub fn lane_stall(&self) {
+        counter!(names::LANE_STALLS_TOTAL, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone()).increment(1);
     }
 
     /// `writes_total{outcome}`.
@@ -277,6 +343,10 @@ mod tests {
         m.write(WriteOutcome::Conflict);
         m.job_state("stalled");
         m.plan_failure();
+        m.splits([3, 2, 40, 1, 1]);
+        m.records_undecodable(1);
+        m.lanes_stalled(1);
+        m.lane_stall();
         let text = handle.render();
         for family in names::ALL {
             assert!(text.contains(&format!("# HELP {family}")), "{family} has help text:\n{text}");
@@ -297,6 +367,12 @@ mod tests {
             r#"etl_coordination_job_state{coordination_job="backfill",coordination_instance="pod-1",state="stalled"} 1"#,
             r#"etl_coordination_job_state{coordination_job="backfill",coordination_instance="pod-1",state="running"} 0"#,
             r#"etl_coordination_plan_failures_total{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
+            r#"etl_coordination_splits{coordination_job="backfill",coordination_instance="pod-1",state="done"} 40"#,
+            r#"etl_coordination_splits{coordination_job="backfill",coordination_instance="pod-1",state="undecodable"} 1"#,
+            r#"etl_coordination_splits{coordination_job="backfill",coordination_instance="pod-1",state="unleased"} 3"#,
+            r#"etl_coordination_records_undecodable{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
+            r#"etl_coordination_lanes_stalled{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
+            r#"etl_coordination_lane_stalls_total{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
         ];
         for line in expect {
             assert!(text.contains(line), "missing {line:?} in:\n{text}");

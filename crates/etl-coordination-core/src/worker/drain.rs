@@ -25,10 +25,14 @@ pub(super) struct Leaving {
 }
 
 impl Worker {
-    /// P10: graceful shutdown on request.
+    /// P10: graceful shutdown on request. A worker that stayed after the job ended leaves
+    /// with that end as its outcome.
     pub(super) fn on_drain(&mut self, now: Timestamp) {
         match self.phase {
-            Phase::Running => self.leave(now, Outcome::Drained),
+            Phase::Running => {
+                let outcome = self.ended.take().unwrap_or(Outcome::Drained);
+                self.leave(now, outcome)
+            }
             Phase::Idle | Phase::Meta | Phase::Joining => {
                 self.phase = Phase::Leaving;
                 self.leaving = Some(Leaving {

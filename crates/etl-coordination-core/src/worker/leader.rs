@@ -338,7 +338,7 @@ impl Worker {
             Read::Found(e) => match records::decode::<PlanHead>(&e.value) {
                 Ok(h) => Some((e.revision, h)),
                 Err(err) => {
-                    self.event(Event::Undecodable { key: e.key.to_string(), error: err.to_string() });
+                    self.note_undecodable(Bucket::State, &e, &err);
                     return self.step_down();
                 }
             },

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::ids::SplitId;
-use crate::io::{Event, Outcome, PlanKind};
+use crate::io::{Outcome, PlanKind};
 use crate::records::{self, ManifestChunk, ManifestRef, PlanStatus, SplitState, keys};
 use crate::store::{Bucket, StoreRequest, StoreResult};
 use crate::time::Timestamp;
@@ -73,8 +73,9 @@ impl Worker {
                     load.outstanding -= 1;
                 }
                 Err(e) => {
+                    // Read again at the next resync (someone may repair it); counted meanwhile.
                     load.failed = true;
-                    self.event(Event::Undecodable { key: entry.key.to_string(), error: e.to_string() });
+                    self.note_undecodable(Bucket::State, &entry, &e);
                 }
             },
             // Garbage-collected under us: a newer manifest replaced it; the head will tell.
@@ -94,6 +95,8 @@ impl Worker {
             let load = self.manifest_load.take().expect("load");
             let entries: Vec<(SplitId, u64)> = load.chunks.into_values().flatten().collect();
             self.view.set_manifest(load.manifest, entries);
+            let prefix = keys::manifest_prefix();
+            self.view.undecodable.retain(|(b, k), _| *b != Bucket::State || !prefix.matches(k));
         }
     }
 

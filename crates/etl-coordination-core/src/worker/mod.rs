@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::ids::{Epoch, OpId, Owner, SplitId};
-use crate::io::{Action, Input, WatchId};
+use crate::io::{Action, Event, Input, Outcome, WatchId};
 use crate::store::{StoreReply, StoreResult};
 use crate::time::Timestamp;
 use crate::view::View;
@@ -84,6 +84,8 @@ pub struct Worker {
     leaving: Option<Leaving>,
     /// The gauges last reported (none yet: the first report always goes out).
     gauges: Option<Gauges>,
+    /// The job's end as last reported while staying after it (`Config::stay_after_end`).
+    ended: Option<Outcome>,
 }
 
 /// Where a worker is in its life.
@@ -132,6 +134,7 @@ impl Worker {
             manifest_load: None,
             leaving: None,
             gauges: None,
+            ended: None,
         }
     }
 
@@ -272,9 +275,20 @@ impl Worker {
             return;
         }
         self.load_manifest();
-        if let Some(outcome) = self.completion() {
-            self.leave(now, outcome);
-            return;
+        match self.completion() {
+            Some(outcome) if !self.cfg.stay_after_end => return self.leave(now, outcome),
+            // Staying: report the end (again if it changed), and go on taking what comes back.
+            Some(outcome) => {
+                if self.ended.as_ref() != Some(&outcome) {
+                    self.ended = Some(outcome.clone());
+                    self.event(Event::JobEnded { outcome });
+                }
+            }
+            None => {
+                if self.ended.take().is_some() {
+                    self.event(Event::JobReopened);
+                }
+            }
         }
         self.leadership(now);
         self.acquire(now);

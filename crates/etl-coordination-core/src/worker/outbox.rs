@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::ids::{OpId, Revision, SplitId};
-use crate::io::{Action, Event, FatalError, WatchId};
+use crate::io::{Action, Event, FatalError, SplitCounts, WatchId};
 use crate::records::{ManifestRef, PlanHead};
 use crate::store::{Bucket, Entry, Key, StoreError, StoreReply, StoreRequest, StoreResult};
 use crate::time::Timestamp;
@@ -216,14 +216,16 @@ impl Worker {
         let g = Gauges {
             owned: self.held.len() as u32,
             live_workers: self.view.live_workers() as u32,
-            quarantined: self.view.quarantined as u32,
+            splits: self.view.split_counts(),
+            undecodable_records: self.view.undecodable.len() as u32,
         };
         if self.gauges != Some(g) {
             self.gauges = Some(g);
             self.event(Event::Gauges {
                 owned: g.owned,
                 live_workers: g.live_workers,
-                quarantined: g.quarantined,
+                splits: g.splits,
+                undecodable_records: g.undecodable_records,
             });
         }
     }
@@ -234,5 +236,6 @@ impl Worker {
 pub(super) struct Gauges {
     owned: u32,
     live_workers: u32,
-    quarantined: u32,
+    splits: SplitCounts,
+    undecodable_records: u32,
 }

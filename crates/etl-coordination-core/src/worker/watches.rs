@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use crate::ids::{Revision, SplitId};
 use crate::io::{Action, Event, StopReason, WatchId};
 use crate::records::{self, LeaderRecord, LeaseRecord, PlanHead, PresenceRecord, SplitRecord, keys};
-use crate::store::{Entry, Key, StoreRequest, WatchEvent};
+use crate::store::{Bucket, Entry, Key, StoreRequest, WatchEvent};
 use crate::time::Timestamp;
 
 use super::outbox::Pending;
@@ -96,68 +96,88 @@ impl Worker {
                 }
             }
         }
+        // Undecodable values this snapshot no longer shows are gone (deleted or expired).
+        let (bucket, prefix) = (watch.bucket(), watch.prefix());
+        self.view.undecodable.retain(|(b, k), _| *b != bucket || !prefix.matches(k) || present.contains(k));
         for e in entries {
             self.apply_entry(watch, e);
         }
         self.fence_after_snapshot(watch);
     }
 
-    /// Puts one entry into the view (newer revisions win).
+    /// A value that cannot be decoded: remembered until the key holds a value that decodes (or
+    /// none), so that it is reported once per value and counted while it stays.
+    pub(super) fn note_undecodable(&mut self, bucket: Bucket, entry: &Entry, err: &records::RecordError) {
+        let slot = (bucket, entry.key.clone());
+        if self.view.undecodable.get(&slot).is_some_and(|r| *r >= entry.revision) {
+            return;
+        }
+        self.view.undecodable.insert(slot, entry.revision);
+        self.event(Event::Undecodable { key: entry.key.to_string(), error: err.to_string() });
+    }
+
+    /// The key holds a value that decodes at `rev`, or none: no longer undecodable.
+    fn note_decodable(&mut self, bucket: Bucket, key: &Key, rev: Revision) {
+        let slot = (bucket, key.clone());
+        if self.view.undecodable.get(&slot).is_some_and(|r| *r <= rev) {
+            self.view.undecodable.remove(&slot);
+        }
+    }
+
+    /// Puts one entry into the view (newer revisions win). A value that cannot be decoded is
+    /// noted; a split record so read leaves the view as unknown (neither claimable nor done).
     fn apply_entry(&mut self, watch: WatchId, entry: Entry) {
-        let key = entry.key.clone();
-        let undecodable = |w: &mut Self, err: records::RecordError| {
-            w.event(Event::Undecodable { key: key.to_string(), error: err.to_string() })
-        };
-        match watch {
+        let bucket = watch.bucket();
+        let decoded = match watch {
             WatchId::Leases => {
                 if let Some(id) = keys::parse_split(&entry.key) {
-                    match records::decode::<LeaseRecord>(&entry.value) {
-                        Ok(l) => self.view.put_lease(&id, entry.revision, l),
-                        Err(e) => undecodable(self, e),
-                    }
+                    records::decode::<LeaseRecord>(&entry.value)
+                        .map(|l| self.view.put_lease(&id, entry.revision, l))
                 } else if let Some(inst) = keys::parse_worker(&entry.key) {
-                    match records::decode::<PresenceRecord>(&entry.value) {
-                        Ok(p) => {
-                            let newer =
-                                self.view.workers.get(&inst).is_none_or(|(r, _)| *r <= entry.revision);
-                            if newer {
-                                self.view.workers.insert(inst, (entry.revision, p));
-                            }
+                    records::decode::<PresenceRecord>(&entry.value).map(|p| {
+                        let newer = self.view.workers.get(&inst).is_none_or(|(r, _)| *r <= entry.revision);
+                        if newer {
+                            self.view.workers.insert(inst, (entry.revision, p));
                         }
-                        Err(e) => undecodable(self, e),
-                    }
+                    })
                 } else if entry.key == keys::leader() {
                     self.view.leader_seen = self.view.leader_seen.max(entry.revision);
-                    match records::decode::<LeaderRecord>(&entry.value) {
-                        Ok(l) => {
-                            if self.view.leader.as_ref().is_none_or(|(r, _)| *r <= entry.revision) {
-                                self.view.leader = Some((entry.revision, l));
-                            }
+                    records::decode::<LeaderRecord>(&entry.value).map(|l| {
+                        if self.view.leader.as_ref().is_none_or(|(r, _)| *r <= entry.revision) {
+                            self.view.leader = Some((entry.revision, l));
                         }
-                        Err(e) => undecodable(self, e),
-                    }
+                    })
+                } else {
+                    Ok(())
                 }
             }
-            WatchId::Splits => {
-                if let Some(id) = keys::parse_split(&entry.key) {
-                    match records::decode::<SplitRecord>(&entry.value) {
-                        Ok(r) => self.view.put_record(&id, entry.revision, r),
-                        Err(e) => undecodable(self, e),
+            WatchId::Splits => match keys::parse_split(&entry.key) {
+                Some(id) => match records::decode::<SplitRecord>(&entry.value) {
+                    Ok(r) => {
+                        self.view.put_record(&id, entry.revision, r);
+                        Ok(())
                     }
-                }
-            }
+                    // Older than what the view knows (a lagging replica): it says nothing.
+                    Err(_) if !self.view.put_undecodable_record(&id, entry.revision) => Ok(()),
+                    Err(e) => Err(e),
+                },
+                None => Ok(()),
+            },
             WatchId::Plan => {
                 if entry.key == keys::plan_head() {
-                    match records::decode::<PlanHead>(&entry.value) {
-                        Ok(h) => {
-                            if self.view.plan_head.as_ref().is_none_or(|(r, _)| *r <= entry.revision) {
-                                self.view.plan_head = Some((entry.revision, h));
-                            }
+                    records::decode::<PlanHead>(&entry.value).map(|h| {
+                        if self.view.plan_head.as_ref().is_none_or(|(r, _)| *r <= entry.revision) {
+                            self.view.plan_head = Some((entry.revision, h));
                         }
-                        Err(e) => undecodable(self, e),
-                    }
+                    })
+                } else {
+                    Ok(())
                 }
             }
+        };
+        match decoded {
+            Ok(()) => self.note_decodable(bucket, &entry.key, entry.revision),
+            Err(e) => self.note_undecodable(bucket, &entry, &e),
         }
     }
 
@@ -212,13 +232,16 @@ impl Worker {
     /// owner; our own terminal commit clears the owner at the same epoch.
     fn fence_on_record(&mut self, id: &SplitId) {
         let Some(sv) = self.view.splits.get(id) else { return };
-        let Some(r) = &sv.record else { return };
         let Some(h) = self.held.get(id) else { return };
         let written = matches!(
             h.stage,
             Stage::Running | Stage::Starved | Stage::Stopping { .. } | Stage::EndRetry { .. }
         );
-        let moved = r.epoch != h.epoch || r.owner.as_ref().is_some_and(|o| *o != self.me);
+        // A value nobody can read replaced ours: our next write cannot match it either.
+        let moved = match &sv.record {
+            Some(r) => r.epoch != h.epoch || r.owner.as_ref().is_some_and(|o| *o != self.me),
+            None => sv.record_undecodable,
+        };
         if written && moved && sv.record_rev > h.record_rev {
             self.revoke(id, StopReason::Fenced);
         }
@@ -284,10 +307,15 @@ impl Worker {
                 }
             }
         }
+        self.note_decodable(watch.bucket(), &key, rev);
     }
 
-    /// P7: the full listing that guards against missed watch events.
+    /// P7: the full listing that guards against missed watch events. A manifest that could not
+    /// be read (an undecodable chunk) is read again after it.
     pub(super) fn resync(&mut self) {
+        if self.manifest_load.as_ref().is_some_and(|l| l.failed) {
+            self.manifest_load = None;
+        }
         for w in WatchId::ALL {
             let request = StoreRequest::List { prefix: w.prefix() };
             self.send(w.bucket(), request, Pending::Resync { watch: w });

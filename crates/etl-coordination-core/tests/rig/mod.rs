@@ -237,6 +237,40 @@ impl Rig {
         out
     }
 
+    /// Writes raw bytes over whatever `key` holds (another program, an operator's repair) and
+    /// delivers the watch events; returns the revision written.
+    pub fn write_raw(&mut self, bucket: Bucket, key: &str, value: Bytes) -> Revision {
+        let key = Key::new(key).unwrap();
+        let request = match self.kv.get(bucket, key.as_str()) {
+            Some(e) => StoreRequest::CompareAndSwap { key, expected: e.revision, value, ttl: None },
+            None => StoreRequest::Create { key, value, ttl: None },
+        };
+        let (result, events) = self.kv.apply(bucket, &request);
+        for (watch, event) in events {
+            self.feed(Input::Watch { watch, event });
+        }
+        match result.expect("raw write") {
+            StoreReply::Written(rev) => rev,
+            other => panic!("unexpected reply {other:?}"),
+        }
+    }
+
+    /// The events emitted so far (from the log).
+    pub fn events(&self) -> Vec<Event> {
+        self.log
+            .iter()
+            .filter_map(|a| match a {
+                Action::Event(e) => Some(e.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The last gauges reported.
+    pub fn last_gauges(&self) -> Option<Event> {
+        self.events().into_iter().rev().find(|e| matches!(e, Event::Gauges { .. }))
+    }
+
     /// Moves time forward: TTL'd keys expire (their watch events are delivered), then a tick.
     pub fn advance(&mut self, d: Duration) -> Vec<Action> {
         self.now = self.now + d;

@@ -1,0 +1,213 @@
+//! What an operator sees and does, through the driver against the memory store on paused
+//! (virtual) tokio time: a lane that stalls, a record nobody can decode, and a worker that stays
+//! after the job's end and takes up requeued work.
+
+mod common;
+
+use std::sync::OnceLock;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use etl_coordination_core::records::{self, LeaseRecord, SplitRecord, keys};
+use etl_coordination_driver::*;
+use etl_coordination_memory::{MemoryStore, Store};
+use etl_coordination_metrics::PrometheusHandle;
+
+/// One Prometheus recorder for the whole test binary; each test uses its own job name, so its
+/// series are its own.
+fn prometheus() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| etl_coordination_metrics::install_prometheus().expect("one recorder"))
+}
+
+/// The value of one series of `job`'s worker `instance` (`extra` = further labels, e.g.
+/// `,state="done"`).
+fn metric(job: &str, instance: &str, family: &str, extra: &str) -> f64 {
+    let text = prometheus().render();
+    let series =
+        format!(r#"{family}{{coordination_job="{job}",coordination_instance="{instance}"{extra}}} "#);
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+fn job_config(job: &str, id: &str) -> DriverConfig {
+    let _ = prometheus();
+    DriverConfig { job: job.into(), ..config(id) }
+}
+
+async fn record(stores: &JobStores<MemoryStore>, split: &str) -> (etl_coordination_core::Revision, Bytes) {
+    let e = stores.state.get(&keys::split(&SplitId::new(split).unwrap())).await.unwrap().expect("a record");
+    (e.revision, e.value)
+}
+
+/// When a record of `split` was first emitted, and by which tenancy (epoch).
+fn first_emit_of(oracle: &Oracle, split: &str) -> Option<(tokio::time::Instant, Epoch)> {
+    let map = oracle.0.lock().unwrap();
+    map.get(&SplitId::new(split).unwrap())?.iter().map(|r| (r.3, r.1)).min()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_lane_is_reported_and_kept_with_warn() {
+    let stores = fresh_stores();
+    let oracle = Oracle::default();
+    let mut src = source(&oracle);
+    src.hang = Some(("s01", 1));
+    let mut cfg = job_config("stall-warn", "a");
+    cfg.lane_stall_timeout = Some(Duration::from_secs(20));
+    let a = start(&stores, "a", planner(3, 20), src.clone(), cfg);
+    tokio::time::sleep(Duration::from_secs(19)).await;
+    assert_eq!(
+        metric("stall-warn", "a", "etl_coordination_lanes_stalled", ""),
+        0.0,
+        "not before the timeout"
+    );
+    tokio::time::sleep(Duration::from_secs(41)).await;
+    assert_eq!(metric("stall-warn", "a", "etl_coordination_lanes_stalled", ""), 1.0);
+    assert_eq!(metric("stall-warn", "a", "etl_coordination_lane_stalls_total", ""), 1.0);
+    // Reported, not released: the lane still holds the split, the job waits for it.
+    assert!(src.hung.lock().unwrap().is_empty(), "the lane was not stopped");
+    assert_eq!(*a.job_state().borrow(), JobState::Running);
+    let (_, value) = record(&stores, "s01").await;
+    let rec: SplitRecord = records::decode(&value).unwrap();
+    assert_eq!((rec.epoch, rec.attempts), (Epoch(1), 0), "still the first tenancy");
+    // A drain stops it like any lane; the gauge goes back to 0.
+    a.drain();
+    assert_eq!(a.outcome().await.unwrap(), JobOutcome::Drained);
+    assert_eq!(src.hung.lock().unwrap()[0].reason, StopReason::Draining);
+    assert_eq!(metric("stall-warn", "a", "etl_coordination_lanes_stalled", ""), 0.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_lane_is_stopped_with_release_and_its_split_retried_from_committed_progress() {
+    let stores = fresh_stores();
+    let oracle = Oracle::default();
+    let mut src = source(&oracle);
+    src.hang = Some(("s01", 1));
+    let mut cfg = job_config("stall-release", "a");
+    cfg.lane_stall_timeout = Some(Duration::from_secs(20));
+    cfg.on_lane_stall = OnLaneStall::Release;
+    let t0 = tokio::time::Instant::now();
+    let a = start(&stores, "a", planner(3, 20), src.clone(), cfg);
+    assert_eq!(a.outcome().await.unwrap(), JobOutcome::Complete);
+    oracle.assert_complete(3, 20);
+    // The hung lane was told to stop at once (it no longer owns the split) ...
+    let stops = src.hung.lock().unwrap().clone();
+    assert_eq!(stops.iter().map(|s| s.reason).collect::<Vec<_>>(), vec![StopReason::Fenced]);
+    // ... after the timeout, and the split was processed again by a new tenancy.
+    let (retried, epoch) = first_emit_of(&oracle, "s01").expect("s01 retried");
+    assert_eq!(epoch, Epoch(2), "the hung tenancy emitted nothing; the next one did it all");
+    assert!(retried - t0 >= Duration::from_secs(20), "retried after {:?}", retried - t0);
+    assert!(retried - t0 < Duration::from_secs(25), "retried after {:?}", retried - t0);
+    assert_eq!(metric("stall-release", "a", "etl_coordination_lane_stalls_total", ""), 1.0);
+    assert_eq!(metric("stall-release", "a", "etl_coordination_lanes_stalled", ""), 0.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn released_stalls_consume_attempts_so_a_split_that_always_hangs_is_quarantined() {
+    let stores = fresh_stores();
+    let oracle = Oracle::default();
+    let mut src = source(&oracle);
+    src.hang = Some(("s01", u32::MAX));
+    let mut cfg = job_config("stall-poison", "a");
+    cfg.lane_stall_timeout = Some(Duration::from_secs(10));
+    cfg.on_lane_stall = OnLaneStall::Release;
+    cfg.on_stall = OnStall::Warn;
+    let a = start(&stores, "a", planner(2, 20), src.clone(), cfg);
+    let JobOutcome::Stalled { quarantined } = a.outcome().await.unwrap() else { panic!("a stall") };
+    assert_eq!(quarantined.len(), 1);
+    assert_eq!(quarantined[0].0.as_str(), "s01");
+    let error = quarantined[0].1.clone().unwrap_or_default();
+    assert!(error.contains("lane stalled: no progress committed for 10s"), "{error}");
+    assert_eq!(src.hung.lock().unwrap().len(), 3, "max_attempts (3) tenancies hung, each released");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_record_nobody_can_decode_blocks_the_job_until_an_operator_resets_it() {
+    let stores = fresh_stores();
+    let oracle = Oracle::default();
+    let src = source(&oracle);
+    let a = start(&stores, "a", planner(3, 100), src, job_config("undecodable", "a"));
+    let mut state = a.job_state();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Another program (or a newer release) overwrites s01's record.
+    let (rev, _) = record(&stores, "s01").await;
+    let key = keys::split(&SplitId::new("s01").unwrap());
+    let corrupt =
+        stores.state.compare_and_swap(&key, rev, Bytes::from_static(b"\xffjunk"), None).await.unwrap();
+    state.wait_for(|s| matches!(s, JobState::Blocked { undecodable: 1 })).await.unwrap();
+    assert_eq!(metric("undecodable", "a", "etl_coordination_job_state", r#",state="blocked""#), 1.0);
+    assert_eq!(metric("undecodable", "a", "etl_coordination_records_undecodable", ""), 1.0);
+    // The rest of the job goes on; the job cannot complete.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(metric("undecodable", "a", "etl_coordination_splits", r#",state="done""#), 2.0);
+    assert_eq!(metric("undecodable", "a", "etl_coordination_splits", r#",state="undecodable""#), 1.0);
+    assert!(matches!(*state.borrow(), JobState::Blocked { .. }));
+    // The operator's reset: the split starts over, the job completes with nothing lost.
+    let lease =
+        stores.lease.get(&key).await.unwrap().and_then(|e| records::decode::<LeaseRecord>(&e.value).ok());
+    let reset = SplitRecord::reset(Some((corrupt, None)), lease.map(|l| l.epoch));
+    stores.state.compare_and_swap(&key, corrupt, records::encode(&reset), None).await.unwrap();
+    assert_eq!(a.outcome().await.unwrap(), JobOutcome::Complete);
+    oracle.assert_complete(3, 100);
+    assert_eq!(metric("undecodable", "a", "etl_coordination_records_undecodable", ""), 0.0);
+    assert_eq!(metric("undecodable", "a", "etl_coordination_job_state", r#",state="complete""#), 1.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_stays_after_a_stall_takes_up_the_requeued_split_and_completes() {
+    let stores = fresh_stores();
+    let oracle = Oracle::default();
+    let mut src = source(&oracle);
+    src.poison = Some("s01");
+    let mut cfg = job_config("stay", "a");
+    cfg.tuning.max_attempts = 1;
+    cfg.on_stall = OnStall::Warn;
+    cfg.stay_after_end = true;
+    let a = start(&stores, "a", planner(3, 20), src.clone(), cfg);
+    let mut state = a.job_state();
+    state.wait_for(|s| matches!(s, JobState::Stalled { .. })).await.unwrap();
+    assert_eq!(metric("stay", "a", "etl_coordination_job_state", r#",state="stalled""#), 1.0);
+    // It stays: no outcome while nobody drains it.
+    assert!(tokio::time::timeout(Duration::from_secs(60), a.outcome()).await.is_err());
+    // The operator fixes the cause and requeues the split.
+    src.fixed.store(true, Ordering::SeqCst);
+    let (rev, value) = record(&stores, "s01").await;
+    let rec: SplitRecord = records::decode(&value).unwrap();
+    let key = keys::split(&SplitId::new("s01").unwrap());
+    stores.state.compare_and_swap(&key, rev, records::encode(&rec.requeued()), None).await.unwrap();
+    state.wait_for(|s| *s == JobState::Complete).await.unwrap();
+    oracle.assert_complete(3, 20);
+    // Drained, it reports the job's end as its outcome.
+    a.drain();
+    assert_eq!(a.outcome().await.unwrap(), JobOutcome::Complete);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fatal_stall_ends_a_worker_that_would_stay_after_the_end() {
+    let stores = fresh_stores();
+    let oracle = Oracle::default();
+    let mut src = source(&oracle);
+    src.poison = Some("s01");
+    let mut cfg = job_config("stay-fatal", "a");
+    cfg.tuning.max_attempts = 1;
+    cfg.stay_after_end = true;
+    let a = start(&stores, "a", planner(2, 20), src, cfg);
+    let err = a.outcome().await.unwrap_err();
+    assert!(matches!(err, DriverError::Stalled { .. }), "{err}");
+}
+
+#[test]
+fn a_zero_lane_stall_timeout_is_refused_naming_the_field() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut cfg = config("a");
+        cfg.lane_stall_timeout = Some(Duration::ZERO);
+        let err = CoordinationDriver::start(fresh_stores(), planner(1, 1), cfg).unwrap_err().to_string();
+        assert!(err.contains("lane_stall_timeout"), "{err}");
+    });
+}
