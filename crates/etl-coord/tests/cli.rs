@@ -1,10 +1,13 @@
 //! The `etl-coord` command end to end: demo (with and without chaos), a standalone worker with
 //! a sink, fault options, exit codes and error messages.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
+use common::{free_addr, http_get, wait_for_metric};
 use etl_coord::demo::{generate, input_keys};
 use etl_coord::sink::JsonlSink;
 
@@ -181,6 +184,13 @@ fn usage_errors_exit_2_naming_the_flag_before_anything_starts() {
         (vec!["--instance-id", "a.b"], "--instance-id"),
         (vec!["--on-stall", "sometimes"], "--on-stall"),
         (vec!["--nats-op-timeout", "0s"], "--nats-op-timeout"),
+        (vec!["--on-lane-stall", "sometimes"], "--on-lane-stall"),
+        (vec!["--lane-stall-timeout", "soon"], "--lane-stall-timeout"),
+        (vec!["--split-size", "0"], "--split-size"),
+        (vec!["--sink", "/no/such/dir/out.jsonl"], "--sink"),
+        (vec!["--source", "files:/no/such/dir"], "--source"),
+        (vec!["--source", "kafka:topic"], "--source"),
+        (vec!["--source", "sqlite:/no/such.db:t"], "--source"),
     ] {
         let t = std::time::Instant::now();
         let (code, _, err) = run(etl_coord()
@@ -202,18 +212,29 @@ fn usage_errors_exit_2_naming_the_flag_before_anything_starts() {
         run(etl_coord().args(["worker", "--job", "bad.name", "--store", "memory", "--source", "files:/tmp"]));
     assert_eq!(code, 2);
     assert!(err.contains("--job") && err.contains("[A-Za-z0-9_-]"), "{err}");
-    // What only the source can tell stays a runtime error (exit 1).
+    // The instance id from the pod name is checked as --instance-id is.
+    let (code, _, err) = run(etl_coord()
+        .args(["worker", "--job", "x", "--store", unreachable, "--source", &source])
+        .env("POD_NAME", "pod/1"));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--instance-id") && err.contains("POD_NAME"), "{err}");
+    // A missing input directory says so.
     let (code, _, err) = run(etl_coord().args([
         "worker",
         "--job",
         "x",
         "--store",
-        "memory",
+        unreachable,
         "--source",
         "files:/no/such/dir",
     ]));
-    assert_eq!(code, 1);
-    assert!(err.contains("does not exist"), "{err}");
+    assert_eq!(code, 2);
+    assert!(err.contains("--source") && err.contains("does not exist"), "{err}");
+    // A reset asks before it rewrites; with nobody to ask (no terminal), it needs --yes.
+    let (code, _, err) =
+        run(etl_coord().args(["requeue", "--job", "x", "--store", "memory", "--split", "s1", "--yes"]));
+    assert_eq!(code, 2, "--yes without --reset: {err}");
+    assert!(err.contains("--reset"), "{err}");
 }
 
 #[test]
@@ -318,16 +339,6 @@ fn a_worker_scans_a_sqlite_table_into_its_sink() {
     let seen: BTreeSet<String> = JsonlSink::read(&sink).unwrap().into_iter().map(|l| l.record).collect();
     let expected: BTreeSet<String> = (1..=700).map(|i| format!("orders:{i}")).collect();
     assert_eq!(seen, expected);
-}
-
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(std::time::Duration::from_secs(5))).ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    Some(out)
 }
 
 #[test]
@@ -530,4 +541,73 @@ fn a_drained_worker_exits_with_the_code_it_was_given() {
     std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     std::thread::spawn(move || lines.for_each(drop));
     assert_eq!(child.wait().unwrap().code(), Some(143), "drained before the job ended");
+}
+
+/// A worker whose lanes hang on a record (a read that never answers), with a short stall
+/// timeout; its stderr is followed on a thread.
+fn hanging_worker(
+    job: &str,
+    extra: &[&str],
+) -> (tempfile::TempDir, std::process::Child, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead;
+    let (tmp, data) = data_dir();
+    std::fs::write(data.join("a.txt"), "one\ntwo\nHANG here\nfour\n").unwrap();
+    let mut child = etl_coord()
+        .args(["worker", "--store", "memory", "--job", job, "--source", &format!("files:{}", data.display())])
+        .args(["--hang-marker", "HANG", "--lane-stall-timeout", "1s"])
+        .args(extra)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (tmp, child, rx)
+}
+
+/// Lines from `rx` until one contains `text` (60 s at most).
+fn lines_until(rx: &std::sync::mpsc::Receiver<String>, text: &str) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut seen = Vec::new();
+    while !seen.iter().any(|l: &String| l.contains(text)) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => seen.push(line),
+            Err(e) => panic!("no line with {text:?} ({e}); stderr so far: {seen:#?}"),
+        }
+    }
+    seen
+}
+
+#[test]
+fn a_lane_that_makes_no_progress_is_reported_stalled() {
+    let admin = free_addr();
+    let (_tmp, mut child, rx) = hanging_worker("t-stall", &["--admin-addr", &admin]);
+    let seen = lines_until(&rx, "lane stalled");
+    let line = seen.last().unwrap();
+    assert!(line.contains("committed no progress for 1s"), "{line}");
+    assert!(line.contains("split="), "the line names the split: {line}");
+    wait_for_metric(&[&admin], "etl_coordination_lanes_stalled", "\"}", 1.0);
+    wait_for_metric(&[&admin], "etl_coordination_lane_stalls_total", "\"}", 1.0);
+    // Warn only: the lane keeps its split; a drain stops it like any lane.
+    assert!(child.try_wait().unwrap().is_none());
+    std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
+#[test]
+fn with_on_lane_stall_release_a_split_that_always_hangs_ends_quarantined() {
+    let (_tmp, mut child, rx) = hanging_worker(
+        "t-stall-release",
+        &["--on-lane-stall", "release", "--max-attempts", "2", "--on-stall", "warn"],
+    );
+    let seen = lines_until(&rx, "split quarantined");
+    assert_eq!(seen.iter().filter(|l| l.contains("releasing the split as failed")).count(), 2, "{seen:#?}");
+    let q = seen.last().unwrap();
+    assert!(q.contains("lane stalled: no progress committed for 1s"), "the last error says why: {q}");
+    assert_eq!(child.wait().unwrap().code(), Some(0), "stalled with --on-stall warn");
 }

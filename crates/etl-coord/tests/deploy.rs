@@ -19,6 +19,8 @@
 //!
 //! Needs `NATS_SERVER_BIN` and `PROMTOOL` (`cargo xtask ci` provisions both).
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -26,8 +28,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
+use common::http_get;
 use etl_coordination_metrics::{
-    ACQUISITION_REASONS, JOB_STATES, REVOCATION_REASONS, STORE_OPS, WRITE_OUTCOMES, names,
+    ACQUISITION_REASONS, JOB_STATES, REVOCATION_REASONS, SPLIT_STATES, STORE_OPS, WRITE_OUTCOMES, names,
 };
 use serde_norway::Value;
 
@@ -176,16 +179,6 @@ fn secs(v: &str) -> u64 {
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    Some(out)
 }
 
 /// Processes killed when the test ends, pass or fail.
@@ -872,6 +865,8 @@ fn the_alert_rules_pass_promtool_and_their_unit_tests() {
         "EtlCoordinationNoLeader",
         "EtlCoordinationConflictWritesInBulk",
         "EtlCoordinationWorkerSelfFencing",
+        "EtlCoordinationLaneStalled",
+        "EtlCoordinationUndecodableRecords",
     ] {
         assert!(rules.contains(&format!("alert: {alert}")), "{alert} missing");
         let tests = read("prometheus/alerts.test.yml");
@@ -959,7 +954,8 @@ fn every_metric_and_label_value_the_alerts_and_dashboard_use_exists() {
         }
         for (label, value) in &labels {
             let values: Vec<&str> = match label.as_str() {
-                "state" => JOB_STATES.to_vec(),
+                // `state` labels two families: the job's state and the splits' states.
+                "state" => [&JOB_STATES[..], &SPLIT_STATES[..]].concat(),
                 "outcome" => WRITE_OUTCOMES.to_vec(),
                 "reason" => [&REVOCATION_REASONS[..], &ACQUISITION_REASONS[..]].concat(),
                 _ => STORE_OPS.to_vec(),

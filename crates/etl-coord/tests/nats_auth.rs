@@ -167,6 +167,20 @@ fn with_the_generated_permissions_over_tls_a_poison_split_is_quarantined() {
 }
 
 #[test]
+fn with_the_generated_permissions_over_tls_an_undecodable_record_is_reset() {
+    let s = Secured::start(&["lpundec"]);
+    cases::undecodable_record_reset(&s.workers_of("lpundec"), "lpundec");
+    assert!(!s.server.log().contains("Violation"), "nothing refused:\n{}", s.server.log());
+}
+
+#[test]
+fn with_the_generated_permissions_over_tls_waiting_workers_take_up_a_requeued_split() {
+    let s = Secured::start(&["lprequeue"]);
+    cases::requeue_resumes_waiting_workers(&s.workers_of("lprequeue"), "lprequeue");
+    assert!(!s.server.log().contains("Violation"), "nothing refused:\n{}", s.server.log());
+}
+
+#[test]
 fn with_the_generated_permissions_over_tls_workers_ride_out_a_nats_outage() {
     let mut s = Secured::start(&["lpoutage"]);
     let nats = s.workers_of("lpoutage");

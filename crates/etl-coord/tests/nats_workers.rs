@@ -246,3 +246,13 @@ fn a_second_termination_signal_exits_at_once_without_waiting_for_the_drain() {
     assert_eq!(status.code(), Some(130), "the second signal exits with 130");
     assert!(t.elapsed() < Duration::from_secs(20), "at once, not after the drain: {:?}", t.elapsed());
 }
+
+#[test]
+fn an_undecodable_record_blocks_the_job_visibly_until_requeue_reset() {
+    cases::undecodable_record_reset(&nats(), &job("undec"));
+}
+
+#[test]
+fn workers_waiting_after_a_stall_take_up_a_requeued_split() {
+    cases::requeue_resumes_waiting_workers(&nats(), &job("requeue"));
+}

@@ -182,6 +182,35 @@ async fn status_reads_a_fixed_number_of_requests_and_flags_an_undecodable_record
     ops::filter(&mut only, &["undecodable".to_owned()]);
     assert_eq!(only.splits.len(), 1);
     assert_eq!(only.summary.total, 40);
+
+    // The repair: a reset rewrites it from the start, under an epoch above any it had.
+    let victim_id = SplitId::new(st.splits[3].id.clone()).unwrap();
+    let plan = ops::plan_reset(&stores, &victim_id).await.unwrap();
+    assert!(plan.current.starts_with("undecodable (record format 255"), "{}", plan.current);
+    // Written only over what was read: a change in between refuses the write.
+    let stale = ops::plan_reset(&stores, &victim_id).await.unwrap();
+    ops::apply_reset(&stores, &plan).await.unwrap();
+    let err = ops::apply_reset(&stores, &stale).await.unwrap_err();
+    assert!(format!("{err:#}").contains("changed while resetting it; run the command again"), "{err:#}");
+    let st = ops::status(&stores).await.unwrap();
+    let reset = st.splits.iter().find(|x| x.id == victim_id.as_str()).unwrap();
+    assert_eq!((reset.state.as_str(), reset.attempts, reset.progress.as_deref()), ("Unleased", 0, None));
+    assert!(reset.epoch > 1, "above every epoch the split had: {reset:?}");
+    assert!(st.undecodable.is_empty());
+    // A split nobody planned cannot be reset; a record deleted by hand shows as missing.
+    let err = ops::plan_reset(&stores, &SplitId::new("nope").unwrap()).await.unwrap_err();
+    assert!(err.to_string().contains("no descriptor"), "{err}");
+    let gone = etl_coordination_core::records::keys::split(&SplitId::new(st.splits[5].id.clone()).unwrap());
+    let e = stores.state.inner.get(&gone).await.unwrap().unwrap();
+    stores.state.inner.delete(&gone, e.revision).await.unwrap();
+    let st = ops::status(&stores).await.unwrap();
+    assert_eq!((st.summary.total, st.summary.missing), (40, 1), "{:?}", st.summary);
+    assert!(ops::render(&st, ops::Output::Table).contains("1 missing"));
+    // ... and a reset recreates it.
+    let plan = ops::plan_reset(&stores, &SplitId::new(st.splits[5].id.clone()).unwrap()).await.unwrap();
+    assert_eq!(plan.current, "missing");
+    ops::apply_reset(&stores, &plan).await.unwrap();
+    assert_eq!(ops::status(&stores).await.unwrap().summary.missing, 0);
 }
 
 #[test]

@@ -240,3 +240,120 @@ pub fn outage_self_fence(nats: &Nats, server: &mut NatsServer, job: &str) {
     assert!(logs.contains("Starved"), "lanes self-fenced during the outage: {logs}");
     assert!(expected.is_subset(&records_in(&[&sa, &sb])), "no loss");
 }
+
+/// A record overwritten with bytes nobody can decode (another program, a newer release, a bad
+/// restore) blocks the job, visibly: `status` flags the key, the workers report the job blocked
+/// and count the record; `requeue --reset` asks for confirmation, then rewrites the split, and
+/// the workers process it again from the start and complete. The workers stay after the end
+/// (`--on-complete wait`), so the case holds whether or not the rest of the job finished first.
+pub fn undecodable_record_reset(nats: &Nats, job: &str) {
+    let (tmp, data) = dataset(4, 300);
+    let expected = input_keys(&data).unwrap();
+    let (aa, ab) = (super::free_addr(), super::free_addr());
+    let (sa, sb) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
+    let args = |admin: &str| {
+        ["--split-size", "8000", "--record-delay-ms", "2", "--on-complete", "wait", "--admin-addr"]
+            .into_iter()
+            .map(str::to_owned)
+            .chain([admin.to_owned()])
+            .collect::<Vec<_>>()
+    };
+    let a_args = args(&aa);
+    let b_args = args(&ab);
+    let a_args: Vec<&str> = a_args.iter().map(String::as_str).collect();
+    let b_args: Vec<&str> = b_args.iter().map(String::as_str).collect();
+    let a = nats.worker(job, "ua", &data, &sa, &a_args);
+    let b = nats.worker(job, "ub", &data, &sb, &b_args);
+    // Once a split is done, overwrite its record.
+    let t = Instant::now();
+    let victim = loop {
+        let st = nats.status_json(job);
+        let done = st["splits"].as_array().and_then(|s| s.iter().find(|x| x["state"] == "Done").cloned());
+        if let Some(d) = done {
+            break d["id"].as_str().unwrap().to_owned();
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "no split done within 60 s: {st}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    nats.overwrite_state_key(job, &format!("split.{victim}"), b"\xffwritten by something else");
+    // Both workers see it: the job is blocked, one record cannot be decoded.
+    super::wait_for_metric(&[&aa, &ab], "etl_coordination_job_state", r#"state="blocked"}"#, 1.0);
+    super::wait_for_metric(&[&aa, &ab], "etl_coordination_records_undecodable", "\"}", 1.0);
+    let st = nats.status_json(job);
+    let flagged = &st["undecodable"][0];
+    assert_eq!(flagged["key"], format!("split.{victim}"), "{st}");
+    assert!(flagged["error"].as_str().unwrap().contains("format 255"), "{st}");
+    // The reset asks first; with no terminal to ask on it needs --yes.
+    let requeue = |extra: &[&str]| {
+        nats.command()
+            .args(["requeue", "--job", job, "--store", &nats.url, "--split", &victim, "--reset"])
+            .args(extra)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = requeue(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--yes") && err.contains("undecodable"), "{err}");
+    let out = requeue(&["--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // The job completes, the victim's records emitted again from the start.
+    super::wait_for_metric(&[&aa, &ab], "etl_coordination_job_state", r#"state="complete"}"#, 1.0);
+    super::wait_for_metric(&[&aa, &ab], "etl_coordination_records_undecodable", "\"}", 0.0);
+    for child in [&a, &b] {
+        signal(child, "-TERM");
+    }
+    for (name, child) in [("ua", a), ("ub", b)] {
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert!(expected.is_subset(&records_in(&[&sa, &sb])), "no loss");
+    let lines: Vec<_> = [&sa, &sb].iter().flat_map(|p| JsonlSink::read(p).unwrap_or_default()).collect();
+    let of_victim: Vec<_> = lines.iter().filter(|l| l.split == victim).collect();
+    let distinct: BTreeSet<&str> = of_victim.iter().map(|l| l.record.as_str()).collect();
+    assert!(of_victim.len() >= 2 * distinct.len(), "the reset split was emitted again from its start");
+}
+
+/// Workers that stay after a stall (`--on-stall warn --on-complete wait`) take up a split the
+/// operator requeues after fixing its cause, and the job completes without a restart.
+pub fn requeue_resumes_waiting_workers(nats: &Nats, job: &str) {
+    let (tmp, data) = dataset(2, 100);
+    std::fs::write(data.join("broken.txt"), "one\nBROKEN!\nthree\n").unwrap();
+    let (aa, ab) = (super::free_addr(), super::free_addr());
+    let (sa, sb) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
+    let args = |admin: &str| {
+        let fixed = ["--split-size", "3000", "--max-attempts", "1", "--unprocessable-marker", "BROKEN!"];
+        let stay = ["--on-stall", "warn", "--on-complete", "wait", "--admin-addr", admin];
+        fixed.iter().chain(stay.iter()).map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let (a_args, b_args) = (args(&aa), args(&ab));
+    let a = nats.worker(job, "ra", &data, &sa, &a_args.iter().map(String::as_str).collect::<Vec<_>>());
+    let b = nats.worker(job, "rb", &data, &sb, &b_args.iter().map(String::as_str).collect::<Vec<_>>());
+    super::wait_for_metric(&[&aa, &ab], "etl_coordination_job_state", r#"state="stalled"}"#, 1.0);
+    let st = nats.status_json(job);
+    let q: Vec<_> = st["splits"].as_array().unwrap().iter().filter(|s| s["state"] == "Quarantined").collect();
+    assert_eq!(q.len(), 1, "{st}");
+    let split = q[0]["id"].as_str().unwrap().to_owned();
+    // Fix the cause (same length: the split's descriptor names the file's size), then requeue.
+    std::fs::write(data.join("broken.txt"), "one\nfixed!!\nthree\n").unwrap();
+    let out = nats
+        .command()
+        .args(["requeue", "--job", job, "--store", &nats.url, "--split", &split])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    super::wait_for_metric(&[&aa, &ab], "etl_coordination_job_state", r#"state="complete"}"#, 1.0);
+    let seen = records_in(&[&sa, &sb]);
+    assert!(seen.contains("broken.txt:2") && seen.contains("broken.txt:3"), "{seen:?}");
+    assert!(input_keys(&data).unwrap().is_subset(&seen), "no loss");
+    for child in [&a, &b] {
+        signal(child, "-TERM");
+    }
+    for child in [a, b] {
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        assert!(err.contains("--on-complete wait"), "{err}");
+    }
+}

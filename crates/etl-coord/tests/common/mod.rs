@@ -129,3 +129,70 @@ pub fn wait_for_records(sink: &Path, n: usize, writer: &mut Child) {
 pub fn status_json(job: &str, store: &str) -> serde_json::Value {
     Nats::open(store.to_owned()).status_json(job)
 }
+
+/// A free loopback address for an admin server.
+pub fn free_addr() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    format!("127.0.0.1:{port}")
+}
+
+/// `GET path` from an HTTP server; the whole response, or `None` if it does not answer.
+pub fn http_get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+/// The value of the series of `family` whose labels end with `labels_end` (e.g.
+/// `state="blocked"}`) on the admin server at `addr`, if it answers and has it.
+pub fn metric(addr: &str, family: &str, labels_end: &str) -> Option<f64> {
+    let text = http_get(addr, "/metrics")?;
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{family}{{")))
+        .find_map(|l| l.split_once(&format!("{labels_end} ")).map(|(_, v)| v))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Waits (up to 60 s) until every admin server in `addrs` reports `value` for the series.
+pub fn wait_for_metric(addrs: &[&str], family: &str, labels_end: &str, value: f64) {
+    let t = Instant::now();
+    loop {
+        let seen: Vec<Option<f64>> = addrs.iter().map(|a| metric(a, family, labels_end)).collect();
+        if seen.iter().all(|v| *v == Some(value)) {
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "{family}{{..{labels_end} is {seen:?}, not {value}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+impl Nats {
+    /// Writes `value` over `key` of `job`'s state bucket as another program would, with the
+    /// settings the workers get from the environment (user, password, CA).
+    pub fn overwrite_state_key(&self, job: &str, key: &str, value: &[u8]) {
+        let env = |k: &str| self.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        let mut cfg = etl_coordination_nats::NatsConfig::new(self.url.clone());
+        cfg.create_buckets = false;
+        if let (Some(u), Some(p)) = (env("ETL_COORD_NATS_USER"), env("ETL_COORD_NATS_PASSWORD")) {
+            cfg.auth = etl_coordination_nats::NatsAuth::UserPassword(u, p);
+        }
+        if let Some(ca) = env("ETL_COORD_NATS_TLS_CA") {
+            cfg.tls_required = true;
+            cfg.tls_root_certificate = Some(ca.into());
+        }
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            use etl_coordination_store::Store;
+            let name = etl_coordination_core::JobName::new(job.to_owned()).unwrap();
+            let stores = etl_coordination_nats::connect(&cfg, &name).await.expect("connect");
+            let key = etl_coordination_core::Key::new(key).unwrap();
+            let current = stores.state.get(&key).await.unwrap().expect("the key exists");
+            let value = bytes::Bytes::copy_from_slice(value);
+            stores.state.compare_and_swap(&key, current.revision, value, None).await.expect("overwritten");
+        });
+    }
+}
