@@ -968,3 +968,39 @@ async fn admin_server(
         tracing::error!(error = %e, "the admin server stopped");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Flags an operator gives for one run of a command: never read from the environment, so an
+    /// ambient variable cannot pick the split a requeue rewrites.
+    const ONE_SHOT: [&str; 10] =
+        ["split", "reset", "yes", "state", "watch", "interval", "output", "json", "check", "create"];
+
+    #[test]
+    fn every_worker_and_store_flag_reads_etl_coord_and_its_name_and_one_shot_flags_read_nothing() {
+        let cli = Cli::command();
+        let mut checked = 0;
+        for sub in ["worker", "status", "requeue", "nats-buckets"] {
+            let cmd = cli.find_subcommand(sub).expect("subcommand");
+            for arg in cmd.get_arguments() {
+                let Some(long) = arg.get_long() else { continue };
+                if ["help", "version", "verbose", "quiet"].contains(&long) || arg.is_hide_set() {
+                    continue;
+                }
+                let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+                if ONE_SHOT.contains(&long) {
+                    assert_eq!(env, None, "{sub} --{long} is one-shot: no environment variable");
+                } else {
+                    let expected = format!("ETL_COORD_{}", long.to_uppercase().replace('-', "_"));
+                    assert_eq!(env.as_deref(), Some(expected.as_str()), "{sub} --{long}");
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 40, "only {checked} flags seen");
+    }
+}

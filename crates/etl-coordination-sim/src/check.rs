@@ -207,6 +207,12 @@ impl Checker {
         self.check_attempts(at, writer, id, old, new);
     }
 
+    /// A write to `id`'s record by another program or an operator (an overwrite, a reset, a
+    /// requeue): the next worker write is judged against what it wrote, as a new tenancy.
+    pub fn on_foreign_write(&mut self, id: &SplitId) {
+        self.tenancy.remove(id);
+    }
+
     /// P12 in both directions: every failing tenancy that committed no progress consumes one
     /// attempt, a tenancy that advanced progress resets the count, no graceful end consumes
     /// one, and quarantine happens exactly at `max_attempts`. Also P6: the acquisition reason

@@ -11,7 +11,10 @@
 //! and every worker runs on its own drifting, jumping clock. Faults are mixed at random per seed: crashes and restarts (same and new
 //! instance ids), pauses longer than a lease, store outages, partitions of one worker, poison
 //! splits, scale up and down, leader death mid-plan, planner errors, hangs and panics, lanes
-//! slow to stop, open plans that grow, plans of more than one manifest chunk.
+//! slow to stop, open plans that grow, plans of more than one manifest chunk. Some runs add
+//! what no worker writes (`operator`): another program overwriting split records with bytes
+//! nobody can decode, reset later by an operator; and workers that stay after the job's end,
+//! whose quarantined splits the operator fixes and requeues before draining them.
 //!
 //! A run has a safety phase with faults, then a liveness phase without them that must reach
 //! Complete or Stalled in bounded time. The invariants I1-I9 and the rules P4, P6, P7, P10,

@@ -77,6 +77,13 @@ pub struct Options {
     pub slow_stop: bool,
     /// How long draining lanes get to commit and stop (may exceed the lease).
     pub drain_timeout: Duration,
+    /// Workers stay after the job's end (`Config::stay_after_end`); once every one reported
+    /// the end, an operator requeues the quarantined splits (their cause fixed) and, when the
+    /// job is complete, drains them.
+    pub stay_after_end: bool,
+    /// Another program overwrites split records with bytes nobody can decode (safety phase),
+    /// and an operator resets each one (`requeue --reset`) a while later.
+    pub foreign_writes: bool,
 }
 
 impl Options {
@@ -122,6 +129,10 @@ impl Options {
             planner_faults: r.chance(0.5),
             slow_stop: r.chance(0.5),
             drain_timeout: Duration::from_millis(r.range(1_000, lease_secs * 3_000)),
+            // Drawn from a generator of their own, so that every other option of a seed stays
+            // what it was before these existed (seeds quoted in the docs still reproduce).
+            stay_after_end: Rng::new(seed ^ 0x57a7).chance(0.3),
+            foreign_writes: Rng::new(seed ^ 0xf0e1).chance(0.3),
         }
     }
 
@@ -154,6 +165,8 @@ impl Options {
             planner_faults: false,
             slow_stop: false,
             drain_timeout: Duration::from_secs(2),
+            stay_after_end: false,
+            foreign_writes: false,
         };
         match scenario {
             Scenario::Random => base,

@@ -39,6 +39,10 @@ impl World {
     }
 
     pub(crate) fn inject_fault(&mut self) {
+        // (Drawn only in runs with foreign writes, so other runs keep their fault sequence.)
+        if self.opts.foreign_writes && self.rng.chance(0.08) {
+            return self.overwrite_record();
+        }
         let live = self.live_slots();
         let roll = self.rng.range(0, 129);
         let lease = self.opts.lease_secs * 1000;

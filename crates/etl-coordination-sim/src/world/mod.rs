@@ -5,9 +5,10 @@
 mod faults;
 mod lanes;
 mod net;
+mod operator;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -109,6 +110,10 @@ pub(crate) enum Ev {
     EndSafety,
     Probe,
     BalanceProbe,
+    /// The operator resets a split whose record another program overwrote.
+    OperatorReset {
+        split: SplitId,
+    },
 }
 
 struct Scheduled {
@@ -159,6 +164,12 @@ pub(crate) struct Slot {
     /// Asked to drain (scale-down): no longer counts as a live worker for fault decisions.
     pub draining: bool,
     pub outcome: Option<Outcome>,
+    /// The job's end as this (staying) worker last reported it; the operator clears it when
+    /// it requeues (and waits for a new report).
+    pub ended: Option<Outcome>,
+    /// The end this worker last declared (checked then): leaving with it later, after a drain,
+    /// is the same declaration, not a new one.
+    pub declared: Option<Outcome>,
     pub clock: Clock,
     pub link: Link,
     pub max_in_flight: u32,
@@ -217,6 +228,12 @@ pub(crate) struct World {
     /// The keys the answer being delivered calls absent wrongly: a fence of their split decided
     /// on it is one the core cannot avoid (it cannot tell that "absent" from an expiry).
     stale_absent: Vec<etl_coordination_core::Key>,
+    /// Splits whose record another program overwrote, not reset yet.
+    pub corrupted: BTreeSet<SplitId>,
+    /// The operator requeued the quarantined splits (once per run).
+    pub requeued: bool,
+    /// The operator fixed the cause of the poison splits.
+    pub healed: bool,
 }
 
 impl World {
@@ -291,6 +308,9 @@ impl World {
             stuck: Default::default(),
             stale_answers: Default::default(),
             stale_absent: Vec::new(),
+            corrupted: BTreeSet::new(),
+            requeued: false,
+            healed: false,
         }
     }
 
@@ -335,6 +355,8 @@ impl World {
             core_lanes: BTreeMap::new(),
             restart_as: None,
             outcome: None,
+            ended: None,
+            declared: None,
             draining: false,
             clock: Clock::new(0, 0),
             link: Link::default(),
@@ -371,10 +393,13 @@ impl World {
             drain_timeout: self.opts.drain_timeout,
             plan_timeout: Duration::from_secs(5),
         };
+        cfg.stay_after_end = self.opts.stay_after_end;
         cfg.validate().expect("sim config is valid");
         s.core = Some(Worker::new(cfg));
         s.status = Status::Running;
         s.draining = false;
+        s.ended = None;
+        s.declared = None;
         s.tick_at = None;
         s.inbox.clear();
         s.lanes.clear();
@@ -410,6 +435,9 @@ impl World {
             }
             if self.opts.op_timeout > Duration::from_secs(self.opts.lease_secs) {
                 self.fault("op_timeout_beyond_lease");
+            }
+            if self.opts.stay_after_end {
+                self.fault("workers_stay_after_end");
             }
             let first = ms(self.rng.range(300, 2000));
             self.schedule(first, Ev::FaultTick);
@@ -565,6 +593,7 @@ impl World {
             Ev::EndSafety => self.end_safety(),
             Ev::Probe => self.probe(),
             Ev::BalanceProbe => self.balance_probe(),
+            Ev::OperatorReset { split } => self.operator_reset(split),
         }
     }
 
@@ -645,28 +674,12 @@ impl World {
             Action::Event(e) => self.on_event(slot, e),
             Action::Finished(outcome) => {
                 let who = self.slots[slot].owner.clone();
-                let (complete, stalled) =
-                    (outcome == Outcome::Complete, matches!(outcome, Outcome::Stalled { .. }));
-                if complete || stalled {
-                    self.checker.on_outcome(self.now, &who, complete, stalled, &mut self.state);
-                    let name = if complete { "complete" } else { "stalled" };
-                    if self.report.outcome != "none" && self.report.outcome != name {
-                        let msg = format!(
-                            "{who} declared {name} but another worker declared {}",
-                            self.report.outcome
-                        );
-                        self.checker.fail(self.now, "I6", msg);
-                    }
-                    self.report.outcome = name;
-                    let poison = self.opts.poison_crash + self.opts.poison_unprocessable > 0;
-                    if poison && complete {
-                        self.checker.fail(
-                            self.now,
-                            "P12",
-                            format!("{who} declared Complete although a poison split exists"),
-                        );
-                    }
+                if self.opts.stay_after_end && !self.slots[slot].draining {
+                    let msg =
+                        format!("{who} left with {outcome:?} although it stays after the end until drained");
+                    self.checker.fail(self.now, "P13", msg);
                 }
+                self.declared(slot, &outcome);
                 // Cleanup is checked for workers that left with the store reachable (faults over,
                 // held requests landed): one cut off from it gives up after its drain deadline
                 // and a lease, and its keys expire instead.
@@ -678,6 +691,7 @@ impl World {
                 s.outcome = Some(outcome);
                 s.lanes.clear();
                 s.core_lanes.clear();
+                self.operator_after_end();
             }
             Action::Fatal(e) => {
                 let msg = e.to_string();
@@ -701,8 +715,43 @@ impl World {
         }
     }
 
+    /// A worker declared the job's end (leaving with it, or staying after it): I6 against the
+    /// store, one outcome across workers, and no Complete while a poison split is unfixed.
+    fn declared(&mut self, slot: usize, outcome: &Outcome) {
+        let who = self.slots[slot].owner.clone();
+        let (complete, stalled) = (*outcome == Outcome::Complete, matches!(outcome, Outcome::Stalled { .. }));
+        if !(complete || stalled) || self.slots[slot].declared.as_ref() == Some(outcome) {
+            return;
+        }
+        self.slots[slot].declared = Some(outcome.clone());
+        self.checker.on_outcome(self.now, &who, complete, stalled, &mut self.state);
+        let name = if complete { "complete" } else { "stalled" };
+        if self.report.outcome != "none" && self.report.outcome != name {
+            let msg = format!("{who} declared {name} but another worker declared {}", self.report.outcome);
+            self.checker.fail(self.now, "I6", msg);
+        }
+        self.report.outcome = name;
+        let poison = self.opts.poison_crash + self.opts.poison_unprocessable > 0;
+        if poison && complete && !self.healed {
+            self.checker.fail(
+                self.now,
+                "P12",
+                format!("{who} declared Complete although a poison split exists"),
+            );
+        }
+    }
+
     fn on_event(&mut self, slot: usize, e: Event) {
         match e {
+            Event::JobEnded { outcome } => {
+                self.declared(slot, &outcome);
+                self.slots[slot].ended = Some(outcome);
+                self.operator_after_end();
+            }
+            Event::JobReopened => {
+                self.slots[slot].ended = None;
+                self.slots[slot].declared = None;
+            }
             Event::Acquired { split, reason, epoch } => {
                 *self.report.acquisitions.entry(reason.label()).or_default() += 1;
                 let who = self.slots[slot].owner.clone();
@@ -860,6 +909,7 @@ impl World {
             let at = self.settled_at();
             self.schedule_at(at, Ev::BalanceProbe);
         }
+        self.operator_after_end();
     }
 
     /// When the faults of the safety phase no longer act: held requests have landed (two op

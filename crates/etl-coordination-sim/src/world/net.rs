@@ -456,6 +456,15 @@ impl World {
                 }
                 let new = self.state.get(now, &key).expect("just written");
                 if let Some(id) = &split {
+                    if let Some(e) = &old
+                        && records::decode::<SplitRecord>(&e.value).is_err()
+                    {
+                        self.checker.fail(
+                            now,
+                            "I3",
+                            format!("split {id}: {writer} wrote over a record it cannot have decoded"),
+                        );
+                    }
                     let old = old.as_ref().and_then(|e| records::decode::<SplitRecord>(&e.value).ok());
                     let new = records::decode::<SplitRecord>(&new.value)
                         .expect("protocol writes decodable records");
