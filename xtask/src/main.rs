@@ -5,7 +5,7 @@
 //! - `cargo xtask itest`: provisions NATS and runs the integration suites, with a summary table.
 //! - `cargo xtask sim --seeds N [--start S]`: a sweep of N seeds with a summary.
 //! - `cargo xtask sim --seed S`: one seed, reproduced exactly.
-//! - `cargo xtask mutants [--seeds N] [--only NAME]`: the mutation catalogue (`xtask/mutants.txt`),
+//! - `cargo xtask mutants [--seeds N] [--only NAME[,NAME...]]`: the mutation catalogue (`xtask/mutants.txt`),
 //!   each mutant applied to a copy of the workspace and swept; every one must be caught.
 
 use std::collections::BTreeMap;
@@ -37,7 +37,7 @@ fn main() -> Result<()> {
         _ => {
             eprintln!(
                 "usage: cargo xtask <ci | itest | sim --seeds N [--start S] [--stop-on-violation] | sim --seed S \
-                 | mutants [--seeds N] [--only NAME]>"
+                 | mutants [--seeds N] [--only NAME[,NAME...]]>"
             );
             std::process::exit(2);
         }

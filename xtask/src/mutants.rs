@@ -227,18 +227,19 @@ pub fn run(args: &[String]) -> Result<()> {
                 seeds = v.parse().with_context(|| format!("--seeds expects a number, got {v:?}"))?;
             }
             "--only" => only = Some(it.next().context("--only needs a mutant name")?.clone()),
-            other => bail!("usage: cargo xtask mutants [--seeds N] [--only NAME] (got {other:?})"),
+            other => bail!("usage: cargo xtask mutants [--seeds N] [--only NAME[,NAME...]] (got {other:?})"),
         }
     }
     let root = root();
     let catalogue =
         std::fs::read_to_string(root.join("xtask/mutants.txt")).context("reading xtask/mutants.txt")?;
     let mut mutants = parse(&catalogue)?;
-    if let Some(name) = &only {
-        mutants.retain(|m| &m.name == name);
-        if mutants.is_empty() {
-            bail!("no mutant named {name:?} in xtask/mutants.txt");
+    if let Some(names) = &only {
+        let names: Vec<&str> = names.split(',').collect();
+        if let Some(unknown) = names.iter().find(|n| !mutants.iter().any(|m| m.name == **n)) {
+            bail!("no mutant named {unknown:?} in xtask/mutants.txt");
         }
+        mutants.retain(|m| names.contains(&m.name.as_str()));
     }
     // Every patch must apply before anything is built.
     for m in &mutants {
