@@ -20,8 +20,8 @@ use etl_coord::sources::AnySource;
 use etl_coord::sources::files::DEFAULT_SPLIT_BYTES;
 use etl_coord::sources::sqlite::DEFAULT_SPLIT_ROWS;
 use etl_coordination_driver::{
-    CoordinationDriver, DriverConfig, DriverError, InstanceId, JobOutcome, JobState, JobStores, OnLaneStall,
-    OnStall, SplitId, Tuning,
+    CoordinationDriver, DriverConfig, DriverError, InstanceId, JobOutcome, JobStores, OnLaneStall, OnStall,
+    SplitId, Tuning,
 };
 use etl_coordination_memory::MemoryStore;
 
@@ -366,7 +366,8 @@ struct RequeueArgs {
     /// Rewrite the split's record from its descriptor, whatever it holds (an undecodable
     /// value, a Done split to run again, a stuck owner, which is fenced): progress from the
     /// start, attempts 0, back in the queue. Every record of the split is emitted again
-    /// (at-least-once). Asks for confirmation unless --yes.
+    /// (at-least-once). Asks for confirmation unless --yes; any answer but y leaves the split
+    /// as it is and exits 1.
     #[arg(long)]
     reset: bool,
     /// Do not ask for confirmation (--reset).
@@ -429,6 +430,12 @@ fn validate(cli: &Cli) {
             if let Err(e) = tuning(a).validate() {
                 let flag = format!("--{}", e.field.replace('_', "-"));
                 fail(&flag, format!("{}: {}", e.value, e.rule));
+            }
+            if !a.lane_stall_timeout.is_zero() && a.lane_stall_timeout < Duration::from_secs(1) {
+                fail(
+                    "--lane-stall-timeout",
+                    format!("{:?}: must be 0s (off) or at least 1s", a.lane_stall_timeout),
+                );
             }
             // What the input and the local files can tell is told now, not after connecting.
             if let Err(e) = AnySource::open(&a.source, a.split_size, a.split_rows) {
@@ -547,6 +554,19 @@ fn init_logging(cli: &Cli) {
     }
 }
 
+/// `body` with `st` bound to the job's stores, whichever backend they are on.
+macro_rules! on_stores {
+    ($stores:expr, |$st:ident| $body:expr) => {
+        match $stores {
+            Stores::Memory($st) => $body,
+            Stores::Nats(boxed) => {
+                let $st = &**boxed;
+                $body
+            }
+        }
+    };
+}
+
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Demo(a) => demo(a).await,
@@ -555,10 +575,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let stores = open_stores(&a.store).await?;
             let mut first = true;
             loop {
-                let read = match &stores {
-                    Stores::Memory(st) => ops::status(st).await,
-                    Stores::Nats(st) => ops::status(&**st).await,
-                };
+                let read = on_stores!(&stores, |st| ops::status(st).await);
                 let mut s = match read {
                     Ok(s) => s,
                     // Watching carries on through a store that is briefly unavailable.
@@ -644,25 +661,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let split = SplitId::new(a.split.clone())?;
             let stores = open_stores(&a.store).await?;
             if !a.reset {
-                match &stores {
-                    Stores::Memory(st) => ops::requeue(st, &split).await?,
-                    Stores::Nats(st) => ops::requeue(&**st, &split).await?,
-                }
+                on_stores!(&stores, |st| ops::requeue(st, &split).await)?;
                 println!("split {split} requeued: attempts reset, offered to workers again");
                 return Ok(ExitCode::SUCCESS);
             }
-            let plan = match &stores {
-                Stores::Memory(st) => ops::plan_reset(st, &split).await?,
-                Stores::Nats(st) => ops::plan_reset(&**st, &split).await?,
-            };
+            let plan = on_stores!(&stores, |st| ops::plan_reset(st, &split).await)?;
             if !a.yes && !confirm(&plan)? {
                 println!("split {split} left as it is");
                 return Ok(ExitCode::from(1));
             }
-            match &stores {
-                Stores::Memory(st) => ops::apply_reset(st, &plan).await?,
-                Stores::Nats(st) => ops::apply_reset(&**st, &plan).await?,
-            }
+            on_stores!(&stores, |st| ops::apply_reset(st, &plan).await)?;
             println!("split {split} reset: it starts over from the beginning, offered to workers again");
             Ok(ExitCode::SUCCESS)
         }
@@ -863,23 +871,6 @@ async fn worker_on<S: etl_coordination_store::Store>(
             }
         }
     });
-    if a.on_complete == "wait" {
-        // The worker stays after the end (the driver's stay_after_end): say so each time the
-        // job ends, so an operator reading the log knows requeued work will be taken up.
-        let mut state = handle.job_state();
-        tokio::spawn(async move {
-            while state.changed().await.is_ok() {
-                let ended =
-                    matches!(*state.borrow_and_update(), JobState::Complete | JobState::Stalled { .. });
-                if ended {
-                    tracing::info!(
-                        "job ended; serving the admin endpoints and waiting for requeued splits until a \
-                         termination signal (--on-complete wait)"
-                    );
-                }
-            }
-        });
-    }
     match handle.outcome().await {
         Ok(JobOutcome::Complete) => {
             tracing::info!("job complete");
@@ -1002,5 +993,18 @@ mod tests {
             }
         }
         assert!(checked > 40, "only {checked} flags seen");
+        // The demo reads nothing from the environment; nats-permissions only the job's name.
+        for sub in ["demo", "nats-permissions"] {
+            for arg in cli.find_subcommand(sub).expect("subcommand").get_arguments() {
+                let long = arg.get_long().unwrap_or_default();
+                if ["log-format", "color"].contains(&long) {
+                    continue; // global flags, read by every subcommand
+                }
+                let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+                let expected =
+                    (sub == "nats-permissions" && long == "job").then(|| "ETL_COORD_JOB".to_owned());
+                assert_eq!(env, expected, "{sub} --{long}");
+            }
+        }
     }
 }

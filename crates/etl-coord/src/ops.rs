@@ -6,7 +6,7 @@ use etl_coordination_core::records::{
     self, Descriptor, LeaderRecord, LeaseRecord, ManifestChunk, PlanHead, PresenceRecord, SplitRecord,
     SplitState, keys,
 };
-use etl_coordination_core::{Prefix, Revision, SplitId};
+use etl_coordination_core::{Prefix, Revision, SplitId, StoreError};
 use etl_coordination_driver::JobStores;
 use etl_coordination_store::Store;
 use serde::Serialize;
@@ -420,11 +420,15 @@ pub async fn requeue<S: Store>(stores: &JobStores<S>, split: &SplitId) -> anyhow
 pub struct ResetPlan {
     /// The split.
     pub split: SplitId,
-    /// What its record holds now, in words (for the confirmation).
+    /// What its record (and lease) hold now, in words (for the confirmation).
     pub current: String,
     /// The revision the write expects (`None`: the record is missing and is created).
     expected: Option<Revision>,
     record: SplitRecord,
+    /// A value nobody can decode at the split's lease key, deleted with the reset (it would
+    /// keep every claim out; a worker writes every lease with a TTL, but another program may
+    /// not have).
+    garbage_lease: Option<Revision>,
 }
 
 /// Reads what a reset of `split` would replace: the split must have a descriptor a worker can
@@ -446,13 +450,15 @@ pub async fn plan_reset<S: Store>(stores: &JobStores<S>, split: &SplitId) -> any
             })?;
         }
     }
-    let lease = stores.lease.get(&keys::split(split)).await?;
-    let lease_epoch =
-        lease.as_ref().and_then(|l| records::decode::<LeaseRecord>(&l.value).ok()).map(|l| l.epoch);
-    let holder = lease
-        .as_ref()
-        .and_then(|l| records::decode::<LeaseRecord>(&l.value).ok())
-        .map(|l| format!(", its lease held by {}", l.owner.instance));
+    let (lease_epoch, lease_text, garbage_lease) = match stores.lease.get(&keys::split(split)).await? {
+        None => (None, String::new(), None),
+        Some(e) => match records::decode::<LeaseRecord>(&e.value) {
+            Ok(l) => (Some(l.epoch), format!(", its lease held by {}", l.owner.instance), None),
+            Err(err) => {
+                (None, format!(", its lease undecodable ({err}), deleted with the reset"), Some(e.revision))
+            }
+        },
+    };
     let (current, expected, record) = match stores.state.get(&keys::split(split)).await? {
         None => ("missing".to_owned(), None, SplitRecord::reset(None, lease_epoch)),
         Some(e) => match records::decode::<SplitRecord>(&e.value) {
@@ -476,20 +482,46 @@ pub async fn plan_reset<S: Store>(stores: &JobStores<S>, split: &SplitId) -> any
     };
     Ok(ResetPlan {
         split: split.clone(),
-        current: format!("{current}{}", holder.unwrap_or_default()),
+        current: format!("{current}{lease_text}"),
         expected,
         record,
+        garbage_lease,
     })
 }
 
 /// Writes a planned reset, fenced on what was read: if the record changed since, nothing is
 /// written and the error says to run the command again.
+///
+/// A missing record's history is unknown, so it is created first (the create's revision is
+/// above every revision the key ever had) and then raised to that epoch; a worker that claims
+/// it in between starts it over all the same.
 pub async fn apply_reset<S: Store>(stores: &JobStores<S>, plan: &ResetPlan) -> anyhow::Result<()> {
     let key = keys::split(&plan.split);
-    let value = records::encode(&plan.record);
-    let written = match plan.expected {
-        Some(rev) => stores.state.compare_and_swap(&key, rev, value, None).await.map(|_| ()),
-        None => stores.state.create(&key, value, None).await.map(|_| ()),
-    };
-    written.with_context(|| format!("split {} changed while resetting it; run the command again", plan.split))
+    let changed = || format!("split {} changed while resetting it; run the command again", plan.split);
+    match plan.expected {
+        Some(rev) => {
+            stores
+                .state
+                .compare_and_swap(&key, rev, records::encode(&plan.record), None)
+                .await
+                .with_context(changed)?;
+        }
+        None => {
+            let rev =
+                stores.state.create(&key, records::encode(&plan.record), None).await.with_context(changed)?;
+            let raised = SplitRecord::reset(Some((rev, Some(&plan.record))), None);
+            match stores.state.compare_and_swap(&key, rev, records::encode(&raised), None).await {
+                Ok(_) | Err(StoreError::RevisionMismatch(_)) => {}
+                Err(e) => return Err(e).with_context(changed),
+            }
+        }
+    }
+    if let Some(rev) = plan.garbage_lease {
+        match stores.lease.delete(&key, rev).await {
+            // Gone or replaced meanwhile: nothing of ours to delete.
+            Ok(()) | Err(StoreError::RevisionMismatch(_)) => {}
+            Err(e) => return Err(e).context("deleting the split's undecodable lease value"),
+        }
+    }
+    Ok(())
 }

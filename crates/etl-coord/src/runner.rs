@@ -45,8 +45,8 @@ pub struct RunOptions {
     pub poison_marker: Option<String>,
     /// Reaching a record containing this text reports the split unprocessable.
     pub unprocessable_marker: Option<String>,
-    /// Reaching a record containing this text hangs the lane, like a read on a connection
-    /// that never answers: only a stop signal ends it.
+    /// Reading a record containing this text never returns, like a read on a connection that
+    /// never answers: only a stop signal ends the lane.
     pub hang_marker: Option<String>,
     /// Incremented per emitted record (progress displays).
     pub counter: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
@@ -115,16 +115,34 @@ async fn lane_loop<R: SplitReader>(
                 return (emitted, LaneEnd::Revoked);
             }
             if let Some(p) = uncommitted.take() {
-                let _ = sink.flush();
-                let _ = lane.commit(p).await;
+                // Never commit ahead of the sink: if it cannot flush, the tail stays uncommitted
+                // and replays.
+                match sink.flush() {
+                    Ok(()) => {
+                        let _ = lane.commit(p).await;
+                    }
+                    Err(e) => {
+                        warn!(%split, error = %e, "the sink failed to flush while draining; the uncommitted tail replays")
+                    }
+                }
             }
             lane.stopped();
             return (emitted, LaneEnd::Stopped);
         }
         // A read that never answers (a hung connection) must not outlive a stop signal: the
-        // lane stall check may have released the split.
+        // lane stall check may have released the split, or the worker be draining.
+        let next = async {
+            let r = reader.next().await;
+            if let (Some(m), Ok(Some(rec))) = (&opts.hang_marker, &r)
+                && rec.content.contains(m.as_str())
+            {
+                debug!(%split, record = %rec.key, "the read hangs on this record (test fault)");
+                std::future::pending::<()>().await;
+            }
+            r
+        };
         let read = tokio::select! {
-            r = reader.next() => r,
+            r = next => r,
             _ = lane.revoked() => continue,
         };
         let record = match read {
@@ -165,11 +183,6 @@ async fn lane_loop<R: SplitReader>(
         if opts.unprocessable_marker.as_deref().is_some_and(|m| record.content.contains(m)) {
             lane.unprocessable(format!("record {} cannot be processed", record.key));
             return (emitted, LaneEnd::Failed);
-        }
-        if opts.hang_marker.as_deref().is_some_and(|m| record.content.contains(m)) {
-            debug!(%split, record = %record.key, "hanging on this record (test fault)");
-            lane.revoked().await;
-            continue;
         }
         if !opts.record_delay.is_zero() {
             tokio::select! {

@@ -445,7 +445,7 @@ fn the_compose_services_run_their_commands_against_the_compose_nats_config() {
         replicas_out.push((rx, admin));
     }
     for (i, (rx, admin)) in replicas_out.iter().enumerate() {
-        let seen = wait_for_line(rx, "--on-complete wait", Duration::from_secs(60));
+        let seen = wait_for_line(rx, "staying after the end", Duration::from_secs(60));
         assert!(seen.iter().all(|l| !l.contains("ERROR")), "{}", seen.join("\n"));
         assert_job_state_complete(admin);
         let metrics = http_get(admin, "/metrics").unwrap();
@@ -813,7 +813,7 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
         pods.push((rx, admin, pod_name));
     }
     for (rx, admin, pod_name) in &pods {
-        let seen = wait_for_line(rx, "--on-complete wait", Duration::from_secs(90));
+        let seen = wait_for_line(rx, "staying after the end", Duration::from_secs(90));
         assert!(seen.iter().all(|l| !l.contains("ERROR")), "{}", seen.join("\n"));
         assert_job_state_complete(admin);
         let metrics = http_get(admin, "/metrics").unwrap();

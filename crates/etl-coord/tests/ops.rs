@@ -185,8 +185,12 @@ async fn status_reads_a_fixed_number_of_requests_and_flags_an_undecodable_record
 
     // The repair: a reset rewrites it from the start, under an epoch above any it had.
     let victim_id = SplitId::new(st.splits[3].id.clone()).unwrap();
+    // Another program also left bytes without a TTL at the split's lease key: they would keep
+    // every claim out, and go with the reset.
+    stores.lease.inner.create(&victim, bytes::Bytes::from_static(&[255, 9]), None).await.unwrap();
     let plan = ops::plan_reset(&stores, &victim_id).await.unwrap();
     assert!(plan.current.starts_with("undecodable (record format 255"), "{}", plan.current);
+    assert!(plan.current.contains("lease undecodable"), "{}", plan.current);
     // Written only over what was read: a change in between refuses the write.
     let stale = ops::plan_reset(&stores, &victim_id).await.unwrap();
     ops::apply_reset(&stores, &plan).await.unwrap();
@@ -195,8 +199,11 @@ async fn status_reads_a_fixed_number_of_requests_and_flags_an_undecodable_record
     let st = ops::status(&stores).await.unwrap();
     let reset = st.splits.iter().find(|x| x.id == victim_id.as_str()).unwrap();
     assert_eq!((reset.state.as_str(), reset.attempts, reset.progress.as_deref()), ("Unleased", 0, None));
-    assert!(reset.epoch > 1, "above every epoch the split had: {reset:?}");
+    // Above every epoch the split had: at least the revision of the value it replaced.
+    let e = stores.state.inner.get(&victim).await.unwrap().unwrap();
+    assert!(reset.epoch >= e.revision.0 - 1 && reset.epoch > 1, "{reset:?} at revision {:?}", e.revision);
     assert!(st.undecodable.is_empty());
+    assert!(stores.lease.inner.get(&victim).await.unwrap().is_none(), "the undecodable lease value is gone");
     // A split nobody planned cannot be reset; a record deleted by hand shows as missing.
     let err = ops::plan_reset(&stores, &SplitId::new("nope").unwrap()).await.unwrap_err();
     assert!(err.to_string().contains("no descriptor"), "{err}");
@@ -210,7 +217,14 @@ async fn status_reads_a_fixed_number_of_requests_and_flags_an_undecodable_record
     let plan = ops::plan_reset(&stores, &SplitId::new(st.splits[5].id.clone()).unwrap()).await.unwrap();
     assert_eq!(plan.current, "missing");
     ops::apply_reset(&stores, &plan).await.unwrap();
-    assert_eq!(ops::status(&stores).await.unwrap().summary.missing, 0);
+    let st = ops::status(&stores).await.unwrap();
+    assert_eq!(st.summary.missing, 0);
+    // Its history is unknown: the epoch is raised above the revision its create got, which is
+    // above every revision the key ever had.
+    let e = stores.state.inner.get(&gone).await.unwrap().unwrap();
+    let rec: etl_coordination_core::records::SplitRecord =
+        etl_coordination_core::records::decode(&e.value).unwrap();
+    assert!(rec.epoch.0 + 1 == e.revision.0 && rec.progress.is_none(), "{rec:?} at {:?}", e.revision);
 }
 
 #[test]

@@ -329,9 +329,13 @@ pub enum Event {
         live_workers: u32,
         /// The published manifest's splits by state, as this worker's view has them.
         splits: SplitCounts,
-        /// Keys (of either bucket) whose current value this worker cannot decode. Such a
-        /// split record blocks completion until it is rewritten (`etl-coord requeue --reset`).
-        undecodable_records: u32,
+        /// Keys of the state bucket whose current value this worker cannot decode: a split
+        /// record, the plan head or a manifest chunk so written keeps the job from completing
+        /// until it is rewritten (`etl-coord requeue --reset` for a split record).
+        undecodable_state: u32,
+        /// Keys of the lease bucket whose current value this worker cannot decode (a lease, a
+        /// presence, the leader key): gone when it expires or is deleted.
+        undecodable_lease: u32,
     },
     /// A value could not be decoded: the worker ignores it (a split record so read can be
     /// neither claimed nor completed). Reported once per key and value.
@@ -357,7 +361,7 @@ pub enum Event {
 /// has them (the `etl_coordination_splits{state}` gauge).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct SplitCounts {
-    /// Waiting for an owner (no record yet counts here too).
+    /// Waiting for an owner.
     pub unleased: u32,
     /// Recorded as owned (the owner may be dead and its lease expiring).
     pub owned: u32,
@@ -367,6 +371,9 @@ pub struct SplitCounts {
     pub quarantined: u32,
     /// Whose record cannot be decoded.
     pub undecodable: u32,
+    /// Listed by the manifest but without a record in the view (deleted by hand, or not seen
+    /// yet): neither claimable nor terminal.
+    pub missing: u32,
 }
 
 /// Outputs of [`crate::Worker::handle`].

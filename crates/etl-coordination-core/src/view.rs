@@ -40,6 +40,7 @@ struct Counted {
     quarantined: bool,
     owned: bool,
     undecodable: bool,
+    missing: bool,
     old_incarnation: bool,
 }
 
@@ -63,6 +64,8 @@ pub(crate) struct View {
     pub owned: usize,
     /// Manifest splits whose record cannot be decoded.
     pub undecodable_splits: usize,
+    /// Manifest splits without a record.
+    pub missing: usize,
     /// Every key (of either bucket) whose latest value seen could not be decoded, with that
     /// value's revision: it is reported once per value, and counted while it stays.
     pub undecodable: BTreeMap<(Bucket, Key), Revision>,
@@ -89,6 +92,7 @@ impl View {
             quarantined: 0,
             owned: 0,
             undecodable_splits: 0,
+            missing: 0,
             undecodable: BTreeMap::new(),
             workers: BTreeMap::new(),
             leader: None,
@@ -108,16 +112,16 @@ impl View {
         self.manifest_len.saturating_sub(self.done + self.quarantined)
     }
 
-    /// Manifest splits by the state of their records (a split without a record counts as
-    /// Unleased: it waits for its first claim).
+    /// Manifest splits by the state of their records.
     pub fn split_counts(&self) -> SplitCounts {
-        let known = self.done + self.quarantined + self.owned + self.undecodable_splits;
+        let known = self.done + self.quarantined + self.owned + self.undecodable_splits + self.missing;
         SplitCounts {
             unleased: self.manifest_len.saturating_sub(known) as u32,
             owned: self.owned as u32,
             done: self.done as u32,
             quarantined: self.quarantined as u32,
             undecodable: self.undecodable_splits as u32,
+            missing: self.missing as u32,
         }
     }
 
@@ -233,6 +237,7 @@ impl View {
             quarantined: in_manifest && state == Some(SplitState::Quarantined),
             owned: in_manifest && state == Some(SplitState::Owned),
             undecodable: in_manifest && sv.record_undecodable,
+            missing: in_manifest && sv.record.is_none() && !sv.record_undecodable,
             old_incarnation: in_manifest
                 && state == Some(SplitState::Owned)
                 && sv
@@ -268,6 +273,7 @@ impl View {
         adjust(&mut self.quarantined, old.quarantined, new.quarantined);
         adjust(&mut self.owned, old.owned, new.owned);
         adjust(&mut self.undecodable_splits, old.undecodable, new.undecodable);
+        adjust(&mut self.missing, old.missing, new.missing);
         if old.old_incarnation != new.old_incarnation {
             if new.old_incarnation {
                 self.old_incarnation.insert(id.clone());

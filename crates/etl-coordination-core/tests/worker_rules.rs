@@ -1122,7 +1122,7 @@ fn p12_a_missing_descriptor_is_read_again_for_a_lease_duration_before_it_counts(
     // Seeds 104120 and 201380: a replica lagging behind the descriptor's write answered every
     // re-read absent. Well inside a lease duration (3 s), many absent reads decide nothing.
     let misses = answer_descriptor_absent(&mut r, "s0", Timestamp::from_millis(2_000));
-    assert!(misses >= 5, "re-read {misses} times");
+    assert!(misses >= 3, "re-read {misses} times");
     assert_eq!(record_writes(&r, "s0"), 0, "no claim, no failure while the descriptor may be lagging");
     // The replica catches up: the claim is written and the lane starts, no attempt charged.
     r.auto = true;
@@ -1474,8 +1474,8 @@ fn an_undecodable_split_record_is_never_claimed_blocks_completion_and_is_reporte
     // ... and nothing completes while s1 cannot be read, nor is it claimed again.
     assert!(!r.log.iter().any(|a| matches!(a, Action::Finished(_))), "{:?}", r.log);
     assert_eq!(r.started().len(), 2);
-    let Some(Event::Gauges { splits, undecodable_records, .. }) = r.last_gauges() else { panic!("gauges") };
-    assert_eq!((splits.done, splits.undecodable, splits.unleased, undecodable_records), (1, 1, 0, 1));
+    let Some(Event::Gauges { splits, undecodable_state, .. }) = r.last_gauges() else { panic!("gauges") };
+    assert_eq!((splits.done, splits.undecodable, splits.unleased, undecodable_state), (1, 1, 0, 1));
     // Reported once per value, not at every resync.
     let reported = undecodable_events(&r);
     assert_eq!(reported, 1);
@@ -1496,8 +1496,8 @@ fn an_undecodable_split_record_is_never_claimed_blocks_completion_and_is_reporte
     assert_eq!(progress, None, "from the start");
     r.feed(Input::Finish { split, epoch, progress: Bytes::from_static(b"end") });
     assert!(r.log.contains(&Action::Finished(Outcome::Complete)), "{:?}", r.log);
-    let Some(Event::Gauges { undecodable_records, .. }) = r.last_gauges() else { panic!("gauges") };
-    assert_eq!(undecodable_records, 0);
+    let Some(Event::Gauges { undecodable_state, .. }) = r.last_gauges() else { panic!("gauges") };
+    assert_eq!(undecodable_state, 0);
 }
 
 #[test]
@@ -1509,12 +1509,18 @@ fn gauges_count_the_plans_splits_by_state() {
     r.feed(Input::Start);
     let Some(Event::Gauges { owned, splits, .. }) = r.last_gauges() else { panic!("gauges") };
     assert_eq!(owned, 2);
-    assert_eq!(splits, SplitCounts { unleased: 2, owned: 2, done: 0, quarantined: 0, undecodable: 0 });
+    assert_eq!(
+        splits,
+        SplitCounts { unleased: 2, owned: 2, done: 0, quarantined: 0, undecodable: 0, missing: 0 }
+    );
     let (s, e) = r.started()[0].clone();
     r.feed(Input::Finish { split: s, epoch: e, progress: Bytes::from_static(b"end") });
     let Some(Event::Gauges { splits, .. }) = r.last_gauges() else { panic!("gauges") };
     // One done, and the freed lane took the next unleased one.
-    assert_eq!(splits, SplitCounts { unleased: 1, owned: 2, done: 1, quarantined: 0, undecodable: 0 });
+    assert_eq!(
+        splits,
+        SplitCounts { unleased: 1, owned: 2, done: 1, quarantined: 0, undecodable: 0, missing: 0 }
+    );
 }
 
 #[test]
@@ -1553,9 +1559,52 @@ fn an_undecodable_plan_head_is_reported_and_forgotten_once_repaired() {
     let mut r = running(1);
     let head = r.kv.get(Bucket::State, "plan.head").unwrap();
     r.write_raw(Bucket::State, "plan.head", garbage());
-    let Some(Event::Gauges { undecodable_records, .. }) = r.last_gauges() else { panic!("gauges") };
-    assert_eq!(undecodable_records, 1);
+    let Some(Event::Gauges { undecodable_state, .. }) = r.last_gauges() else { panic!("gauges") };
+    assert_eq!(undecodable_state, 1);
     r.write_raw(Bucket::State, "plan.head", head.value);
-    let Some(Event::Gauges { undecodable_records, .. }) = r.last_gauges() else { panic!("gauges") };
-    assert_eq!(undecodable_records, 0);
+    let Some(Event::Gauges { undecodable_state, .. }) = r.last_gauges() else { panic!("gauges") };
+    assert_eq!(undecodable_state, 0);
+}
+
+#[test]
+fn a_deleted_record_is_counted_missing_and_so_is_an_undecodable_one_whose_delete_a_resync_finds() {
+    let mut r = running(2);
+    r.write_raw(Bucket::State, "split.s0", garbage());
+    // The delete is not seen by the watch (the rig writes without events); the next resync's
+    // listing no longer has the key: the split is missing, not undecodable any more.
+    let key = Key::new("split.s0").unwrap();
+    let rev = r.kv.get(Bucket::State, "split.s0").unwrap().revision;
+    r.kv.state.delete(r.now, &key, rev).unwrap();
+    r.kv.state.take_events();
+    r.advance(Duration::from_secs(31));
+    let Some(Event::Gauges { splits, undecodable_state, .. }) = r.last_gauges() else { panic!("gauges") };
+    assert_eq!((splits.undecodable, splits.missing, undecodable_state), (0, 1, 0), "{splits:?}");
+    assert!(!r.log.iter().any(|a| matches!(a, Action::Finished(_))), "a missing record blocks completion");
+}
+
+#[test]
+fn retries_wait_a_third_of_a_heartbeat_plus_a_jitter_that_differs_between_processes() {
+    // Two processes whose claims are refused at the same moment retry at different times.
+    let mut sent_at = Vec::new();
+    for incarnation in [1, 2, 3] {
+        let mut r = Rig::new(cfg("w1", incarnation));
+        r.plan = Some(plan(1, PlanKind::Final));
+        r.auto = false;
+        r.feed(Input::Start);
+        let (op, _) = until_request(&mut r, is_claim);
+        let a = r.answer(op, Err(StoreError::RevisionMismatch(keys::split(&sid("s0")))));
+        r.apply(op_of(&a, 0));
+        let t0 = r.now;
+        let again = loop {
+            let a = r.advance(Duration::from_millis(10));
+            if writes_to(&a, Bucket::State, "split.s0") > 0 {
+                break r.now.saturating_since(t0);
+            }
+        };
+        // Heartbeat 1 s: a base of 333 ms and a jitter of up to as much again.
+        assert!(again >= Duration::from_millis(333) && again < Duration::from_millis(680), "{again:?}");
+        sent_at.push(again);
+    }
+    sent_at.dedup();
+    assert!(sent_at.len() > 1, "the same retry delay for every process: {sent_at:?}");
 }

@@ -95,11 +95,13 @@ impl DriverConfig {
         if self.op_timeout.is_zero() {
             return Err(ConfigError { field: "op_timeout", value: "0s".into(), rule: "must be positive" });
         }
-        if self.lane_stall_timeout.is_some_and(|t| t.is_zero()) {
+        if let Some(t) = self.lane_stall_timeout
+            && t < Duration::from_secs(1)
+        {
             return Err(ConfigError {
                 field: "lane_stall_timeout",
-                value: "0s".into(),
-                rule: "must be positive (None turns the check off)",
+                value: format!("{t:?}"),
+                rule: "must be at least 1s, and above the longest a healthy lane goes without committing (None turns the check off)",
             });
         }
         Ok(cfg)

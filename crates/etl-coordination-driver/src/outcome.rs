@@ -21,12 +21,14 @@ pub enum JobOutcome {
 pub enum JobState {
     /// Starting, or splits remain to be processed.
     Running,
-    /// Running, but values this worker cannot decode keep the job from completing (another
-    /// program or release wrote into its buckets): `etl-coord status` names them,
-    /// `etl-coord requeue --reset` rewrites a split's record.
+    /// Running, but records keep the job from completing: values this worker cannot decode in
+    /// the state bucket (another program or release wrote there), or split records that are
+    /// missing. `etl-coord status` names them; `etl-coord requeue --reset` rewrites a split.
     Blocked {
-        /// Keys whose value cannot be decoded.
+        /// State-bucket keys whose value cannot be decoded.
         undecodable: u32,
+        /// Splits of the plan without a record.
+        missing: u32,
     },
     /// Every split is Done.
     Complete,

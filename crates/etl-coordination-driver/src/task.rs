@@ -60,6 +60,13 @@ struct LaneEntry {
     finishing: bool,
 }
 
+impl LaneEntry {
+    /// Whether the stall check watches it: not reported yet, not draining, not finishing.
+    fn watched(&self) -> bool {
+        !self.stalled && !self.draining && !self.finishing
+    }
+}
+
 pub(crate) struct Task<S, P> {
     worker: Worker,
     state: Arc<S>,
@@ -83,8 +90,9 @@ pub(crate) struct Task<S, P> {
     running: BTreeMap<SplitId, LaneEntry>,
     /// How the job ended, while the worker stays after the end (`stay_after_end`).
     ended: Option<JobState>,
-    /// Keys the core reports it cannot decode.
-    undecodable: u32,
+    /// State-bucket keys the core reports it cannot decode, and plan splits without a record:
+    /// either keeps the job from completing (`JobState::Blocked`).
+    blocking: (u32, u32),
     /// The `job_state` label last recorded.
     state_label: &'static str,
     /// Inputs raised while executing actions, handled after them.
@@ -132,7 +140,7 @@ impl<S: Store, P: Planner> Task<S, P> {
             watches: BTreeMap::new(),
             running: BTreeMap::new(),
             ended: None,
-            undecodable: 0,
+            blocking: (0, 0),
             state_label: "running",
             deferred: Vec::new(),
             waiters: BTreeMap::new(),
@@ -281,7 +289,7 @@ impl<S: Store, P: Planner> Task<S, P> {
     /// When the next lane becomes stalled, if it makes no progress meanwhile.
     fn next_stall_check(&self) -> Option<Instant> {
         let timeout = self.lane_stall_timeout?;
-        self.running.values().filter(|l| !l.stalled && !l.draining).map(|l| l.progress_at + timeout).min()
+        self.running.values().filter(|l| l.watched()).map(|l| l.progress_at + timeout).min()
     }
 
     /// Lanes with no committed progress for the lane stall timeout while holding their lease: a
@@ -293,29 +301,35 @@ impl<S: Store, P: Planner> Task<S, P> {
         let due: Vec<(SplitId, Epoch)> = self
             .running
             .iter()
-            .filter(|(_, l)| !l.stalled && !l.draining && l.progress_at + timeout <= now)
+            .filter(|(_, l)| l.watched() && l.progress_at + timeout <= now)
             .map(|(id, l)| (id.clone(), l.epoch))
             .collect();
         for (split, epoch) in due {
+            // Handling one release runs the core, which may stop, restart or end other lanes
+            // (or the worker): each lane is looked up again.
+            if self.done || !self.lane(&split, epoch).is_some_and(|l| l.watched()) {
+                continue;
+            }
             self.metrics.lane_stall();
-            let idle = humantime(timeout);
             match self.on_lane_stall {
                 OnLaneStall::Warn => {
-                    warn!(%split, %epoch, "lane stalled: it holds the lease but committed no progress for {idle}; the source may be stuck");
-                    self.running.get_mut(&split).expect("running").stalled = true;
+                    warn!(%split, %epoch, "lane stalled: it holds the lease but committed no progress for {timeout:?}; the source may be stuck");
+                    self.lane(&split, epoch).expect("looked up").stalled = true;
                 }
                 OnLaneStall::Release => {
-                    warn!(%split, %epoch, "lane stalled: no progress committed for {idle}; stopping it and releasing the split as failed");
-                    let l = self.running.remove(&split).expect("running");
+                    warn!(%split, %epoch, "lane stalled: no progress committed for {timeout:?}; stopping it and releasing the split as failed");
+                    let l = self.running.remove(&split).expect("looked up");
                     let _ = l.stop.send(Some(Stop { reason: StopReason::Fenced, deadline: None }));
                     let error = format!(
-                        "lane stalled: no progress committed for {idle}; released by the lane stall check"
+                        "lane stalled: no progress committed for {timeout:?}; released by the lane stall check"
                     );
                     self.handle(Input::Fail { split, epoch, error, unprocessable: false });
                 }
             }
         }
-        self.metrics.lanes_stalled(self.stalled_lanes());
+        if !self.done {
+            self.metrics.lanes_stalled(self.stalled_lanes());
+        }
     }
 
     fn wait_for_commit(&mut self, split: &SplitId, epoch: Epoch, reply: oneshot::Sender<CommitOutcome>) {
@@ -506,7 +520,7 @@ impl<S: Store, P: Planner> Task<S, P> {
             }
             Event::Leadership { leader, .. } => self.metrics.leader(*leader),
             Event::PlanFailed { .. } => self.metrics.plan_failure(),
-            Event::Gauges { owned, live_workers, splits, undecodable_records } => {
+            Event::Gauges { owned, live_workers, splits, undecodable_state, undecodable_lease } => {
                 self.metrics.splits_owned(*owned);
                 self.metrics.live_workers(*live_workers);
                 self.metrics.splits_quarantined(splits.quarantined);
@@ -516,10 +530,13 @@ impl<S: Store, P: Planner> Task<S, P> {
                     splits.done,
                     splits.quarantined,
                     splits.undecodable,
+                    splits.missing,
                 ]);
-                self.metrics.records_undecodable(*undecodable_records);
-                if self.undecodable != *undecodable_records {
-                    self.undecodable = *undecodable_records;
+                self.metrics.records_undecodable("state", *undecodable_state);
+                self.metrics.records_undecodable("lease", *undecodable_lease);
+                let blocking = (*undecodable_state, splits.missing);
+                if self.blocking != blocking {
+                    self.blocking = blocking;
                     self.publish_state();
                 }
             }
@@ -532,16 +549,21 @@ impl<S: Store, P: Planner> Task<S, P> {
     fn job_ended(&mut self, outcome: Outcome) {
         match outcome {
             Outcome::Complete => {
-                info!("job complete: every split is done; staying for work that comes back (until drained)");
+                info!(
+                    "job complete: every split is done; staying after the end for requeued work until drained"
+                );
                 self.ended = Some(JobState::Complete);
             }
             Outcome::Stalled { quarantined } => {
-                warn!(splits = %describe(&quarantined), "job stalled on quarantined splits");
                 if self.on_stall == OnStall::Fatal {
                     // The core leaves with the stall as its outcome, which is fatal then.
+                    warn!(splits = %describe(&quarantined), "job stalled on quarantined splits");
                     self.deferred.push(Input::Drain);
                 } else {
-                    info!("staying for requeued splits (until drained)");
+                    warn!(
+                        splits = %describe(&quarantined),
+                        "job stalled on quarantined splits; staying after the end for requeued work until drained"
+                    );
                 }
                 self.ended = Some(JobState::Stalled { quarantined });
             }
@@ -551,11 +573,13 @@ impl<S: Store, P: Planner> Task<S, P> {
     }
 
     /// Publishes the job state (and its `job_state` gauge) from what is known: the end while
-    /// staying after it, else running, or blocked while undecodable records are reported.
+    /// staying after it, else running, or blocked while split records cannot be decoded or are
+    /// missing.
     fn publish_state(&mut self) {
+        let (undecodable, missing) = self.blocking;
         let state = match &self.ended {
             Some(end) => end.clone(),
-            None if self.undecodable > 0 => JobState::Blocked { undecodable: self.undecodable },
+            None if undecodable + missing > 0 => JobState::Blocked { undecodable, missing },
             None => JobState::Running,
         };
         let label = match state {
@@ -567,8 +591,9 @@ impl<S: Store, P: Planner> Task<S, P> {
         if label != self.state_label {
             if label == "blocked" {
                 warn!(
-                    undecodable = self.undecodable,
-                    "the job is blocked: values nobody can decode keep it from completing (see `etl-coord status`; `etl-coord requeue --reset` rewrites a split)"
+                    undecodable,
+                    missing,
+                    "the job is blocked: records that cannot be decoded or are missing keep it from completing (see `etl-coord status`; `etl-coord requeue --reset` rewrites a split)"
                 );
             }
             self.state_label = label;
@@ -680,8 +705,8 @@ fn log_event(e: &Event) {
         }
         Event::Released { split } => info!(%split, "split released"),
         Event::Finished { split } => info!(%split, "split done"),
-        Event::Gauges { owned, live_workers, splits, undecodable_records } => {
-            debug!(owned, live_workers, ?splits, undecodable_records, "gauges")
+        Event::Gauges { owned, live_workers, splits, undecodable_state, undecodable_lease } => {
+            debug!(owned, live_workers, ?splits, undecodable_state, undecodable_lease, "gauges")
         }
         Event::Undecodable { key, error } => warn!(
             %key,
@@ -690,22 +715,6 @@ fn log_event(e: &Event) {
         ),
         Event::JobEnded { .. } | Event::JobReopened => {}
     }
-}
-
-/// A duration as people write it: `10m`, `90s`, `1h30m`, `1.5s`.
-fn humantime(d: Duration) -> String {
-    let secs = d.as_secs();
-    if d.subsec_millis() != 0 || secs == 0 {
-        return format!("{:.3}s", d.as_secs_f64()).replace(".000s", "s");
-    }
-    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
-    let mut out = String::new();
-    for (n, unit) in [(h, "h"), (m, "m"), (s, "s")] {
-        if n > 0 {
-            out.push_str(&format!("{n}{unit}"));
-        }
-    }
-    out
 }
 
 /// Delays between attempts to reopen a failed watch: 200 ms doubling up to 5 s, each with a

@@ -139,9 +139,9 @@ async fn a_record_nobody_can_decode_blocks_the_job_until_an_operator_resets_it()
     let key = keys::split(&SplitId::new("s01").unwrap());
     let corrupt =
         stores.state.compare_and_swap(&key, rev, Bytes::from_static(b"\xffjunk"), None).await.unwrap();
-    state.wait_for(|s| matches!(s, JobState::Blocked { undecodable: 1 })).await.unwrap();
+    state.wait_for(|s| matches!(s, JobState::Blocked { undecodable: 1, missing: 0 })).await.unwrap();
     assert_eq!(metric("undecodable", "a", "etl_coordination_job_state", r#",state="blocked""#), 1.0);
-    assert_eq!(metric("undecodable", "a", "etl_coordination_records_undecodable", ""), 1.0);
+    assert_eq!(metric("undecodable", "a", "etl_coordination_records_undecodable", r#",bucket="state""#), 1.0);
     // The rest of the job goes on; the job cannot complete.
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(metric("undecodable", "a", "etl_coordination_splits", r#",state="done""#), 2.0);
@@ -154,7 +154,7 @@ async fn a_record_nobody_can_decode_blocks_the_job_until_an_operator_resets_it()
     stores.state.compare_and_swap(&key, corrupt, records::encode(&reset), None).await.unwrap();
     assert_eq!(a.outcome().await.unwrap(), JobOutcome::Complete);
     oracle.assert_complete(3, 100);
-    assert_eq!(metric("undecodable", "a", "etl_coordination_records_undecodable", ""), 0.0);
+    assert_eq!(metric("undecodable", "a", "etl_coordination_records_undecodable", r#",bucket="state""#), 0.0);
     assert_eq!(metric("undecodable", "a", "etl_coordination_job_state", r#",state="complete""#), 1.0);
 }
 
@@ -202,12 +202,45 @@ async fn a_fatal_stall_ends_a_worker_that_would_stay_after_the_end() {
 }
 
 #[test]
-fn a_zero_lane_stall_timeout_is_refused_naming_the_field() {
+fn a_lane_stall_timeout_under_a_second_is_refused_naming_the_field() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let mut cfg = config("a");
-        cfg.lane_stall_timeout = Some(Duration::ZERO);
-        let err = CoordinationDriver::start(fresh_stores(), planner(1, 1), cfg).unwrap_err().to_string();
-        assert!(err.contains("lane_stall_timeout"), "{err}");
+        for t in [Duration::ZERO, Duration::from_millis(500)] {
+            cfg.lane_stall_timeout = Some(t);
+            let err = CoordinationDriver::start(fresh_stores(), planner(1, 1), cfg.clone())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("lane_stall_timeout") && err.contains("at least 1s"), "{err}");
+        }
     });
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reset_of_a_split_in_work_fences_its_holder_and_the_split_starts_over() {
+    let stores = fresh_stores();
+    let oracle = Oracle::default();
+    let a = start(&stores, "a", planner(2, 200), source(&oracle), job_config("reset-owned", "a"));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let key = keys::split(&SplitId::new("s01").unwrap());
+    let (rev, value) = record(&stores, "s01").await;
+    let before: SplitRecord = records::decode(&value).unwrap();
+    assert_eq!(before.state, etl_coordination_core::records::SplitState::Owned);
+    assert!(before.progress.is_some(), "the holder committed progress: {before:?}");
+    // The operator's reset while the lane runs.
+    let lease =
+        stores.lease.get(&key).await.unwrap().and_then(|e| records::decode::<LeaseRecord>(&e.value).ok());
+    let reset = SplitRecord::reset(Some((rev, Some(&before))), lease.map(|l| l.epoch));
+    stores.state.compare_and_swap(&key, rev, records::encode(&reset), None).await.unwrap();
+    assert_eq!(a.outcome().await.unwrap(), JobOutcome::Complete);
+    oracle.assert_complete(2, 200);
+    // The holder stopped (nothing it emitted after the reset was committed) and a new tenancy
+    // under a higher epoch processed the split again from its first record.
+    let map = oracle.0.lock().unwrap();
+    let s01 = &map[&SplitId::new("s01").unwrap()];
+    assert!(
+        s01.iter().any(|(record, epoch, _, _)| *record == 0 && *epoch > reset.epoch),
+        "record 0 emitted again by a tenancy after the reset"
+    );
+    assert!(s01.iter().all(|(_, epoch, _, _)| *epoch == before.epoch || *epoch > reset.epoch));
 }

@@ -43,7 +43,8 @@ pub mod names {
     /// Gauge: the plan's splits by the state of their records (`state` label), as this
     /// worker's view has them.
     pub const SPLITS: &str = "etl_coordination_splits";
-    /// Gauge: keys of the job's buckets whose current value this worker cannot decode.
+    /// Gauge: keys of the job's buckets whose current value this worker cannot decode, by
+    /// bucket (`bucket` label).
     pub const RECORDS_UNDECODABLE: &str = "etl_coordination_records_undecodable";
     /// Gauge: this worker's lanes that hold their lease but committed no progress for the lane
     /// stall timeout.
@@ -85,7 +86,9 @@ pub const STORE_OPS: [&str; 6] = ["create", "cas", "delete", "get", "list", "wat
 /// after the end (`--on-complete wait`) goes back to `running` when work is requeued.
 pub const JOB_STATES: [&str; 6] = ["running", "blocked", "complete", "stalled", "drained", "failed"];
 /// Split states (label values of `splits`).
-pub const SPLIT_STATES: [&str; 5] = ["unleased", "owned", "done", "quarantined", "undecodable"];
+pub const SPLIT_STATES: [&str; 6] = ["unleased", "owned", "done", "quarantined", "undecodable", "missing"];
+/// The job's buckets (label values of `records_undecodable`).
+pub const BUCKETS: [&str; 2] = ["state", "lease"];
 
 /// Outcome of one store write, for `writes_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,12 +157,12 @@ pub fn describe() {
     describe_gauge!(
         names::SPLITS,
         Unit::Count,
-        "Splits of the published plan by record state (unleased, owned, done, quarantined, undecodable), as this worker sees them."
+        "Splits of the published plan by record state (unleased, owned, done, quarantined, undecodable, missing), as this worker sees them."
     );
     describe_gauge!(
         names::RECORDS_UNDECODABLE,
         Unit::Count,
-        "Keys of the job's buckets whose value this worker cannot decode; an undecodable split record blocks completion."
+        "Keys of the job's buckets (state, lease) whose value this worker cannot decode; one in the state bucket blocks completion."
     );
     describe_gauge!(
         names::LANES_STALLED,
@@ -189,8 +192,10 @@ impl Metrics {
         m.leader(false);
         m.splits_quarantined(0);
         m.job_state("running");
-        m.splits([0; 5]);
-        m.records_undecodable(0);
+        m.splits([0; 6]);
+        for bucket in BUCKETS {
+            m.records_undecodable(bucket, 0);
+        }
         m.lanes_stalled(0);
         counter!(names::LANE_STALLS_TOTAL, "coordination_job" => m.job.clone(), "coordination_instance" => m.instance.clone()).increment(0);
         for reason in ACQUISITION_REASONS {
@@ -258,16 +263,17 @@ impl Metrics {
     }
 
     /// `splits{state}`: counts in the order of [`SPLIT_STATES`].
-    pub fn splits(&self, counts: [u32; 5]) {
+    pub fn splits(&self, counts: [u32; 6]) {
         for (state, n) in SPLIT_STATES.into_iter().zip(counts) {
             gauge!(names::SPLITS, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone(), "state" => state)
                 .set(f64::from(n));
         }
     }
 
-    /// `records_undecodable`.
-    pub fn records_undecodable(&self, n: u32) {
-        gauge!(names::RECORDS_UNDECODABLE, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone()).set(f64::from(n));
+    /// `records_undecodable{bucket}` (one of [`BUCKETS`]).
+    pub fn records_undecodable(&self, bucket: &'static str, n: u32) {
+        debug_assert!(BUCKETS.contains(&bucket), "unknown bucket {bucket}");
+        gauge!(names::RECORDS_UNDECODABLE, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone(), "bucket" => bucket).set(f64::from(n));
     }
 
     /// `lanes_stalled`.
@@ -343,8 +349,8 @@ mod tests {
         m.write(WriteOutcome::Conflict);
         m.job_state("stalled");
         m.plan_failure();
-        m.splits([3, 2, 40, 1, 1]);
-        m.records_undecodable(1);
+        m.splits([3, 2, 40, 1, 1, 0]);
+        m.records_undecodable("state", 1);
         m.lanes_stalled(1);
         m.lane_stall();
         let text = handle.render();
@@ -370,7 +376,9 @@ mod tests {
             r#"etl_coordination_splits{coordination_job="backfill",coordination_instance="pod-1",state="done"} 40"#,
             r#"etl_coordination_splits{coordination_job="backfill",coordination_instance="pod-1",state="undecodable"} 1"#,
             r#"etl_coordination_splits{coordination_job="backfill",coordination_instance="pod-1",state="unleased"} 3"#,
-            r#"etl_coordination_records_undecodable{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
+            r#"etl_coordination_records_undecodable{coordination_job="backfill",coordination_instance="pod-1",bucket="state"} 1"#,
+            r#"etl_coordination_records_undecodable{coordination_job="backfill",coordination_instance="pod-1",bucket="lease"} 0"#,
+            r#"etl_coordination_splits{coordination_job="backfill",coordination_instance="pod-1",state="missing"} 0"#,
             r#"etl_coordination_lanes_stalled{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
             r#"etl_coordination_lane_stalls_total{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
         ];

@@ -66,6 +66,9 @@ pub(crate) struct Checker {
     claims: BTreeMap<(SplitId, Epoch), Option<AcquisitionReason>>,
     /// Every split of every manifest ever published.
     pub published: BTreeSet<SplitId>,
+    /// The highest epoch each split's record ever had (an overwrite by another program hides
+    /// the current one).
+    max_epoch: BTreeMap<SplitId, Epoch>,
     /// Process lifetimes that finished cleanly, and when.
     pub finished: BTreeMap<Owner, Timestamp>,
 }
@@ -107,6 +110,7 @@ impl Checker {
             tenancy: BTreeMap::new(),
             claims: BTreeMap::new(),
             published: BTreeSet::new(),
+            max_epoch: BTreeMap::new(),
             finished: BTreeMap::new(),
         }
     }
@@ -156,6 +160,7 @@ impl Checker {
         old: Option<&SplitRecord>,
         new: &SplitRecord,
     ) {
+        self.saw_epoch(id, new.epoch);
         let Some(old) = old else {
             self.ensure(at, "I3", new.epoch == Epoch(0) && new.owner.is_none(), || {
                 format!("split {id}: record created in a non-initial state by {writer}")
@@ -209,8 +214,16 @@ impl Checker {
 
     /// A write to `id`'s record by another program or an operator (an overwrite, a reset, a
     /// requeue): the next worker write is judged against what it wrote, as a new tenancy.
-    pub fn on_foreign_write(&mut self, id: &SplitId) {
+    pub fn on_foreign_write(&mut self, id: &SplitId, new: Option<&SplitRecord>) {
         self.tenancy.remove(id);
+        if let Some(r) = new {
+            self.saw_epoch(id, r.epoch);
+        }
+    }
+
+    fn saw_epoch(&mut self, id: &SplitId, epoch: Epoch) {
+        let e = self.max_epoch.entry(id.clone()).or_insert(epoch);
+        *e = (*e).max(epoch);
     }
 
     /// P12 in both directions: every failing tenancy that committed no progress consumes one
@@ -538,9 +551,10 @@ impl Checker {
         // A lane may start just as its split changes hands (an expiry erasing an acknowledged
         // renewal races the start); such a lane is a zombie bounded by I4's emission bound and
         // fenced by I3. What must never happen is a lane for an epoch the record never had.
-        self.ensure(at, "I4", current.is_some_and(|r| r.epoch >= epoch), || {
+        let had = self.max_epoch.get(id).copied();
+        self.ensure(at, "I4", had.is_some_and(|e| e >= epoch), || {
             format!(
-                "split {id}: lane started at epoch {epoch} ahead of the record ({:?})",
+                "split {id}: lane started at epoch {epoch} ahead of the record (now {:?}, at most {had:?} so far)",
                 current.map(|r| r.epoch)
             )
         });

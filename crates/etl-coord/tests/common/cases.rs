@@ -278,7 +278,7 @@ pub fn undecodable_record_reset(nats: &Nats, job: &str) {
     nats.overwrite_state_key(job, &format!("split.{victim}"), b"\xffwritten by something else");
     // Both workers see it: the job is blocked, one record cannot be decoded.
     super::wait_for_metric(&[&aa, &ab], "etl_coordination_job_state", r#"state="blocked"}"#, 1.0);
-    super::wait_for_metric(&[&aa, &ab], "etl_coordination_records_undecodable", "\"}", 1.0);
+    super::wait_for_metric(&[&aa, &ab], "etl_coordination_records_undecodable", r#"bucket="state"}"#, 1.0);
     let st = nats.status_json(job);
     let flagged = &st["undecodable"][0];
     assert_eq!(flagged["key"], format!("split.{victim}"), "{st}");
@@ -300,7 +300,7 @@ pub fn undecodable_record_reset(nats: &Nats, job: &str) {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     // The job completes, the victim's records emitted again from the start.
     super::wait_for_metric(&[&aa, &ab], "etl_coordination_job_state", r#"state="complete"}"#, 1.0);
-    super::wait_for_metric(&[&aa, &ab], "etl_coordination_records_undecodable", "\"}", 0.0);
+    super::wait_for_metric(&[&aa, &ab], "etl_coordination_records_undecodable", r#"bucket="state"}"#, 0.0);
     for child in [&a, &b] {
         signal(child, "-TERM");
     }
@@ -354,6 +354,6 @@ pub fn requeue_resumes_waiting_workers(nats: &Nats, job: &str) {
         let out = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(0), "{err}");
-        assert!(err.contains("--on-complete wait"), "{err}");
+        assert!(err.contains("staying after the end"), "{err}");
     }
 }

@@ -173,8 +173,19 @@ impl Worker {
         self.retries.push(Retry { at, bucket, request, pending });
     }
 
+    /// A third of a heartbeat (50 ms to 2 s), plus up to as much again of jitter, so that a
+    /// fleet that lost the store together does not retry in lockstep. The jitter is a hash of
+    /// this process's incarnation and its next op id: no clock, no randomness of its own, so a
+    /// run stays a replayable function of its inputs.
     pub(super) fn retry_backoff(&self) -> Duration {
-        (self.cfg.tuning.heartbeat_interval() / 3).clamp(Duration::from_millis(50), Duration::from_secs(2))
+        let base = (self.cfg.tuning.heartbeat_interval() / 3)
+            .clamp(Duration::from_millis(50), Duration::from_secs(2));
+        let mut h = self.me.incarnation.0 ^ self.next_op.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        // splitmix64's finalizer.
+        h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        h ^= h >> 31;
+        base + base * (h % 1024) as u32 / 1024
     }
 
     /// Sends the delayed retries that are due and still wanted.
@@ -213,11 +224,13 @@ impl Worker {
         if !matches!(self.phase, Phase::Running | Phase::Leaving) {
             return;
         }
+        let undecodable = |bucket| self.view.undecodable.keys().filter(|(b, _)| *b == bucket).count() as u32;
         let g = Gauges {
             owned: self.held.len() as u32,
             live_workers: self.view.live_workers() as u32,
             splits: self.view.split_counts(),
-            undecodable_records: self.view.undecodable.len() as u32,
+            undecodable_state: undecodable(Bucket::State),
+            undecodable_lease: undecodable(Bucket::Lease),
         };
         if self.gauges != Some(g) {
             self.gauges = Some(g);
@@ -225,7 +238,8 @@ impl Worker {
                 owned: g.owned,
                 live_workers: g.live_workers,
                 splits: g.splits,
-                undecodable_records: g.undecodable_records,
+                undecodable_state: g.undecodable_state,
+                undecodable_lease: g.undecodable_lease,
             });
         }
     }
@@ -237,5 +251,6 @@ pub(super) struct Gauges {
     owned: u32,
     live_workers: u32,
     splits: SplitCounts,
-    undecodable_records: u32,
+    undecodable_state: u32,
+    undecodable_lease: u32,
 }

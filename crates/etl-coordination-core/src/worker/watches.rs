@@ -83,7 +83,9 @@ impl Worker {
                     .view
                     .splits
                     .iter()
-                    .filter(|(id, sv)| sv.record.is_some() && !present.contains(&keys::split(id)))
+                    .filter(|(id, sv)| {
+                        (sv.record.is_some() || sv.record_undecodable) && !present.contains(&keys::split(id))
+                    })
                     .map(|(id, _)| id.clone())
                     .collect();
                 for id in gone {

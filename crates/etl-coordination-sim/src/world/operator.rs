@@ -45,7 +45,7 @@ impl World {
             .compare_and_swap(now, &keys::split(&id), rev, garbage, None)
             .expect("the revision just read");
         self.fault("record_overwritten_by_another_program");
-        self.checker.on_foreign_write(&id);
+        self.checker.on_foreign_write(&id, None);
         self.distribute(Bucket::State);
         self.corrupted.insert(id.clone());
         let after = ms(self.rng.range(200, self.opts.lease_secs * 3000));
@@ -67,7 +67,7 @@ impl World {
             .compare_and_swap(now, &key, current.revision, records::encode(&reset), None)
             .expect("the revision just read");
         self.fault("operator_reset");
-        self.checker.on_foreign_write(&id);
+        self.checker.on_foreign_write(&id, Some(&reset));
         self.distribute(Bucket::State);
         self.corrupted.remove(&id);
     }
@@ -124,12 +124,12 @@ impl World {
             })
             .collect();
         for (id, rev, rec) in quarantined {
-            let value = records::encode(&rec.requeued());
+            let requeued = rec.requeued();
             self.state
-                .compare_and_swap(now, &keys::split(&id), rev, value, None)
+                .compare_and_swap(now, &keys::split(&id), rev, records::encode(&requeued), None)
                 .expect("the revision just read");
             self.fault("operator_requeue");
-            self.checker.on_foreign_write(&id);
+            self.checker.on_foreign_write(&id, Some(&requeued));
         }
         // The job's outcome is decided again: every staying worker must report it anew (until
         // it sees the requeue, its view still says stalled) before anyone is drained.
