@@ -1593,14 +1593,16 @@ fn retries_wait_a_third_of_a_heartbeat_plus_a_jitter_that_differs_between_proces
         r.feed(Input::Start);
         let (op, _) = until_request(&mut r, is_claim);
         let a = r.answer(op, Err(StoreError::RevisionMismatch(keys::split(&sid("s0")))));
-        r.apply(op_of(&a, 0));
+        let a = r.apply(op_of(&a, 0));
+        assert_eq!(writes_to(&a, Bucket::State, "split.s0"), 0, "re-sent at once: {a:?}");
         let t0 = r.now;
-        let again = loop {
-            let a = r.advance(Duration::from_millis(10));
-            if writes_to(&a, Bucket::State, "split.s0") > 0 {
-                break r.now.saturating_since(t0);
-            }
-        };
+        let again = (0..200)
+            .find(|_| {
+                let a = r.advance(Duration::from_millis(10));
+                writes_to(&a, Bucket::State, "split.s0") > 0
+            })
+            .map(|_| r.now.saturating_since(t0))
+            .expect("the claim is sent again within 2 s");
         // Heartbeat 1 s: a base of 333 ms and a jitter of up to as much again.
         assert!(again >= Duration::from_millis(333) && again < Duration::from_millis(680), "{again:?}");
         sent_at.push(again);

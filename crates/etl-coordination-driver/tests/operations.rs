@@ -35,6 +35,17 @@ fn metric(job: &str, instance: &str, family: &str, extra: &str) -> f64 {
         .unwrap()
 }
 
+/// `f` within 10 minutes of (virtual) time: a state that never comes fails the test instead of
+/// hanging it.
+async fn within<T, E: std::fmt::Debug>(f: impl std::future::Future<Output = Result<T, E>>) -> T {
+    tokio::time::timeout(Duration::from_secs(600), f).await.expect("in time").expect("the driver runs")
+}
+
+/// The worker's outcome, within 10 minutes of (virtual) time.
+async fn outcome(h: &DriverHandle) -> Result<JobOutcome, DriverError> {
+    tokio::time::timeout(Duration::from_secs(600), h.outcome()).await.expect("an outcome in time")
+}
+
 fn job_config(job: &str, id: &str) -> DriverConfig {
     let _ = prometheus();
     DriverConfig { job: job.into(), ..config(id) }
@@ -77,7 +88,7 @@ async fn a_stalled_lane_is_reported_and_kept_with_warn() {
     assert_eq!((rec.epoch, rec.attempts), (Epoch(1), 0), "still the first tenancy");
     // A drain stops it like any lane; the gauge goes back to 0.
     a.drain();
-    assert_eq!(a.outcome().await.unwrap(), JobOutcome::Drained);
+    assert_eq!(outcome(&a).await.unwrap(), JobOutcome::Drained);
     assert_eq!(src.hung.lock().unwrap()[0].reason, StopReason::Draining);
     assert_eq!(metric("stall-warn", "a", "etl_coordination_lanes_stalled", ""), 0.0);
 }
@@ -93,7 +104,7 @@ async fn a_stalled_lane_is_stopped_with_release_and_its_split_retried_from_commi
     cfg.on_lane_stall = OnLaneStall::Release;
     let t0 = tokio::time::Instant::now();
     let a = start(&stores, "a", planner(3, 20), src.clone(), cfg);
-    assert_eq!(a.outcome().await.unwrap(), JobOutcome::Complete);
+    assert_eq!(outcome(&a).await.unwrap(), JobOutcome::Complete);
     oracle.assert_complete(3, 20);
     // The hung lane was told to stop at once (it no longer owns the split) ...
     let stops = src.hung.lock().unwrap().clone();
@@ -118,7 +129,7 @@ async fn released_stalls_consume_attempts_so_a_split_that_always_hangs_is_quaran
     cfg.on_lane_stall = OnLaneStall::Release;
     cfg.on_stall = OnStall::Warn;
     let a = start(&stores, "a", planner(2, 20), src.clone(), cfg);
-    let JobOutcome::Stalled { quarantined } = a.outcome().await.unwrap() else { panic!("a stall") };
+    let JobOutcome::Stalled { quarantined } = outcome(&a).await.unwrap() else { panic!("a stall") };
     assert_eq!(quarantined.len(), 1);
     assert_eq!(quarantined[0].0.as_str(), "s01");
     let error = quarantined[0].1.clone().unwrap_or_default();
@@ -139,7 +150,7 @@ async fn a_record_nobody_can_decode_blocks_the_job_until_an_operator_resets_it()
     let key = keys::split(&SplitId::new("s01").unwrap());
     let corrupt =
         stores.state.compare_and_swap(&key, rev, Bytes::from_static(b"\xffjunk"), None).await.unwrap();
-    state.wait_for(|s| matches!(s, JobState::Blocked { undecodable: 1, missing: 0 })).await.unwrap();
+    within(state.wait_for(|s| matches!(s, JobState::Blocked { undecodable: 1, missing: 0 }))).await;
     assert_eq!(metric("undecodable", "a", "etl_coordination_job_state", r#",state="blocked""#), 1.0);
     assert_eq!(metric("undecodable", "a", "etl_coordination_records_undecodable", r#",bucket="state""#), 1.0);
     // The rest of the job goes on; the job cannot complete.
@@ -152,7 +163,7 @@ async fn a_record_nobody_can_decode_blocks_the_job_until_an_operator_resets_it()
         stores.lease.get(&key).await.unwrap().and_then(|e| records::decode::<LeaseRecord>(&e.value).ok());
     let reset = SplitRecord::reset(Some((corrupt, None)), lease.map(|l| l.epoch));
     stores.state.compare_and_swap(&key, corrupt, records::encode(&reset), None).await.unwrap();
-    assert_eq!(a.outcome().await.unwrap(), JobOutcome::Complete);
+    assert_eq!(outcome(&a).await.unwrap(), JobOutcome::Complete);
     oracle.assert_complete(3, 100);
     assert_eq!(metric("undecodable", "a", "etl_coordination_records_undecodable", r#",bucket="state""#), 0.0);
     assert_eq!(metric("undecodable", "a", "etl_coordination_job_state", r#",state="complete""#), 1.0);
@@ -170,7 +181,7 @@ async fn a_worker_that_stays_after_a_stall_takes_up_the_requeued_split_and_compl
     cfg.stay_after_end = true;
     let a = start(&stores, "a", planner(3, 20), src.clone(), cfg);
     let mut state = a.job_state();
-    state.wait_for(|s| matches!(s, JobState::Stalled { .. })).await.unwrap();
+    within(state.wait_for(|s| matches!(s, JobState::Stalled { .. }))).await;
     assert_eq!(metric("stay", "a", "etl_coordination_job_state", r#",state="stalled""#), 1.0);
     // It stays: no outcome while nobody drains it.
     assert!(tokio::time::timeout(Duration::from_secs(60), a.outcome()).await.is_err());
@@ -180,11 +191,11 @@ async fn a_worker_that_stays_after_a_stall_takes_up_the_requeued_split_and_compl
     let rec: SplitRecord = records::decode(&value).unwrap();
     let key = keys::split(&SplitId::new("s01").unwrap());
     stores.state.compare_and_swap(&key, rev, records::encode(&rec.requeued()), None).await.unwrap();
-    state.wait_for(|s| *s == JobState::Complete).await.unwrap();
+    within(state.wait_for(|s| *s == JobState::Complete)).await;
     oracle.assert_complete(3, 20);
     // Drained, it reports the job's end as its outcome.
     a.drain();
-    assert_eq!(a.outcome().await.unwrap(), JobOutcome::Complete);
+    assert_eq!(outcome(&a).await.unwrap(), JobOutcome::Complete);
 }
 
 #[tokio::test(start_paused = true)]
@@ -197,7 +208,7 @@ async fn a_fatal_stall_ends_a_worker_that_would_stay_after_the_end() {
     cfg.tuning.max_attempts = 1;
     cfg.stay_after_end = true;
     let a = start(&stores, "a", planner(2, 20), src, cfg);
-    let err = a.outcome().await.unwrap_err();
+    let err = outcome(&a).await.unwrap_err();
     assert!(matches!(err, DriverError::Stalled { .. }), "{err}");
 }
 
@@ -232,7 +243,7 @@ async fn a_reset_of_a_split_in_work_fences_its_holder_and_the_split_starts_over(
         stores.lease.get(&key).await.unwrap().and_then(|e| records::decode::<LeaseRecord>(&e.value).ok());
     let reset = SplitRecord::reset(Some((rev, Some(&before))), lease.map(|l| l.epoch));
     stores.state.compare_and_swap(&key, rev, records::encode(&reset), None).await.unwrap();
-    assert_eq!(a.outcome().await.unwrap(), JobOutcome::Complete);
+    assert_eq!(outcome(&a).await.unwrap(), JobOutcome::Complete);
     oracle.assert_complete(2, 200);
     // The holder stopped (nothing it emitted after the reset was committed) and a new tenancy
     // under a higher epoch processed the split again from its first record.
