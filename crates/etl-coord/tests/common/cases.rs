@@ -296,6 +296,16 @@ pub fn undecodable_record_reset(nats: &Nats, job: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--yes") && err.contains("undecodable"), "{err}");
+    // On a terminal it asks; "n" leaves the split as it is (exit 1).
+    let line = format!(
+        "{} requeue --job {job} --store {} --split {victim} --reset",
+        env!("CARGO_BIN_EXE_etl-coord"),
+        nats.url
+    );
+    let (code, shown) = on_a_terminal(nats, &line, "n\n");
+    assert_eq!(code, Some(1), "{shown}");
+    assert!(shown.contains("Reset it? [y/N]") && shown.contains("left as it is"), "{shown}");
+    assert_eq!(nats.status_json(job)["undecodable"][0]["key"], format!("split.{victim}"), "unchanged");
     let out = requeue(&["--yes"]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     // The job completes, the victim's records emitted again from the start.
@@ -356,4 +366,22 @@ pub fn requeue_resumes_waiting_workers(nats: &Nats, job: &str) {
         assert_eq!(out.status.code(), Some(0), "{err}");
         assert!(err.contains("staying after the end"), "{err}");
     }
+}
+
+/// Runs `line` on a pseudo-terminal (util-linux `script`) with `nats`' environment, typing
+/// `input`; its exit code and everything it showed.
+fn on_a_terminal(nats: &Nats, line: &str, input: &str) -> (Option<i32>, String) {
+    use std::io::Write;
+    let mut child = Command::new("script")
+        .args(["-qec", line, "/dev/null"])
+        .envs(nats.env.iter().map(|(k, v)| (k, v)))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("util-linux `script` runs");
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let shown = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code(), shown)
 }
