@@ -337,8 +337,9 @@ struct WorkerArgs {
 struct StatusArgs {
     #[command(flatten)]
     store: StoreArgs,
-    /// `table`, `wide` (every column in full, and whether each split holds a live lease) or
-    /// `json` (for tooling).
+    /// `table`, `wide` (every column in full, and who holds each split's live lease) or `json`
+    /// (for tooling). Records and leases are read one listing after the other: on a running
+    /// job a split that changed hands in between can show the lease of a moment before.
     #[arg(short, long, default_value = "table", value_parser = ["table", "wide", "json"])]
     output: String,
     /// Same as `-o json`.
