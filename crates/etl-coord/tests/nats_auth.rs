@@ -199,10 +199,11 @@ fn one_job_s_credentials_cannot_read_or_change_another_job() {
     let split = before["splits"][0]["id"].as_str().expect("a split").to_owned();
     s.create_buckets("ja");
     let a = s.as_user("etl-ja");
+    let source = format!("files:{}", data.display());
     for args in [
         vec!["status", "--job", "jb"],
         vec!["requeue", "--job", "jb", "--split", &split],
-        vec!["worker", "--job", "jb", "--source", "files:/nonexistent"],
+        vec!["worker", "--job", "jb", "--source", &source],
     ] {
         let (code, err) = refused(a.command().args(&args).args(["--store", &a.url]));
         assert_eq!(code, Some(1), "{args:?}: {err}");
