@@ -110,6 +110,29 @@ pub struct SplitView {
     pub last_error: Option<String>,
 }
 
+impl SplitView {
+    /// A split whose record cannot be read (`Missing`, `Undecodable`), with why as its error.
+    fn unreadable(
+        id: &SplitId,
+        state: &str,
+        leased: bool,
+        lease_holder: Option<String>,
+        why: String,
+    ) -> Self {
+        SplitView {
+            id: id.to_string(),
+            state: state.into(),
+            owner: None,
+            leased,
+            lease_holder,
+            epoch: 0,
+            attempts: 0,
+            progress: None,
+            last_error: Some(why),
+        }
+    }
+}
+
 /// What to do about an undecodable record.
 fn undecodable_advice(key: &str, e: &records::RecordError) -> String {
     format!(
@@ -236,21 +259,9 @@ pub async fn status<S: Store>(stores: &JobStores<S>) -> anyhow::Result<Status> {
         let Some((key, rec)) = split_records.remove(&id) else {
             // Listed, but no record: a plan whose records were deleted by hand, or a listing
             // from a replica that lags behind the plan (status again will tell).
-            out.splits.push(SplitView {
-                id: id.to_string(),
-                state: "Missing".into(),
-                owner: None,
-                leased,
-                lease_holder,
-                epoch: 0,
-                attempts: 0,
-                progress: None,
-                last_error: Some(
-                    "the plan lists it but the store has no record of it; `etl-coord requeue --reset` \
-                     recreates it"
-                        .into(),
-                ),
-            });
+            let why = "the plan lists it but the store has no record of it; `etl-coord requeue --reset` \
+                       recreates it";
+            out.splits.push(SplitView::unreadable(&id, "Missing", leased, lease_holder, why.into()));
             continue;
         };
         let view = match rec {
@@ -268,17 +279,7 @@ pub async fn status<S: Store>(stores: &JobStores<S>) -> anyhow::Result<Status> {
             Err(err) => {
                 let advice = undecodable_advice(&key, &err);
                 undecodable.push(Undecodable { key, bucket: "state".into(), error: advice.clone() });
-                SplitView {
-                    id: id.to_string(),
-                    state: "Undecodable".into(),
-                    owner: None,
-                    leased,
-                    lease_holder,
-                    epoch: 0,
-                    attempts: 0,
-                    progress: None,
-                    last_error: Some(advice),
-                }
+                SplitView::unreadable(&id, "Undecodable", leased, lease_holder, advice)
             }
         };
         out.splits.push(view);

@@ -445,7 +445,6 @@ fn a_poison_marker_aborts_the_process_like_a_crash() {
 
 #[test]
 fn with_on_complete_wait_a_finished_worker_stays_up_until_sigterm() {
-    use std::io::BufRead;
     let (_tmp, data) = data_dir();
     input(&data, 2, 50);
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -467,23 +466,8 @@ fn with_on_complete_wait_a_finished_worker_stays_up_until_sigterm() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Follow stderr on a thread so the wait for the completion line is bounded.
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let mut seen = Vec::new();
-    while !seen.iter().any(|l: &String| l.contains("staying after the end")) {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) => seen.push(line),
-            Err(e) => panic!("no completion line ({e}); stderr so far: {seen:#?}"),
-        }
-    }
+    let rx = follow_stderr(&mut child);
+    let seen = lines_until(&rx, "staying after the end");
     assert!(seen.iter().any(|l| l.contains("job complete")), "{seen:#?}");
     // Still alive and healthy after completion, so a Deployment does not restart it.
     assert!(child.try_wait().unwrap().is_none(), "the worker exited after completion");
@@ -550,7 +534,6 @@ fn hanging_worker(
     job: &str,
     extra: &[&str],
 ) -> (tempfile::TempDir, std::process::Child, std::sync::mpsc::Receiver<String>) {
-    use std::io::BufRead;
     let (tmp, data) = data_dir();
     std::fs::write(data.join("a.txt"), "one\ntwo\nHANG here\nfour\n").unwrap();
     let mut child = etl_coord()
@@ -560,14 +543,22 @@ fn hanging_worker(
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let rx = follow_stderr(&mut child);
+    (tmp, child, rx)
+}
+
+/// The lines `child` writes to its (piped) stderr, followed on a thread so that waits for a
+/// line can be bounded.
+fn follow_stderr(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
     let (tx, rx) = std::sync::mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
+    let stderr = child.stderr.take().expect("stderr piped");
     std::thread::spawn(move || {
         for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
             let _ = tx.send(line);
         }
     });
-    (tmp, child, rx)
+    rx
 }
 
 /// Lines from `rx` until one contains `text` (60 s at most).
