@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use etl_coordination_driver::{
-    CoordinationDriver, DriverConfig, DriverHandle, InstanceId, JobOutcome, JobStores, Lanes, Tuning,
+    CoordinationDriver, DriverConfig, DriverHandle, InstanceId, JobName, JobOutcome, JobStores, Lanes, Tuning,
 };
 use etl_coordination_memory::MemoryStore;
 use tokio::sync::Mutex;
@@ -123,7 +123,6 @@ struct Fleet {
 impl Fleet {
     fn config(&self, id: &str) -> DriverConfig {
         DriverConfig {
-            job: "demo".into(),
             instance_id: Some(InstanceId::new(id).expect("demo ids are valid")),
             tuning: Tuning {
                 lease_duration: self.opts.lease_duration,
@@ -194,7 +193,7 @@ pub async fn run_demo(
     let splits = source.plan_splits().await?.len();
     let expected = input_keys(&input).context("reading the input for the no-loss check")?;
     let fleet = Arc::new(Fleet {
-        stores: JobStores { state: MemoryStore::new(), lease: MemoryStore::new() },
+        stores: JobStores::memory(JobName::new("demo").expect("a valid name")),
         source,
         sink: JsonlSink::open(&sink_path)?,
         opts: opts.clone(),

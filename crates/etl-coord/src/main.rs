@@ -20,10 +20,9 @@ use etl_coord::sources::AnySource;
 use etl_coord::sources::files::DEFAULT_SPLIT_BYTES;
 use etl_coord::sources::sqlite::DEFAULT_SPLIT_ROWS;
 use etl_coordination_driver::{
-    CoordinationDriver, DriverConfig, DriverError, InstanceId, JobOutcome, JobStores, OnLaneStall, OnStall,
-    SplitId, Tuning,
+    AnyStore, CoordinationDriver, DriverConfig, DriverError, InstanceId, JobName, JobOutcome, JobStores,
+    OnLaneStall, OnStall, SplitId, Tuning,
 };
-use etl_coordination_memory::MemoryStore;
 
 /// What `--help` ends with: exit codes and the environment.
 const AFTER_HELP: &str = "\
@@ -378,7 +377,7 @@ struct RequeueArgs {
 
 /// A job name, checked as the store checks it.
 fn parse_job(s: &str) -> Result<String, String> {
-    etl_coordination_core::JobName::new(s.to_owned()).map(|_| s.to_owned()).map_err(|e| e.to_string())
+    JobName::new(s.to_owned()).map(|_| s.to_owned()).map_err(|e| e.to_string())
 }
 
 /// An instance id, checked as the protocol checks it.
@@ -555,19 +554,6 @@ fn init_logging(cli: &Cli) {
     }
 }
 
-/// `body` with `st` bound to the job's stores, whichever backend they are on.
-macro_rules! on_stores {
-    ($stores:expr, |$st:ident| $body:expr) => {
-        match $stores {
-            Stores::Memory($st) => $body,
-            Stores::Nats(boxed) => {
-                let $st = &**boxed;
-                $body
-            }
-        }
-    };
-}
-
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Demo(a) => demo(a).await,
@@ -576,7 +562,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let stores = open_stores(&a.store).await?;
             let mut first = true;
             loop {
-                let read = on_stores!(&stores, |st| ops::status(st).await);
+                let read = ops::status(&stores).await;
                 let mut s = match read {
                     Ok(s) => s,
                     // Watching carries on through a store that is briefly unavailable.
@@ -612,7 +598,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::NatsPermissions(a) => {
-            let job = etl_coordination_core::JobName::new(a.job.clone())?;
+            let job = JobName::new(a.job.clone())?;
             let access = if a.create {
                 etl_coordination_nats::Access::Create
             } else {
@@ -641,7 +627,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 bail!("--store memory: nats-buckets needs a nats:// URL");
             };
             cfg.create_buckets = !a.check;
-            let job = etl_coordination_core::JobName::new(a.store.job.clone())?;
+            let job = JobName::new(a.store.job.clone())?;
             let stores = etl_coordination_nats::connect(&cfg, &job).await?;
             let mut differ = false;
             for b in [&stores.state, &stores.lease] {
@@ -662,16 +648,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let split = SplitId::new(a.split.clone())?;
             let stores = open_stores(&a.store).await?;
             if !a.reset {
-                on_stores!(&stores, |st| ops::requeue(st, &split).await)?;
+                ops::requeue(&stores, &split).await?;
                 println!("split {split} requeued: attempts reset, offered to workers again");
                 return Ok(ExitCode::SUCCESS);
             }
-            let plan = on_stores!(&stores, |st| ops::plan_reset(st, &split).await)?;
+            let plan = ops::plan_reset(&stores, &split).await?;
             if !a.yes && !confirm(&plan)? {
                 println!("split {split} left as it is");
                 return Ok(ExitCode::from(1));
             }
-            on_stores!(&stores, |st| ops::apply_reset(st, &plan).await)?;
+            ops::apply_reset(&stores, &plan).await?;
             println!("split {split} reset: it starts over from the beginning, offered to workers again");
             Ok(ExitCode::SUCCESS)
         }
@@ -705,12 +691,6 @@ fn confirm(plan: &ops::ResetPlan) -> anyhow::Result<bool> {
     Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
 }
 
-/// The job's stores, on the backend `--store` names.
-enum Stores {
-    Memory(JobStores<MemoryStore>),
-    Nats(Box<JobStores<etl_coordination_nats::NatsStore>>),
-}
-
 /// The NATS configuration `--store` and the `--nats-*` flags describe; `None` for `memory`.
 fn nats_config(args: &StoreArgs) -> anyhow::Result<Option<etl_coordination_nats::NatsConfig>> {
     let r = args.resolve().map_err(|(flag, msg)| anyhow::anyhow!("{flag} {msg}"))?;
@@ -734,15 +714,13 @@ fn nats_config(args: &StoreArgs) -> anyhow::Result<Option<etl_coordination_nats:
     Ok(Some(cfg))
 }
 
-async fn open_stores(args: &StoreArgs) -> anyhow::Result<Stores> {
-    let job = etl_coordination_core::JobName::new(args.job.clone())?;
-    match nats_config(args)? {
-        None => Ok(Stores::Memory(JobStores { state: MemoryStore::new(), lease: MemoryStore::new() })),
-        Some(cfg) => {
-            let job = etl_coordination_nats::connect(&cfg, &job).await?;
-            Ok(Stores::Nats(Box::new(JobStores { state: job.state, lease: job.lease })))
-        }
-    }
+/// The job's stores, on the backend `--store` names.
+async fn open_stores(args: &StoreArgs) -> anyhow::Result<JobStores<AnyStore>> {
+    let job = JobName::new(args.job.clone())?;
+    Ok(match nats_config(args)? {
+        None => JobStores::memory(job).into_any(),
+        Some(cfg) => JobStores::nats(&cfg, &job).await?.into_any(),
+    })
 }
 
 async fn demo(a: DemoArgs) -> anyhow::Result<ExitCode> {
@@ -802,23 +780,13 @@ fn default_instance_id(flag: Option<String>) -> anyhow::Result<Option<InstanceId
 }
 
 async fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
-    match open_stores(&a.store).await? {
-        Stores::Memory(st) => worker_on(st, a).await,
-        Stores::Nats(st) => worker_on(*st, a).await,
-    }
-}
-
-async fn worker_on<S: etl_coordination_store::Store>(
-    stores: JobStores<S>,
-    a: WorkerArgs,
-) -> anyhow::Result<ExitCode> {
+    let stores = open_stores(&a.store).await?;
     let source = AnySource::open(&a.source, a.split_size, a.split_rows)?;
     let sink = match &a.sink {
         Some(p) => JsonlSink::open(p).with_context(|| format!("opening the sink {}", p.display()))?,
         None => JsonlSink::discard(),
     };
     let config = DriverConfig {
-        job: a.store.job.clone(),
         instance_id: default_instance_id(a.instance_id.clone())?,
         tuning: tuning(&a),
         on_stall: if a.on_stall == "warn" { OnStall::Warn } else { OnStall::Fatal },

@@ -7,7 +7,7 @@ use etl_coord::runner::{RunOptions, run_lane};
 use etl_coord::sink::JsonlSink;
 use etl_coord::sources::AnySource;
 use etl_coordination_driver::{
-    CoordinationDriver, DriverConfig, InstanceId, JobOutcome, JobStores, OnStall, SplitId, Tuning,
+    CoordinationDriver, DriverConfig, InstanceId, JobName, JobOutcome, JobStores, OnStall, SplitId, Tuning,
 };
 use etl_coordination_memory::MemoryStore;
 use etl_coordination_store::{Store, WatchStream};
@@ -18,9 +18,8 @@ async fn status_shows_a_quarantined_split_and_requeue_returns_it_to_the_queue() 
     std::fs::write(dir.path().join("a.txt"), "ok 1\nok 2\n").unwrap();
     std::fs::write(dir.path().join("b.txt"), "ok 3\nBROKEN\n").unwrap();
     let source = AnySource::open(&format!("files:{}", dir.path().display()), 10, 1).unwrap();
-    let stores = JobStores { state: MemoryStore::new(), lease: MemoryStore::new() };
+    let stores = JobStores::memory(JobName::new("ops").unwrap());
     let config = DriverConfig {
-        job: "ops".into(),
         instance_id: Some(InstanceId::new("w1").unwrap()),
         tuning: Tuning { lease_duration: Duration::from_secs(2), max_attempts: 2, ..Tuning::default() },
         on_stall: OnStall::Warn,
@@ -128,9 +127,8 @@ async fn status_reads_a_fixed_number_of_requests_and_flags_an_undecodable_record
     }
     // One split per file: 40 splits.
     let source = AnySource::open(&format!("files:{}", dir.path().display()), 1, 1).unwrap();
-    let stores = JobStores { state: Counting::default(), lease: Counting::default() };
+    let stores = JobStores::new(JobName::new("many").unwrap(), Counting::default(), Counting::default());
     let config = DriverConfig {
-        job: "many".into(),
         tuning: Tuning { lease_duration: Duration::from_secs(2), ..Tuning::default() },
         ..DriverConfig::default()
     };

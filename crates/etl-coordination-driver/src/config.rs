@@ -33,8 +33,6 @@ pub enum OnLaneStall {
 /// Driver settings.
 #[derive(Clone, Debug)]
 pub struct DriverConfig {
-    /// The job's name, used as the `coordination_job` metric label.
-    pub job: String,
     /// Stable identity (e.g. the pod name with dots substituted); `None`: random.
     pub instance_id: Option<InstanceId>,
     /// The protocol's knobs (lease duration, capacity, attempts, re-plan interval, drain timeout).
@@ -64,7 +62,6 @@ pub const DEFAULT_LANE_STALL_TIMEOUT: Duration = Duration::from_secs(600);
 impl Default for DriverConfig {
     fn default() -> Self {
         DriverConfig {
-            job: "default".into(),
             instance_id: None,
             tuning: Tuning::default(),
             on_stall: OnStall::Fatal,
@@ -106,13 +103,4 @@ impl DriverConfig {
         }
         Ok(cfg)
     }
-}
-
-/// The two key spaces of a job (NATS: two buckets).
-#[derive(Clone, Debug)]
-pub struct JobStores<S> {
-    /// Durable records.
-    pub state: S,
-    /// TTL'd leases.
-    pub lease: S,
 }

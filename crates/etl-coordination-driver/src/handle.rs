@@ -7,10 +7,11 @@ use etl_coordination_store::Store;
 use tokio::sync::{mpsc, watch};
 use tracing::info;
 
-use crate::config::{DriverConfig, JobStores};
+use crate::config::DriverConfig;
 use crate::lane::Lanes;
 use crate::outcome::{DriverError, JobOutcome, JobState};
 use crate::planner::Planner;
+use crate::stores::JobStores;
 use crate::task::{Control, Task};
 
 /// Controls a running driver.

@@ -17,14 +17,16 @@ mod handle;
 mod lane;
 mod outcome;
 mod planner;
+mod stores;
 mod task;
 
-pub use config::{DEFAULT_LANE_STALL_TIMEOUT, DriverConfig, JobStores, OnLaneStall, OnStall};
+pub use config::{DEFAULT_LANE_STALL_TIMEOUT, DriverConfig, OnLaneStall, OnStall};
 pub use etl_coordination_core::{
-    AcquisitionReason, CommitOutcome, Epoch, InstanceId, Plan, PlanKind, PlannedSplit, SplitId, StopReason,
-    Tuning,
+    AcquisitionReason, CommitOutcome, Epoch, InstanceId, JobName, Plan, PlanKind, PlannedSplit, SplitId,
+    StopReason, Tuning,
 };
 pub use handle::{CoordinationDriver, DriverHandle};
 pub use lane::{Lane, Lanes, Stop};
 pub use outcome::{DriverError, JobOutcome, JobState};
 pub use planner::{PlanError, Planner};
+pub use stores::{AnyStore, JobStores};

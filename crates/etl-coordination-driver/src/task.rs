@@ -18,10 +18,11 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, error, info, trace, warn};
 
-use crate::config::{DriverConfig, JobStores, OnLaneStall, OnStall};
+use crate::config::{DriverConfig, OnLaneStall, OnStall};
 use crate::lane::{Lane, LaneMsg, Lanes, Stop};
 use crate::outcome::{DriverError, JobOutcome, JobState, describe};
 use crate::planner::Planner;
+use crate::stores::JobStores;
 
 /// Control messages from the [`DriverHandle`](crate::DriverHandle).
 #[derive(Debug)]
@@ -118,7 +119,7 @@ impl<S: Store, P: Planner> Task<S, P> {
         let (control_tx, control) = mpsc::unbounded_channel();
         let (lane_tx, lane_rx) = mpsc::unbounded_channel();
         let (lanes_tx, lanes_rx) = mpsc::unbounded_channel();
-        let metrics = Metrics::new(config.job.clone(), cfg.instance_id.to_string());
+        let metrics = Metrics::new(stores.job.to_string(), cfg.instance_id.to_string());
         let task = Task {
             worker: Worker::new(cfg),
             state: Arc::new(stores.state),

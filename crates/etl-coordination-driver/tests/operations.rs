@@ -22,6 +22,12 @@ fn prometheus() -> &'static PrometheusHandle {
     HANDLE.get_or_init(|| etl_coordination_metrics::install_prometheus().expect("one recorder"))
 }
 
+/// Fresh stores of `job`, with the recorder installed before anything records.
+fn job_stores(job: &str) -> JobStores<MemoryStore> {
+    let _ = prometheus();
+    stores_of(job)
+}
+
 /// The value of one series of `job`'s worker `instance` (`extra` = further labels, e.g.
 /// `,state="done"`).
 fn metric(job: &str, instance: &str, family: &str, extra: &str) -> f64 {
@@ -46,11 +52,6 @@ async fn outcome(h: &DriverHandle) -> Result<JobOutcome, DriverError> {
     tokio::time::timeout(Duration::from_secs(600), h.outcome()).await.expect("an outcome in time")
 }
 
-fn job_config(job: &str, id: &str) -> DriverConfig {
-    let _ = prometheus();
-    DriverConfig { job: job.into(), ..config(id) }
-}
-
 async fn record(stores: &JobStores<MemoryStore>, split: &str) -> (etl_coordination_core::Revision, Bytes) {
     let e = stores.state.get(&keys::split(&SplitId::new(split).unwrap())).await.unwrap().expect("a record");
     (e.revision, e.value)
@@ -64,11 +65,11 @@ fn first_emit_of(oracle: &Oracle, split: &str) -> Option<(tokio::time::Instant, 
 
 #[tokio::test(start_paused = true)]
 async fn a_stalled_lane_is_reported_and_kept_with_warn() {
-    let stores = fresh_stores();
+    let stores = job_stores("stall-warn");
     let oracle = Oracle::default();
     let mut src = source(&oracle);
     src.hang = Some(("s01", 1));
-    let mut cfg = job_config("stall-warn", "a");
+    let mut cfg = config("a");
     cfg.lane_stall_timeout = Some(Duration::from_secs(20));
     let a = start(&stores, "a", planner(3, 20), src.clone(), cfg);
     tokio::time::sleep(Duration::from_secs(19)).await;
@@ -95,11 +96,11 @@ async fn a_stalled_lane_is_reported_and_kept_with_warn() {
 
 #[tokio::test(start_paused = true)]
 async fn a_stalled_lane_is_stopped_with_release_and_its_split_retried_from_committed_progress() {
-    let stores = fresh_stores();
+    let stores = job_stores("stall-release");
     let oracle = Oracle::default();
     let mut src = source(&oracle);
     src.hang = Some(("s01", 1));
-    let mut cfg = job_config("stall-release", "a");
+    let mut cfg = config("a");
     cfg.lane_stall_timeout = Some(Duration::from_secs(20));
     cfg.on_lane_stall = OnLaneStall::Release;
     let t0 = tokio::time::Instant::now();
@@ -120,11 +121,11 @@ async fn a_stalled_lane_is_stopped_with_release_and_its_split_retried_from_commi
 
 #[tokio::test(start_paused = true)]
 async fn released_stalls_consume_attempts_so_a_split_that_always_hangs_is_quarantined() {
-    let stores = fresh_stores();
+    let stores = job_stores("stall-poison");
     let oracle = Oracle::default();
     let mut src = source(&oracle);
     src.hang = Some(("s01", u32::MAX));
-    let mut cfg = job_config("stall-poison", "a");
+    let mut cfg = config("a");
     cfg.lane_stall_timeout = Some(Duration::from_secs(10));
     cfg.on_lane_stall = OnLaneStall::Release;
     cfg.on_stall = OnStall::Warn;
@@ -139,10 +140,10 @@ async fn released_stalls_consume_attempts_so_a_split_that_always_hangs_is_quaran
 
 #[tokio::test(start_paused = true)]
 async fn a_record_nobody_can_decode_blocks_the_job_until_an_operator_resets_it() {
-    let stores = fresh_stores();
+    let stores = job_stores("undecodable");
     let oracle = Oracle::default();
     let src = source(&oracle);
-    let a = start(&stores, "a", planner(3, 100), src, job_config("undecodable", "a"));
+    let a = start(&stores, "a", planner(3, 100), src, config("a"));
     let mut state = a.job_state();
     tokio::time::sleep(Duration::from_millis(500)).await;
     // Another program (or a newer release) overwrites s01's record.
@@ -171,11 +172,11 @@ async fn a_record_nobody_can_decode_blocks_the_job_until_an_operator_resets_it()
 
 #[tokio::test(start_paused = true)]
 async fn a_worker_that_stays_after_a_stall_takes_up_the_requeued_split_and_completes() {
-    let stores = fresh_stores();
+    let stores = job_stores("stay");
     let oracle = Oracle::default();
     let mut src = source(&oracle);
     src.poison = Some("s01");
-    let mut cfg = job_config("stay", "a");
+    let mut cfg = config("a");
     cfg.tuning.max_attempts = 1;
     cfg.on_stall = OnStall::Warn;
     cfg.stay_after_end = true;
@@ -200,11 +201,11 @@ async fn a_worker_that_stays_after_a_stall_takes_up_the_requeued_split_and_compl
 
 #[tokio::test(start_paused = true)]
 async fn a_fatal_stall_ends_a_worker_that_would_stay_after_the_end() {
-    let stores = fresh_stores();
+    let stores = job_stores("stay-fatal");
     let oracle = Oracle::default();
     let mut src = source(&oracle);
     src.poison = Some("s01");
-    let mut cfg = job_config("stay-fatal", "a");
+    let mut cfg = config("a");
     cfg.tuning.max_attempts = 1;
     cfg.stay_after_end = true;
     let a = start(&stores, "a", planner(2, 20), src, cfg);
@@ -229,9 +230,9 @@ fn a_lane_stall_timeout_under_a_second_is_refused_naming_the_field() {
 
 #[tokio::test(start_paused = true)]
 async fn a_reset_of_a_split_in_work_fences_its_holder_and_the_split_starts_over() {
-    let stores = fresh_stores();
+    let stores = job_stores("reset-owned");
     let oracle = Oracle::default();
-    let a = start(&stores, "a", planner(2, 200), source(&oracle), job_config("reset-owned", "a"));
+    let a = start(&stores, "a", planner(2, 200), source(&oracle), config("a"));
     tokio::time::sleep(Duration::from_millis(800)).await;
     let key = keys::split(&SplitId::new("s01").unwrap());
     let (rev, value) = record(&stores, "s01").await;

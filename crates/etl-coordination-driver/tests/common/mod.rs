@@ -245,12 +245,17 @@ pub fn config(id: &str) -> DriverConfig {
 }
 
 pub fn fresh_stores() -> JobStores<MemoryStore> {
+    stores_of("test")
+}
+
+/// Fresh stores of job `job` (the `coordination_job` metric label).
+pub fn stores_of(job: &str) -> JobStores<MemoryStore> {
     // Logs of the driver, shown for failing tests (RUST_LOG=debug for more).
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .try_init();
-    JobStores { state: MemoryStore::new(), lease: MemoryStore::new() }
+    JobStores::memory(JobName::new(job).unwrap())
 }
 
 pub fn source(oracle: &Oracle) -> Source {
