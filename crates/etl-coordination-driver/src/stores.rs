@@ -11,9 +11,12 @@ use etl_coordination_store::{Store, WatchStream};
 /// The two key spaces of a job (NATS: two buckets) and the job's name.
 ///
 /// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
 /// use etl_coordination_driver::{JobName, JobStores};
 /// let stores = JobStores::memory(JobName::new("orders").unwrap());
 /// assert_eq!(stores.job.as_str(), "orders");
+/// # }
 /// ```
 #[derive(Clone, Debug)]
 pub struct JobStores<S> {
@@ -35,7 +38,8 @@ impl<S: Store> JobStores<S> {
 
 impl JobStores<MemoryStore> {
     /// In-process stores: a standalone worker, tests, several workers in one process. Nothing
-    /// is shared with other processes. Clones share the same stores.
+    /// is shared with other processes. Clones share the same stores. Call it within a tokio
+    /// runtime (the stores expire leases on a task of their own).
     pub fn memory(job: JobName) -> Self {
         JobStores { job, state: MemoryStore::new(), lease: MemoryStore::new() }
     }
@@ -68,7 +72,7 @@ pub enum AnyStore {
     Memory(MemoryStore),
     /// [`NatsStore`](etl_coordination_nats::NatsStore) (feature `nats`).
     #[cfg(feature = "nats")]
-    Nats(etl_coordination_nats::NatsStore),
+    Nats(Box<etl_coordination_nats::NatsStore>),
 }
 
 impl From<MemoryStore> for AnyStore {
@@ -80,7 +84,7 @@ impl From<MemoryStore> for AnyStore {
 #[cfg(feature = "nats")]
 impl From<etl_coordination_nats::NatsStore> for AnyStore {
     fn from(s: etl_coordination_nats::NatsStore) -> Self {
-        AnyStore::Nats(s)
+        AnyStore::Nats(Box::new(s))
     }
 }
 
