@@ -212,3 +212,15 @@ impl Lanes {
         self.rx.recv().await
     }
 }
+
+/// The lanes as a stream (`futures::StreamExt` and friends work on it).
+impl futures_core::Stream for Lanes {
+    type Item = Lane;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Lane>> {
+        self.rx.poll_recv(cx)
+    }
+}

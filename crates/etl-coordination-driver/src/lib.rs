@@ -16,6 +16,7 @@ mod config;
 mod handle;
 mod lane;
 mod outcome;
+mod pipeline;
 mod planner;
 mod stores;
 mod task;
@@ -28,5 +29,9 @@ pub use etl_coordination_core::{
 pub use handle::{CoordinationDriver, DriverHandle};
 pub use lane::{Lane, Lanes, Stop};
 pub use outcome::{DriverError, JobOutcome, JobState};
+pub use pipeline::{
+    CommitCadence, LaneInfo, NextRecord, Pipeline, Sink, SinkError, Source, SourceError, SplitReader,
+};
 pub use planner::{PlanError, Planner};
 pub use stores::{AnyStore, JobStores};
+pub use tokio_util::sync::CancellationToken;

@@ -1,0 +1,527 @@
+//! [`Pipeline`]: a coordinated worker whose lane loop the library owns.
+//!
+//! The embedding code implements a [`Source`] (its [`Planner`], and reading one split from its
+//! resume point as records, each with the split's progress once it is written) and a [`Sink`]
+//! (writing records, and a durable flush). The pipeline runs a [`CoordinationDriver`] and a lane
+//! per split it holds: it writes each record to the sink, commits the progress every
+//! [`CommitCadence::records`] records or [`CommitCadence::interval`] (flushing the sink first,
+//! so committed progress is never ahead of the sink: at-least-once survives a crash anywhere),
+//! stops a lane at once when its split is lost (every read is raced against the stop signal,
+//! and [`LaneInfo::cancelled`] fires), lets lanes commit and stop when draining, finishes a
+//! split at its end, and reports a source's error as a failure (one attempt) or as
+//! unprocessable. [`Pipeline::run_until`] returns the job's outcome.
+//!
+//! Progress is typed ([`Source::Progress`], any serde type); it is stored as JSON, so
+//! `etl-coord status` shows it as `key=value` pairs whatever the source.
+//!
+//! For full control (a lane loop of your own), use [`CoordinationDriver::start`] and its
+//! [`Lanes`](crate::Lanes) instead.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use etl_coordination_core::{AcquisitionReason, CommitOutcome, Epoch, InstanceId, Plan, SplitId, StopReason};
+use etl_coordination_store::Store;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::config::DriverConfig;
+use crate::handle::{CoordinationDriver, DriverHandle};
+use crate::lane::Lane;
+use crate::outcome::{DriverError, JobOutcome};
+use crate::planner::{PlanError, Planner};
+use crate::stores::JobStores;
+
+/// A source the pipeline reads: its [`Planner`] (run on the leader only), and how to read one
+/// split.
+pub trait Source: Planner {
+    /// One record, as the source reads it and the sink writes it.
+    type Record: Send + 'static;
+    /// Where a split's reading stands: what a new owner resumes from. Stored with every commit
+    /// (as JSON), so keep it small: an offset, a key, a line number.
+    type Progress: Serialize + DeserializeOwned + Send + 'static;
+    /// Reads one split.
+    type Reader: SplitReader<Record = Self::Record, Progress = Self::Progress>;
+
+    /// Opens the split of `lane` at `from` (`None`: its start). The split's descriptor is
+    /// [`LaneInfo::descriptor`], as the planner wrote it.
+    fn open(
+        &self,
+        lane: &LaneInfo,
+        from: Option<Self::Progress>,
+    ) -> impl Future<Output = Result<Self::Reader, SourceError>> + Send;
+}
+
+/// Reads one split, record by record.
+pub trait SplitReader: Send + 'static {
+    /// One record.
+    type Record: Send + 'static;
+    /// The split's progress.
+    type Progress: Send + 'static;
+
+    /// The next record and the split's progress once it is written (resuming from that
+    /// progress reads the records after it); `None` at the end of the split. The pipeline drops
+    /// the future when the split is lost: a read must not hold anything a drop cannot release.
+    fn next(&mut self) -> impl Future<Output = NextRecord<Self::Record, Self::Progress>> + Send;
+}
+
+/// What [`SplitReader::next`] gives: a record and the progress after it, the end of the split
+/// (`None`), or an error.
+pub type NextRecord<R, P> = Result<Option<(R, P)>, SourceError>;
+
+/// Where records go.
+pub trait Sink<R>: Send + Sync + 'static {
+    /// Writes one record of `lane` (buffering is fine: [`Sink::flush`] makes it durable).
+    fn write(&self, lane: &LaneInfo, record: R) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// Makes everything written so far durable. Called before every commit of progress: once
+    /// it returns, a crash must not lose what was written.
+    fn flush(&self) -> impl Future<Output = Result<(), SinkError>> + Send;
+}
+
+/// A source could not read a split.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SourceError {
+    /// Reading failed (an I/O error, a timeout): the tenancy ends as failed and consumes one
+    /// attempt if it committed no progress (P12); a peer (or this worker) tries again.
+    #[error("{0}")]
+    Failed(String),
+    /// The split can never be processed (malformed data): it consumes one attempt all the
+    /// same, and is quarantined at `max_attempts`.
+    #[error("unprocessable: {0}")]
+    Unprocessable(String),
+}
+
+impl SourceError {
+    /// A failure worth retrying.
+    pub fn failed(e: impl std::fmt::Display) -> Self {
+        SourceError::Failed(e.to_string())
+    }
+
+    /// A split that can never be processed.
+    pub fn unprocessable(e: impl std::fmt::Display) -> Self {
+        SourceError::Unprocessable(e.to_string())
+    }
+}
+
+/// A sink could not write or flush; the lane ends as failed (one attempt if it committed
+/// nothing) and its uncommitted records replay.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("sink: {0}")]
+pub struct SinkError(pub String);
+
+impl SinkError {
+    /// From any error.
+    pub fn new(e: impl std::fmt::Display) -> Self {
+        SinkError(e.to_string())
+    }
+}
+
+/// What a lane is: the split, this tenancy's epoch, the worker, the planner's descriptor, and a
+/// token cancelled when the lane must stop (for readers with work of their own to abandon).
+#[derive(Clone, Debug)]
+pub struct LaneInfo {
+    split: SplitId,
+    epoch: Epoch,
+    instance: InstanceId,
+    descriptor: Bytes,
+    weight: u64,
+    reason: Option<AcquisitionReason>,
+    cancelled: CancellationToken,
+}
+
+impl LaneInfo {
+    /// The split.
+    pub fn split(&self) -> &SplitId {
+        &self.split
+    }
+
+    /// The fencing token of this tenancy: hand it to sinks that can fence writes too.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// The worker running the lane.
+    pub fn instance(&self) -> &InstanceId {
+        &self.instance
+    }
+
+    /// The planner's descriptor of the split.
+    pub fn descriptor(&self) -> &Bytes {
+        &self.descriptor
+    }
+
+    /// The planner's weight of the split.
+    pub fn weight(&self) -> u64 {
+        self.weight
+    }
+
+    /// Why this worker acquired the split; `None` when a starved lane resumes.
+    pub fn reason(&self) -> Option<AcquisitionReason> {
+        self.reason
+    }
+
+    /// Cancelled when the lane must stop (its split lost, the worker draining or gone).
+    pub fn cancelled(&self) -> &CancellationToken {
+        &self.cancelled
+    }
+}
+
+/// When a lane commits its progress: after this many records, or once this long has passed
+/// since its last commit, whichever comes first (checked as records are written). More often
+/// means less replay after a failure and more store writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommitCadence {
+    /// Records between two commits.
+    pub records: u64,
+    /// Time between two commits.
+    pub interval: Duration,
+}
+
+impl Default for CommitCadence {
+    /// Every 500 records or every second.
+    fn default() -> Self {
+        CommitCadence { records: 500, interval: Duration::from_secs(1) }
+    }
+}
+
+/// A coordinated worker whose lanes the library runs: see the module documentation.
+///
+/// ```
+/// # use etl_coordination_driver::*;
+/// # #[derive(Clone)] struct Numbers;
+/// # impl Planner for Numbers {
+/// #     fn fingerprint(&self) -> String { "numbers/v1".into() }
+/// #     async fn plan(&self) -> Result<Plan, PlanError> {
+/// #         let split = |i: u64| PlannedSplit { id: SplitId::new(format!("s{i}")).unwrap(), descriptor: i.to_string().into(), weight: 1 };
+/// #         Ok(Plan { kind: PlanKind::Final, splits: (0..3).map(split).collect() })
+/// #     }
+/// # }
+/// # struct Reader(u64);
+/// # impl SplitReader for Reader {
+/// #     type Record = u64; type Progress = u64;
+/// #     async fn next(&mut self) -> Result<Option<(u64, u64)>, SourceError> {
+/// #         self.0 += 1; Ok((self.0 <= 10).then_some((self.0, self.0)))
+/// #     }
+/// # }
+/// # impl Source for Numbers {
+/// #     type Record = u64; type Progress = u64; type Reader = Reader;
+/// #     async fn open(&self, _: &LaneInfo, from: Option<u64>) -> Result<Reader, SourceError> { Ok(Reader(from.unwrap_or(0))) }
+/// # }
+/// # struct Discard;
+/// # impl Sink<u64> for Discard {
+/// #     async fn write(&self, _: &LaneInfo, _: u64) -> Result<(), SinkError> { Ok(()) }
+/// #     async fn flush(&self) -> Result<(), SinkError> { Ok(()) }
+/// # }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), DriverError> {
+/// let stores = JobStores::memory(JobName::new("numbers").unwrap());
+/// let outcome = Pipeline::new(stores, Numbers, Discard).run_until(std::future::pending()).await?;
+/// assert_eq!(outcome, JobOutcome::Complete);
+/// # Ok(()) }
+/// ```
+pub struct Pipeline<St, So, Si> {
+    stores: JobStores<St>,
+    source: Arc<So>,
+    sink: Arc<Si>,
+    config: DriverConfig,
+    cadence: CommitCadence,
+}
+
+impl<St, So, Si> std::fmt::Debug for Pipeline<St, So, Si> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("job", &self.stores.job)
+            .field("config", &self.config)
+            .field("cadence", &self.cadence)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St: Store, So: Source, Si: Sink<So::Record>> Pipeline<St, So, Si> {
+    /// A pipeline of `source` into `sink`, coordinated through `stores`, with the default
+    /// [`DriverConfig`] and [`CommitCadence`].
+    pub fn new(stores: JobStores<St>, source: So, sink: Si) -> Self {
+        Pipeline {
+            stores,
+            source: Arc::new(source),
+            sink: Arc::new(sink),
+            config: DriverConfig::default(),
+            cadence: CommitCadence::default(),
+        }
+    }
+
+    /// The worker's settings (instance id, tuning, what a stall means, ...).
+    pub fn config(mut self, config: DriverConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// When lanes commit their progress.
+    pub fn commit_every(mut self, cadence: CommitCadence) -> Self {
+        self.cadence = cadence;
+        self
+    }
+
+    /// Starts the worker and its lanes on the current tokio runtime; the handle drains, kills
+    /// or waits for it.
+    pub fn start(self) -> Result<DriverHandle, DriverError> {
+        let (handle, mut lanes) = CoordinationDriver::start(self.stores, self.source.clone(), self.config)?;
+        let (source, sink, cadence) = (self.source, self.sink, self.cadence);
+        let instance = handle.instance_id().clone();
+        tokio::spawn(async move {
+            while let Some(lane) = lanes.next().await {
+                tokio::spawn(run_lane(lane, source.clone(), sink.clone(), cadence, instance.clone()));
+            }
+        });
+        Ok(handle)
+    }
+
+    /// Runs the worker until the job ends for it, or until `shutdown` resolves (then it drains:
+    /// lanes commit and stop, splits are released, no attempt is consumed). Returns the outcome.
+    pub async fn run_until(
+        self,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<JobOutcome, DriverError> {
+        let handle = self.start()?;
+        tokio::select! {
+            outcome = handle.outcome() => outcome,
+            () = shutdown => {
+                handle.drain();
+                handle.outcome().await
+            }
+        }
+    }
+}
+
+impl<P: Planner> Planner for Arc<P> {
+    fn fingerprint(&self) -> String {
+        (**self).fingerprint()
+    }
+
+    fn plan(&self) -> impl Future<Output = Result<Plan, PlanError>> + Send {
+        (**self).plan()
+    }
+}
+
+/// How a lane ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LaneEnd {
+    /// The split is Done.
+    Finished,
+    /// Stopped on a drain (after its last commit).
+    Stopped,
+    /// Lost or starved: stopped at once.
+    Revoked,
+    /// Reported failed or unprocessable.
+    Failed,
+}
+
+/// Runs one lane to its end inside a `lane{split, epoch}` span.
+async fn run_lane<So: Source, Si: Sink<So::Record>>(
+    lane: Lane,
+    source: Arc<So>,
+    sink: Arc<Si>,
+    cadence: CommitCadence,
+    instance: InstanceId,
+) {
+    let span = info_span!("lane", split = %lane.split(), epoch = lane.epoch().0);
+    let info = LaneInfo {
+        split: lane.split().clone(),
+        epoch: lane.epoch(),
+        instance,
+        descriptor: lane.descriptor().clone(),
+        weight: lane.weight(),
+        reason: lane.reason(),
+        cancelled: CancellationToken::new(),
+    };
+    let cancelled = info.cancelled.clone();
+    async move {
+        let (emitted, end) = lane_loop(lane, &info, &*source, &*sink, cadence).await;
+        cancelled.cancel();
+        info!(emitted, end = ?end, "lane ended");
+    }
+    .instrument(span)
+    .await
+}
+
+/// Ends the lane as the source's error says.
+fn report(lane: Lane, e: SourceError) -> LaneEnd {
+    warn!(error = %e, "reading the split failed");
+    match e {
+        SourceError::Unprocessable(why) => lane.unprocessable(why),
+        SourceError::Failed(why) => lane.fail(why),
+    }
+    LaneEnd::Failed
+}
+
+/// Progress as stored in the split record.
+fn encode<P: Serialize>(p: &P) -> Bytes {
+    Bytes::from(serde_json::to_vec(p).expect("progress serializes"))
+}
+
+async fn lane_loop<So: Source, Si: Sink<So::Record>>(
+    mut lane: Lane,
+    info: &LaneInfo,
+    source: &So,
+    sink: &Si,
+    cadence: CommitCadence,
+) -> (u64, LaneEnd) {
+    let resume = lane.resume_from().cloned();
+    let from = match &resume {
+        None => None,
+        Some(b) => match serde_json::from_slice::<So::Progress>(b) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                let why = format!("the committed progress does not decode as this source's progress: {e}");
+                return (0, report(lane, SourceError::Unprocessable(why)));
+            }
+        },
+    };
+    let opened = tokio::select! {
+        r = source.open(info, from) => Some(r),
+        _ = lane.revoked() => None,
+    };
+    let mut reader = match opened {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => return (0, report(lane, e)),
+        None => {
+            info.cancelled.cancel();
+            return (0, stop_now(lane));
+        }
+    };
+    let mut emitted = 0u64;
+    // The progress after the last record written, if not committed yet.
+    let mut last: Option<Bytes> = None;
+    let mut uncommitted = false;
+    let mut since = 0u64;
+    let mut last_commit = Instant::now();
+    loop {
+        if lane.stop_requested().is_some() {
+            info.cancelled.cancel();
+            if uncommitted && lane.stop_requested().is_some_and(|s| s.reason == StopReason::Draining) {
+                // Never commit ahead of the sink: if it cannot flush, the tail replays.
+                match sink.flush().await {
+                    Ok(()) => {
+                        let _ = lane.commit(last.clone().expect("progress")).await;
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "the sink failed to flush while draining; the uncommitted tail replays")
+                    }
+                }
+            }
+            return (emitted, stop_now(lane));
+        }
+        let next = tokio::select! {
+            r = reader.next() => r,
+            _ = lane.revoked() => continue,
+        };
+        match next {
+            Err(e) => return (emitted, report(lane, e)),
+            Ok(None) => {
+                if let Err(e) = sink.flush().await {
+                    lane.fail(e.to_string());
+                    return (emitted, LaneEnd::Failed);
+                }
+                let end = last.or(resume).unwrap_or_default();
+                return (emitted, finish(lane, end).await);
+            }
+            Ok(Some((record, progress))) => {
+                if let Err(e) = sink.write(info, record).await {
+                    lane.fail(e.to_string());
+                    return (emitted, LaneEnd::Failed);
+                }
+                emitted += 1;
+                since += 1;
+                last = Some(encode(&progress));
+                uncommitted = true;
+                if since >= cadence.records || last_commit.elapsed() >= cadence.interval {
+                    if let Err(e) = sink.flush().await {
+                        lane.fail(e.to_string());
+                        return (emitted, LaneEnd::Failed);
+                    }
+                    // Commit before going on: a lane never runs more than one commit interval
+                    // ahead of its durable progress, so a store outage bounds both the replay
+                    // and what a zombie (a lane that lost its split without hearing of it) emits
+                    // twice.
+                    let mut delays = retry_delays();
+                    loop {
+                        match lane.commit(last.clone().expect("progress")).await {
+                            CommitOutcome::Ok => {
+                                uncommitted = false;
+                                since = 0;
+                                last_commit = Instant::now();
+                                break;
+                            }
+                            CommitOutcome::Lost => {
+                                info.cancelled.cancel();
+                                return (emitted, LaneEnd::Revoked);
+                            }
+                            CommitOutcome::Retryable => {
+                                tokio::select! {
+                                    () = tokio::time::sleep(delays.next().unwrap_or(MAX_RETRY_DELAY)) => {}
+                                    _ = lane.revoked() => break,
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A lane told to stop: acknowledged if draining (its split is released), dropped otherwise.
+fn stop_now(lane: Lane) -> LaneEnd {
+    match lane.stop_requested() {
+        Some(s) if s.reason == StopReason::Draining => {
+            lane.stopped();
+            LaneEnd::Stopped
+        }
+        _ => {
+            debug!("lane revoked");
+            LaneEnd::Revoked
+        }
+    }
+}
+
+/// The terminal commit, tried again while the store cannot take it.
+async fn finish(mut lane: Lane, progress: Bytes) -> LaneEnd {
+    let mut delays = retry_delays();
+    loop {
+        match lane.finish(progress.clone()).await {
+            Ok(()) => return LaneEnd::Finished,
+            Err((_, CommitOutcome::Lost)) => return LaneEnd::Revoked,
+            Err((l, _)) => {
+                if l.stop_requested().is_some_and(|s| s.reason != StopReason::Draining) {
+                    return LaneEnd::Revoked;
+                }
+                lane = l;
+                tokio::time::sleep(delays.next().unwrap_or(MAX_RETRY_DELAY)).await;
+            }
+        }
+    }
+}
+
+/// The longest wait between two tries of a commit the store could not take.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(2);
+
+/// Waits between tries of a commit the store could not take (it is down or cut off): 100 ms
+/// doubling up to [`MAX_RETRY_DELAY`], each plus a random extra of up to itself, so lanes that
+/// lost the store together do not retry in lockstep.
+fn retry_delays() -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_factor(2.0)
+        .with_max_delay(MAX_RETRY_DELAY)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}

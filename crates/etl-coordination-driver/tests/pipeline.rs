@@ -1,0 +1,346 @@
+//! The processing API ([`Pipeline`]): the library's lane loop over a user's [`Source`] and
+//! [`Sink`], against the memory store on paused (virtual) time.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{TestPlanner, config, decode, fresh_stores, planner};
+use etl_coordination_core::records::{self, SplitRecord, keys};
+use etl_coordination_driver::*;
+use etl_coordination_memory::Store;
+
+/// Splits of `records` records; record `i` of a split is emitted with progress `i + 1`.
+#[derive(Clone)]
+struct Numbers {
+    planner: TestPlanner,
+    delay: Duration,
+    /// Splits whose reading fails at this record: (split, record, unprocessable).
+    broken: Option<(&'static str, u64, bool)>,
+    /// Splits whose first lane hangs in its read until the lane is cancelled; the cancels seen.
+    hang: Option<&'static str>,
+    cancels: Arc<Mutex<Vec<SplitId>>>,
+}
+
+impl Planner for Numbers {
+    fn fingerprint(&self) -> String {
+        self.planner.fingerprint()
+    }
+
+    async fn plan(&self) -> Result<Plan, PlanError> {
+        self.planner.plan().await
+    }
+}
+
+struct NumbersReader {
+    lane: LaneInfo,
+    next: u64,
+    total: u64,
+    delay: Duration,
+    broken: Option<(u64, bool)>,
+    hang: bool,
+}
+
+impl Source for Numbers {
+    type Record = (SplitId, u64);
+    type Progress = u64;
+    type Reader = NumbersReader;
+
+    async fn open(&self, lane: &LaneInfo, from: Option<u64>) -> Result<NumbersReader, SourceError> {
+        let total = decode(lane.descriptor());
+        let mine = |s: &str| s == lane.split().as_str();
+        let hang = self.hang.is_some_and(mine) && lane.epoch() == Epoch(1);
+        if hang {
+            // Work of the reader's own (a prefetch, a connection) learns from the token that
+            // the lane was given up.
+            let (token, split, cancels) =
+                (lane.cancelled().clone(), lane.split().clone(), self.cancels.clone());
+            tokio::spawn(async move {
+                token.cancelled().await;
+                cancels.lock().unwrap().push(split);
+            });
+        }
+        Ok(NumbersReader {
+            lane: lane.clone(),
+            next: from.unwrap_or(0),
+            total,
+            delay: self.delay,
+            broken: self.broken.filter(|(s, ..)| mine(s)).map(|(_, at, u)| (at, u)),
+            hang,
+        })
+    }
+}
+
+impl SplitReader for NumbersReader {
+    type Record = (SplitId, u64);
+    type Progress = u64;
+
+    async fn next(&mut self) -> NextRecord<(SplitId, u64), u64> {
+        if self.hang {
+            // A read that never answers (dropped when the lane is given up).
+            std::future::pending::<()>().await;
+        }
+        if self.next == self.total {
+            return Ok(None);
+        }
+        if let Some((at, unprocessable)) = self.broken
+            && self.next == at
+        {
+            let why = format!("record {at} is malformed");
+            return Err(if unprocessable {
+                SourceError::unprocessable(why)
+            } else {
+                SourceError::failed(why)
+            });
+        }
+        tokio::time::sleep(self.delay).await;
+        let i = self.next;
+        self.next += 1;
+        Ok(Some(((self.lane.split().clone(), i), i + 1)))
+    }
+}
+
+/// Records written and records made durable (flushed), per split; every commit the store sees
+/// must be covered by durable records.
+#[derive(Clone, Default)]
+struct Recorder {
+    pending: Arc<Mutex<Vec<(SplitId, u64)>>>,
+    durable: Arc<Mutex<BTreeMap<SplitId, BTreeSet<u64>>>>,
+    written: Arc<Mutex<Vec<(SplitId, u64, Epoch, String)>>>,
+}
+
+impl Sink<(SplitId, u64)> for Recorder {
+    async fn write(&self, lane: &LaneInfo, (split, i): (SplitId, u64)) -> Result<(), SinkError> {
+        self.pending.lock().unwrap().push((split.clone(), i));
+        self.written.lock().unwrap().push((split, i, lane.epoch(), lane.instance().to_string()));
+        Ok(())
+    }
+
+    async fn flush(&self) -> Result<(), SinkError> {
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap());
+        let mut durable = self.durable.lock().unwrap();
+        for (s, i) in pending {
+            durable.entry(s).or_default().insert(i);
+        }
+        Ok(())
+    }
+}
+
+impl Recorder {
+    fn assert_complete(&self, splits: usize, records: u64) {
+        let durable = self.durable.lock().unwrap();
+        for s in 0..splits {
+            let id = SplitId::new(format!("s{s:02}")).unwrap();
+            let got = durable.get(&id).map_or(0, |d| d.len() as u64);
+            assert_eq!(got, records, "split {id}: {got} of {records} records durable");
+        }
+    }
+
+    /// Every committed progress of every split record is covered by durable records.
+    fn spawn_commit_check(
+        &self,
+        stores: &JobStores<etl_coordination_memory::MemoryStore>,
+    ) -> Arc<Mutex<Vec<String>>> {
+        let problems = Arc::new(Mutex::new(Vec::new()));
+        let (state, durable, out) = (stores.state.clone(), self.durable.clone(), problems.clone());
+        tokio::spawn(async move {
+            use futures_util::StreamExt;
+            let mut w = state.watch(&keys::split_prefix()).await.unwrap();
+            while let Some(Ok(ev)) = w.next().await {
+                let etl_coordination_core::WatchEvent::Put(e) = ev else { continue };
+                let rec: SplitRecord = records::decode(&e.value).unwrap();
+                let Some(p) = rec.progress else { continue };
+                let committed: u64 = serde_json::from_slice(&p).unwrap();
+                let id = keys::parse_split(&e.key).unwrap();
+                let durable = durable.lock().unwrap();
+                let have = durable.get(&id).map_or(0, |d| (0..committed).filter(|i| d.contains(i)).count());
+                if (have as u64) < committed {
+                    out.lock().unwrap().push(format!("{id}: progress {committed} committed, {have} durable"));
+                }
+            }
+        });
+        problems
+    }
+}
+
+fn numbers(splits: usize, records: u64) -> Numbers {
+    Numbers {
+        planner: planner(splits, records),
+        delay: Duration::from_millis(10),
+        broken: None,
+        hang: None,
+        cancels: Arc::default(),
+    }
+}
+
+fn cadence() -> CommitCadence {
+    CommitCadence { records: 7, interval: Duration::from_secs(1) }
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_pipelines_share_a_job_and_never_commit_ahead_of_the_sink() {
+    let stores = fresh_stores();
+    let sink = Recorder::default();
+    let problems = sink.spawn_commit_check(&stores);
+    let a = Pipeline::new(stores.clone(), numbers(6, 50), sink.clone())
+        .config(config("a"))
+        .commit_every(cadence());
+    let b = Pipeline::new(stores.clone(), numbers(6, 50), sink.clone())
+        .config(config("b"))
+        .commit_every(cadence());
+    let (a, b) = (a.start().unwrap(), b.start().unwrap());
+    assert_eq!(a.outcome().await.unwrap(), JobOutcome::Complete);
+    assert_eq!(b.outcome().await.unwrap(), JobOutcome::Complete);
+    sink.assert_complete(6, 50);
+    assert!(problems.lock().unwrap().is_empty(), "{:?}", problems.lock().unwrap());
+    let workers: BTreeSet<String> = sink.written.lock().unwrap().iter().map(|w| w.3.clone()).collect();
+    assert_eq!(workers.len(), 2, "both workers wrote: {workers:?}");
+    // The typed progress is stored as JSON (status renders it).
+    let rec = stores.state.get(&keys::split(&SplitId::new("s00").unwrap())).await.unwrap().unwrap();
+    let rec: SplitRecord = records::decode(&rec.value).unwrap();
+    assert_eq!(rec.progress.as_deref(), Some(&b"50"[..]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_taken_over_split_resumes_from_its_typed_progress() {
+    let stores = fresh_stores();
+    let sink = Recorder::default();
+    let a = Pipeline::new(stores.clone(), numbers(2, 200), sink.clone())
+        .config(config("a"))
+        .commit_every(cadence());
+    let a = a.start().unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    a.kill();
+    let b = Pipeline::new(stores.clone(), numbers(2, 200), sink.clone())
+        .config(config("b"))
+        .commit_every(cadence());
+    assert_eq!(b.start().unwrap().outcome().await.unwrap(), JobOutcome::Complete);
+    sink.assert_complete(2, 200);
+    // b resumed where a's commits left each split: it never wrote record 0 again.
+    let written = sink.written.lock().unwrap();
+    assert!(written.iter().any(|w| w.3 == "a"), "a worked first");
+    let b_first: BTreeMap<&SplitId, u64> =
+        written.iter().filter(|w| w.3 == "b").fold(BTreeMap::new(), |mut m, w| {
+            m.entry(&w.0).or_insert(w.1);
+            m
+        });
+    assert!(b_first.values().all(|first| *first > 0), "b resumed mid-split: {b_first:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn source_errors_are_failures_or_unprocessable_and_quarantine_at_the_cap() {
+    for unprocessable in [false, true] {
+        let stores = fresh_stores();
+        let mut src = numbers(2, 20);
+        src.broken = Some(("s01", 5, unprocessable));
+        let mut cfg = config("a");
+        cfg.on_stall = OnStall::Warn;
+        let sink = Recorder::default();
+        let p = Pipeline::new(stores.clone(), src, sink.clone()).config(cfg).commit_every(cadence());
+        let JobOutcome::Stalled { quarantined } = p.run_until(std::future::pending()).await.unwrap() else {
+            panic!("a stall")
+        };
+        assert_eq!(quarantined.len(), 1);
+        let error = quarantined[0].1.clone().unwrap();
+        assert!(error.contains("record 5 is malformed"), "{error}");
+        let rec = stores.state.get(&keys::split(&SplitId::new("s01").unwrap())).await.unwrap().unwrap();
+        let rec: SplitRecord = records::decode(&rec.value).unwrap();
+        let expected =
+            if unprocessable { records::EndReason::Unprocessable } else { records::EndReason::Failed };
+        assert_eq!(rec.last_end, Some(expected));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_until_drains_on_shutdown_and_consumes_no_attempt() {
+    let stores = fresh_stores();
+    let sink = Recorder::default();
+    let p = Pipeline::new(stores.clone(), numbers(2, 10_000), sink.clone())
+        .config(config("a"))
+        .commit_every(cadence());
+    let outcome = p.run_until(tokio::time::sleep(Duration::from_secs(2))).await.unwrap();
+    assert_eq!(outcome, JobOutcome::Drained);
+    for s in ["s00", "s01"] {
+        let rec = stores.state.get(&keys::split(&SplitId::new(s).unwrap())).await.unwrap().unwrap();
+        let rec: SplitRecord = records::decode(&rec.value).unwrap();
+        assert_eq!((rec.state, rec.attempts), (records::SplitState::Unleased, 0), "{s}: released");
+        // The drain committed the tail: what is durable covers the committed progress.
+        let committed: u64 = serde_json::from_slice(&rec.progress.unwrap()).unwrap();
+        let durable = sink.durable.lock().unwrap().get(&SplitId::new(s).unwrap()).map_or(0, |d| d.len());
+        assert!(
+            committed > 0 && committed as usize <= durable,
+            "{s}: {committed} committed, {durable} durable"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lane_given_up_cancels_its_token_and_the_split_is_retried() {
+    let stores = fresh_stores();
+    let mut src = numbers(2, 20);
+    src.hang = Some("s01");
+    let cancels = src.cancels.clone();
+    let mut cfg = config("a");
+    cfg.lane_stall_timeout = Some(Duration::from_secs(5));
+    cfg.on_lane_stall = OnLaneStall::Release;
+    let sink = Recorder::default();
+    let p = Pipeline::new(stores.clone(), src, sink.clone()).config(cfg).commit_every(cadence());
+    assert_eq!(p.run_until(std::future::pending()).await.unwrap(), JobOutcome::Complete);
+    sink.assert_complete(2, 20);
+    assert_eq!(
+        *cancels.lock().unwrap(),
+        vec![SplitId::new("s01").unwrap()],
+        "the hung read saw its lane cancelled"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_progress_the_source_cannot_read_makes_the_split_unprocessable() {
+    let stores = fresh_stores();
+    let mut cfg = config("a");
+    cfg.on_stall = OnStall::Warn;
+    cfg.tuning.max_attempts = 1;
+    // The first run's progress is a u64; this source reads strings.
+    let p = Pipeline::new(stores.clone(), numbers(1, 20), Recorder::default())
+        .config(cfg.clone())
+        .commit_every(cadence());
+    let h = p.start().unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    h.kill();
+    #[derive(Clone)]
+    struct Words(Numbers);
+    impl Planner for Words {
+        fn fingerprint(&self) -> String {
+            self.0.fingerprint()
+        }
+        async fn plan(&self) -> Result<Plan, PlanError> {
+            self.0.plan().await
+        }
+    }
+    struct Never;
+    impl SplitReader for Never {
+        type Record = (SplitId, u64);
+        type Progress = String;
+        async fn next(&mut self) -> NextRecord<(SplitId, u64), String> {
+            unreachable!("never opened")
+        }
+    }
+    impl Source for Words {
+        type Record = (SplitId, u64);
+        type Progress = String;
+        type Reader = Never;
+        async fn open(&self, _: &LaneInfo, _: Option<String>) -> Result<Never, SourceError> {
+            unreachable!("the progress never decodes")
+        }
+    }
+    // Commits of the first run at progress 7 and 14 make the record's progress a number.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let p = Pipeline::new(stores.clone(), Words(numbers(1, 20)), Recorder::default()).config(cfg);
+    let JobOutcome::Stalled { quarantined } = p.run_until(std::future::pending()).await.unwrap() else {
+        panic!("a stall")
+    };
+    let error = quarantined[0].1.clone().unwrap();
+    assert!(error.contains("does not decode as this source's progress"), "{error}");
+}
