@@ -102,13 +102,16 @@ impl SplitReader for NumbersReader {
     }
 }
 
+/// A record written: split, record, the lane's epoch, the worker.
+type Written = (SplitId, u64, Epoch, String);
+
 /// Records written and records made durable (flushed), per split; every commit the store sees
 /// must be covered by durable records.
 #[derive(Clone, Default)]
 struct Recorder {
     pending: Arc<Mutex<Vec<(SplitId, u64)>>>,
     durable: Arc<Mutex<BTreeMap<SplitId, BTreeSet<u64>>>>,
-    written: Arc<Mutex<Vec<(SplitId, u64, Epoch, String)>>>,
+    written: Arc<Mutex<Vec<Written>>>,
 }
 
 impl Sink<(SplitId, u64)> for Recorder {
