@@ -137,6 +137,20 @@ pub struct LaneInfo {
 }
 
 impl LaneInfo {
+    /// A lane's description, as the pipeline makes it (for tests of a source, and for lane
+    /// loops of your own over [`Lanes`](crate::Lanes)); no acquisition reason, a fresh token.
+    pub fn new(split: SplitId, epoch: Epoch, instance: InstanceId, descriptor: Bytes, weight: u64) -> Self {
+        LaneInfo {
+            split,
+            epoch,
+            instance,
+            descriptor,
+            weight,
+            reason: None,
+            cancelled: CancellationToken::new(),
+        }
+    }
+
     /// The split.
     pub fn split(&self) -> &SplitId {
         &self.split
@@ -307,6 +321,10 @@ impl<P: Planner> Planner for Arc<P> {
 
     fn plan(&self) -> impl Future<Output = Result<Plan, PlanError>> + Send {
         (**self).plan()
+    }
+
+    fn replan(&self, published: &[SplitId]) -> impl Future<Output = Result<Plan, PlanError>> + Send {
+        (**self).replan(published)
     }
 }
 

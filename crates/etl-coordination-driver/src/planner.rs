@@ -2,7 +2,7 @@
 
 use std::future::Future;
 
-use etl_coordination_core::Plan;
+use etl_coordination_core::{Plan, SplitId};
 
 /// Enumerates a source's work as splits. Runs only on the fleet's leader (P4).
 pub trait Planner: Send + Sync + 'static {
@@ -14,6 +14,15 @@ pub trait Planner: Send + Sync + 'static {
     /// Lists the work. Split ids must be deterministic (re-planning the same input yields the
     /// same ids) and unique.
     fn plan(&self) -> impl Future<Output = Result<Plan, PlanError>> + Send;
+
+    /// Lists the work knowing which splits the published plan already has (an open plan's
+    /// earlier rounds; empty for the first). What the driver calls; by default [`Planner::plan`].
+    /// A planner of a growing input can start where the published splits end (their ids can
+    /// carry what it needs, e.g. a range's bounds), instead of enumerating everything again.
+    fn replan(&self, published: &[SplitId]) -> impl Future<Output = Result<Plan, PlanError>> + Send {
+        let _ = published;
+        self.plan()
+    }
 }
 
 /// A planner failure; the leader retries after a heartbeat interval.

@@ -397,7 +397,8 @@ impl<S: Store, P: Planner> Task<S, P> {
                 // The planner runs in a task of its own so that a panic in it becomes a planner
                 // failure (retried with backoff) instead of a silent hang until `plan_timeout`;
                 // a call that timed out is aborted when the next one starts.
-                let call = tokio::spawn(async move { planner.plan().await });
+                let published: Vec<SplitId> = self.worker.published().cloned().collect();
+                let call = tokio::spawn(async move { planner.replan(&published).await });
                 if let Some(previous) = self.planning.replace(call.abort_handle()) {
                     previous.abort();
                 }

@@ -153,6 +153,12 @@ impl Worker {
         self.leader.is_some()
     }
 
+    /// The splits of the published plan as this worker's view has it (the leader's is current
+    /// when it asks for a plan: what a re-plan adds to).
+    pub fn published(&self) -> impl Iterator<Item = &SplitId> {
+        self.view.splits.iter().filter(|(_, sv)| sv.weight.is_some()).map(|(id, _)| id)
+    }
+
     /// The splits this worker holds (including ones being acquired or released), with epochs.
     pub fn held(&self) -> impl Iterator<Item = (&SplitId, Epoch)> {
         self.held.iter().map(|(id, h)| (id, h.epoch))

@@ -1,0 +1,448 @@
+//! The lines of the objects under a location: a local directory, or (feature `cloud`) an
+//! `s3://`, `gs://` or `az://` URL.
+//!
+//! - **Backfill** ([`FilesSource::open`]): the objects listed at planning time, bin-packed in
+//!   path order into splits of about `split_bytes` (an object larger than that is a split of
+//!   its own); a [`PlanKind::Final`] plan. Split ids are a hash of the split's paths and sizes,
+//!   so re-planning the same input is a no-op (P4).
+//! - **Follow** ([`FilesSource::follow`]): every object is a split of its own, its id a hash of
+//!   its path, in a [`PlanKind::Open`] plan the leader re-runs every `replan_interval`: objects
+//!   that appear are picked up, none is read twice. Objects must appear whole (object stores
+//!   do; in a local directory, write under another name and rename); one that changes after it
+//!   was planned is read as it was (up to its planned size).
+//!
+//! Records are lines ([`Line`]: `path:line`, the text without its end). Objects are streamed, so
+//! a worker's memory does not grow with their size; `.gz` and `.zst` objects are decompressed.
+//! Progress ([`FileProgress`]) is the object, the byte offset and the line number: a new owner
+//! of a split resumes mid-object (by a ranged read; a compressed object is read again from its
+//! start and the lines already done are skipped).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use etl_coordination_driver::{
+    LaneInfo, NextRecord, Plan, PlanError, PlanKind, PlannedSplit, Planner, Source, SourceError, SplitId,
+    SplitReader,
+};
+use futures_util::{StreamExt, TryStreamExt};
+use object_store::path::Path as ObjectPath;
+use object_store::{GetOptions, GetRange, ObjectStore};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader};
+
+use crate::Line;
+
+/// Default target bytes per split (the product document suggests tens of MB to ~128 MB).
+pub const DEFAULT_SPLIT_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The input cannot be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FilesError {
+    /// A local location that is not a directory.
+    #[error("input directory {0:?} does not exist or is not a directory")]
+    NotADirectory(String),
+    /// An object-store URL that cannot be opened (malformed, or the `cloud` feature is off).
+    #[error("cannot open {location:?}: {reason} (object-store URLs need the `cloud` feature)")]
+    Url {
+        /// The location.
+        location: String,
+        /// Why.
+        reason: String,
+    },
+    /// A split size of 0.
+    #[error("split_bytes must be at least 1")]
+    ZeroSplitBytes,
+    /// Listing the input failed.
+    #[error("listing {location}: {reason}")]
+    List {
+        /// The location.
+        location: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Where the files are and how to split them.
+#[derive(Clone)]
+pub struct FilesSource {
+    store: Arc<dyn ObjectStore>,
+    prefix: ObjectPath,
+    location: String,
+    split_bytes: u64,
+    follow: bool,
+}
+
+impl std::fmt::Debug for FilesSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FilesSource")
+            .field("location", &self.location)
+            .field("split_bytes", &self.split_bytes)
+            .field("follow", &self.follow)
+            .finish()
+    }
+}
+
+/// A split's descriptor: its objects and their sizes when planned.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileSplit {
+    /// `(path, size)` in read order.
+    pub objects: Vec<(String, u64)>,
+}
+
+/// Progress within a split.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileProgress {
+    /// Index of the object being read.
+    pub object: usize,
+    /// Bytes of that object read (decompressed bytes for a compressed object).
+    pub offset: u64,
+    /// Lines of that object read.
+    pub line: u64,
+}
+
+impl FilesSource {
+    /// A backfill of `location`: a local directory, or (feature `cloud`) an object-store URL
+    /// whose credentials come from the environment as the cloud SDKs read them (`AWS_*`,
+    /// `GOOGLE_*`, `AZURE_*`).
+    pub fn open(location: &str, split_bytes: u64) -> Result<Self, FilesError> {
+        if split_bytes == 0 {
+            return Err(FilesError::ZeroSplitBytes);
+        }
+        let (store, prefix): (Arc<dyn ObjectStore>, ObjectPath) = if location.contains("://") {
+            let bad = |reason: String| FilesError::Url { location: location.to_owned(), reason };
+            let url = url::Url::parse(location).map_err(|e| bad(e.to_string()))?;
+            let options = std::env::vars()
+                .filter(|(k, _)| ["AWS_", "GOOGLE_", "AZURE_"].iter().any(|p| k.starts_with(p)))
+                .map(|(k, v)| (k.to_ascii_lowercase(), v));
+            let (store, path) =
+                object_store::parse_url_opts(&url, options).map_err(|e| bad(e.to_string()))?;
+            (Arc::from(store), path)
+        } else {
+            let dir = std::path::Path::new(location);
+            if !dir.is_dir() {
+                return Err(FilesError::NotADirectory(location.to_owned()));
+            }
+            let fs = object_store::local::LocalFileSystem::new_with_prefix(dir)
+                .map_err(|_| FilesError::NotADirectory(location.to_owned()))?;
+            (Arc::new(fs), ObjectPath::default())
+        };
+        Ok(FilesSource { store, prefix, location: location.to_owned(), split_bytes, follow: false })
+    }
+
+    /// Follow mode: every object is a split, and the plan stays open (see the module
+    /// documentation). The job never completes; it ends when its workers are drained.
+    pub fn follow(mut self) -> Self {
+        self.follow = true;
+        self
+    }
+
+    /// The objects under the location, in path order.
+    async fn list(&self) -> Result<Vec<(String, u64)>, FilesError> {
+        let mut objects: Vec<(String, u64)> = self
+            .store
+            .list(Some(&self.prefix))
+            .map_ok(|m| (m.location.to_string(), m.size))
+            .try_collect()
+            .await
+            .map_err(|e| FilesError::List { location: self.location.clone(), reason: e.to_string() })?;
+        objects.sort();
+        Ok(objects)
+    }
+
+    /// Lists the input and cuts it into splits (see the module documentation).
+    pub async fn plan_splits(&self) -> Result<Vec<PlannedSplit>, FilesError> {
+        let objects = self.list().await?;
+        Ok(if self.follow {
+            objects.into_iter().map(|(p, s)| split_of(vec![(p.clone(), s)], &[&p])).collect()
+        } else {
+            pack(objects, self.split_bytes)
+        })
+    }
+}
+
+/// A split of `objects`, its id a hash of `identity`.
+fn split_of(objects: Vec<(String, u64)>, identity: &[&str]) -> PlannedSplit {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in identity.iter().flat_map(|s| s.bytes().chain([0])) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let weight = objects.iter().map(|(_, s)| *s).sum::<u64>().max(1);
+    let descriptor = Bytes::from(serde_json::to_vec(&FileSplit { objects }).expect("serializable"));
+    PlannedSplit { id: SplitId::new(format!("f-{h:016x}")).expect("hex ids are valid"), descriptor, weight }
+}
+
+/// Greedy bin-packing in path order: objects join the current split until it would exceed the
+/// target; an object larger than the target gets a split of its own. A split's id is a hash of
+/// its paths and sizes.
+pub fn pack(objects: Vec<(String, u64)>, target: u64) -> Vec<PlannedSplit> {
+    let mut splits = Vec::new();
+    let mut current: Vec<(String, u64)> = Vec::new();
+    let mut bytes = 0u64;
+    let flush = |current: &mut Vec<(String, u64)>, splits: &mut Vec<PlannedSplit>| {
+        if current.is_empty() {
+            return;
+        }
+        let objects = std::mem::take(current);
+        let identity: Vec<String> = objects.iter().map(|(p, s)| format!("{p}\0{s}")).collect();
+        let identity: Vec<&str> = identity.iter().map(String::as_str).collect();
+        splits.push(split_of(objects.clone(), &identity));
+    };
+    for (path, size) in objects {
+        if !current.is_empty() && bytes + size > target {
+            flush(&mut current, &mut splits);
+            bytes = 0;
+        }
+        bytes += size;
+        current.push((path, size));
+    }
+    flush(&mut current, &mut splits);
+    splits
+}
+
+impl Planner for FilesSource {
+    fn fingerprint(&self) -> String {
+        let mode = if self.follow { " follow" } else { "" };
+        format!("files/v1 location={} split_bytes={}{mode}", self.location, self.split_bytes)
+    }
+
+    async fn plan(&self) -> Result<Plan, PlanError> {
+        let splits = self.plan_splits().await.map_err(|e| PlanError(e.to_string()))?;
+        Ok(Plan { kind: if self.follow { PlanKind::Open } else { PlanKind::Final }, splits })
+    }
+}
+
+impl Source for FilesSource {
+    type Record = Line;
+    type Progress = FileProgress;
+    type Reader = FilesReader;
+
+    async fn open(&self, lane: &LaneInfo, from: Option<FileProgress>) -> Result<FilesReader, SourceError> {
+        let split: FileSplit = serde_json::from_slice(lane.descriptor())
+            .map_err(|e| SourceError::unprocessable(format!("undecodable files descriptor: {e}")))?;
+        Ok(FilesReader {
+            store: self.store.clone(),
+            split,
+            progress: from.unwrap_or_default(),
+            current: None,
+        })
+    }
+}
+
+/// The object being read: its lines, and how many lines to skip first (resuming a compressed
+/// object).
+struct Current {
+    lines: Box<dyn AsyncBufRead + Send + Unpin>,
+    skip: u64,
+    buf: Vec<u8>,
+}
+
+/// Reads a files split line by line, streaming each object.
+pub struct FilesReader {
+    store: Arc<dyn ObjectStore>,
+    split: FileSplit,
+    progress: FileProgress,
+    current: Option<Current>,
+}
+
+/// How an object is compressed, by its extension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Compression {
+    None,
+    Gzip,
+    Zstd,
+}
+
+fn compression(path: &str) -> Compression {
+    if path.ends_with(".gz") {
+        Compression::Gzip
+    } else if path.ends_with(".zst") {
+        Compression::Zstd
+    } else {
+        Compression::None
+    }
+}
+
+/// Opens the object `path` of `size` bytes at `progress` as a stream of lines.
+async fn open_object(
+    store: Arc<dyn ObjectStore>,
+    path: &str,
+    size: u64,
+    progress: FileProgress,
+) -> Result<Current, SourceError> {
+    let kind = compression(path);
+    // A plain object resumes at its byte offset; a compressed one is read from its start.
+    let start = if kind == Compression::None { progress.offset } else { 0 };
+    let options = GetOptions { range: Some(GetRange::Bounded(start..size)), ..GetOptions::default() };
+    let got = store
+        .get_opts(&ObjectPath::from(path), options)
+        .await
+        .map_err(|e| SourceError::failed(format!("reading {path}: {e}")))?;
+    let bytes = got.into_stream().map(|r| r.map_err(std::io::Error::other));
+    let raw = tokio_util::io::StreamReader::new(bytes.boxed());
+    let lines: Box<dyn AsyncBufRead + Send + Unpin> = match kind {
+        Compression::None => Box::new(raw),
+        Compression::Gzip => {
+            let mut d = async_compression::tokio::bufread::GzipDecoder::new(raw);
+            d.multiple_members(true);
+            Box::new(BufReader::new(d))
+        }
+        Compression::Zstd => {
+            let mut d = async_compression::tokio::bufread::ZstdDecoder::new(raw);
+            d.multiple_members(true);
+            Box::new(BufReader::new(d))
+        }
+    };
+    let skip = if kind == Compression::None { 0 } else { progress.line };
+    Ok(Current { lines, skip, buf: Vec::new() })
+}
+
+impl SplitReader for FilesReader {
+    type Record = Line;
+    type Progress = FileProgress;
+
+    async fn next(&mut self) -> NextRecord<Line, FileProgress> {
+        loop {
+            let Some((path, size)) = self.split.objects.get(self.progress.object).cloned() else {
+                return Ok(None);
+            };
+            let next_object = FileProgress { object: self.progress.object + 1, offset: 0, line: 0 };
+            if self.current.is_none() {
+                if compression(&path) == Compression::None && self.progress.offset >= size {
+                    self.progress = next_object;
+                    continue;
+                }
+                self.current = Some(open_object(self.store.clone(), &path, size, self.progress).await?);
+            }
+            let c = self.current.as_mut().expect("opened above");
+            c.buf.clear();
+            let n = c
+                .lines
+                .read_until(b'\n', &mut c.buf)
+                .await
+                .map_err(|e| SourceError::failed(format!("reading {path}: {e}")))?;
+            if n == 0 {
+                self.current = None;
+                self.progress = next_object;
+                continue;
+            }
+            if c.skip > 0 {
+                c.skip -= 1;
+                continue;
+            }
+            let content = String::from_utf8_lossy(&c.buf).trim_end_matches(['\n', '\r']).to_owned();
+            self.progress.offset += n as u64;
+            self.progress.line += 1;
+            let key = format!("{path}:{}", self.progress.line);
+            return Ok(Some((Line { key, content }, self.progress)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use etl_coordination_driver::{Epoch, InstanceId};
+
+    use super::*;
+
+    #[test]
+    fn packing_is_deterministic_and_respects_the_target() {
+        let objects: Vec<(String, u64)> = (0..10).map(|i| (format!("d/{i}.txt"), 40)).collect();
+        let a = pack(objects.clone(), 100);
+        let b = pack(objects, 100);
+        assert_eq!(a, b, "same input, same splits and ids");
+        assert_eq!(a.len(), 5, "two 40-byte objects per 100-byte split");
+        assert!(a.iter().all(|s| s.weight == 80));
+        let big = pack(vec![("big".into(), 500), ("small".into(), 10)], 100);
+        assert_eq!(big.len(), 2, "an oversized object gets its own split");
+    }
+
+    /// The lines a fresh reader of `split` yields from `from`, with the progress after each.
+    async fn read_all(
+        src: &FilesSource,
+        split: &PlannedSplit,
+        from: Option<FileProgress>,
+    ) -> Vec<(Line, FileProgress)> {
+        let lane = LaneInfo::new(
+            split.id.clone(),
+            Epoch(1),
+            InstanceId::new("t").unwrap(),
+            split.descriptor.clone(),
+            1,
+        );
+        let mut r = src.open(&lane, from).await.unwrap();
+        let mut out = Vec::new();
+        while let Some(rec) = r.next().await.unwrap() {
+            out.push(rec);
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn a_reader_resumes_mid_object_from_its_progress() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.txt"), "one\ntwo\nthree\n").unwrap();
+        std::fs::write(dir.path().join("b.txt"), "four\nfive").unwrap();
+        let src = FilesSource::open(dir.path().to_str().unwrap(), 1 << 20).unwrap();
+        let splits = src.plan_splits().await.unwrap();
+        assert_eq!(splits.len(), 1);
+        let all = read_all(&src, &splits[0], None).await;
+        let keys: Vec<&str> = all.iter().map(|(l, _)| l.key.as_str()).collect();
+        assert_eq!(keys, ["a.txt:1", "a.txt:2", "a.txt:3", "b.txt:1", "b.txt:2"]);
+        assert_eq!(all[1].0.content, "two");
+        // A new owner resumes after "two".
+        let rest = read_all(&src, &splits[0], Some(all[1].1)).await;
+        let keys: Vec<&str> = rest.iter().map(|(l, _)| l.key.as_str()).collect();
+        assert_eq!(keys, ["a.txt:3", "b.txt:1", "b.txt:2"]);
+        // After the last line of an object: the next one.
+        let rest = read_all(&src, &splits[0], Some(all[2].1)).await;
+        assert_eq!(rest[0].0.key, "b.txt:1");
+    }
+
+    #[tokio::test]
+    async fn gzip_and_zstd_objects_are_read_by_extension_and_resumed_by_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let text: String = (1..=100).map(|i| format!("line {i}\n")).collect();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(text.as_bytes()).unwrap();
+        std::fs::write(dir.path().join("a.txt.gz"), gz.finish().unwrap()).unwrap();
+        std::fs::write(dir.path().join("b.txt.zst"), zstd::encode_all(text.as_bytes(), 3).unwrap()).unwrap();
+        let src = FilesSource::open(dir.path().to_str().unwrap(), 1 << 20).unwrap();
+        let split = src.plan_splits().await.unwrap().remove(0);
+        let all = read_all(&src, &split, None).await;
+        assert_eq!(all.len(), 200);
+        assert_eq!((all[0].0.key.as_str(), all[0].0.content.as_str()), ("a.txt.gz:1", "line 1"));
+        assert_eq!((all[199].0.key.as_str(), all[199].0.content.as_str()), ("b.txt.zst:100", "line 100"));
+        // Resuming mid-object skips the lines already done.
+        let rest = read_all(&src, &split, Some(all[149].1)).await;
+        assert_eq!(rest.len(), 50);
+        assert_eq!(rest[0].0.key, "b.txt.zst:51");
+    }
+
+    #[tokio::test]
+    async fn follow_mode_plans_one_split_per_object_with_stable_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.txt"), "1\n").unwrap();
+        let src = FilesSource::open(dir.path().to_str().unwrap(), 1 << 20).unwrap().follow();
+        let first = src.plan().await.unwrap();
+        assert_eq!(first.kind, PlanKind::Open);
+        std::fs::write(dir.path().join("b.txt"), "2\n").unwrap();
+        let second = src.plan().await.unwrap();
+        assert_eq!(second.splits.len(), 2);
+        assert_eq!(second.splits[0].id, first.splits[0].id, "an object keeps its split");
+        assert_ne!(
+            src.fingerprint(),
+            FilesSource::open(dir.path().to_str().unwrap(), 1 << 20).unwrap().fingerprint()
+        );
+    }
+
+    #[test]
+    fn a_missing_directory_is_a_clear_error() {
+        let err = FilesSource::open("/definitely/not/here", 10).unwrap_err().to_string();
+        assert!(err.contains("does not exist"), "{err}");
+        assert!(matches!(FilesSource::open("/tmp", 0), Err(FilesError::ZeroSplitBytes)));
+    }
+}
