@@ -11,14 +11,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use etl_coordination_driver::{
-    CoordinationDriver, DriverConfig, DriverHandle, InstanceId, JobName, JobOutcome, JobStores, Lanes, Tuning,
+    CommitCadence, DriverConfig, DriverHandle, InstanceId, JobName, JobOutcome, JobStores, LaneInfo,
+    Pipeline, Sink, SinkError, Tuning,
 };
 use etl_coordination_memory::MemoryStore;
+use etl_coordination_sources::Line;
+use etl_coordination_sources::files::FilesSource;
 use tokio::sync::Mutex;
 
-use crate::runner::{RunOptions, run_lane};
 use crate::sink::JsonlSink;
-use crate::sources::files::{FilesPlanner, FilesSource};
+use crate::sources::{Faults, Faulty};
 
 /// Demo settings.
 #[derive(Clone, Debug)]
@@ -135,37 +137,35 @@ impl Fleet {
     }
 
     async fn start(self: &Arc<Self>, id: &str) -> anyhow::Result<()> {
-        let (handle, lanes) = CoordinationDriver::start(
-            self.stores.clone(),
-            FilesPlanner(self.source.clone()),
-            self.config(id),
-        )?;
+        let source = Faulty {
+            source: self.source.clone(),
+            faults: Faults { record_delay: self.opts.record_delay, ..Faults::default() },
+        };
+        let sink = Counted { sink: self.sink.clone(), emitted: self.emitted.clone() };
+        let handle = Pipeline::new(self.stores.clone(), source, sink)
+            .config(self.config(id))
+            .commit_every(CommitCadence { records: 200, interval: Duration::from_millis(500) })
+            .start()?;
         self.handles.lock().await.insert(id.to_owned(), handle);
-        let fleet = self.clone();
-        let id = id.to_owned();
-        tokio::spawn(async move { fleet.serve(lanes, id).await });
+        Ok(())
+    }
+}
+
+/// A sink that counts what it writes (for the progress bar).
+struct Counted {
+    sink: JsonlSink,
+    emitted: Arc<AtomicU64>,
+}
+
+impl Sink<Line> for Counted {
+    async fn write(&self, lane: &LaneInfo, record: Line) -> Result<(), SinkError> {
+        self.sink.write(lane, record).await?;
+        self.emitted.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    async fn serve(self: Arc<Self>, mut lanes: Lanes, id: String) {
-        while let Some(lane) = lanes.next().await {
-            let reader = match self.source.reader(lane.descriptor(), lane.resume_from()) {
-                Ok(r) => r,
-                Err(e) => {
-                    lane.unprocessable(format!("{e:#}"));
-                    continue;
-                }
-            };
-            let opts = RunOptions {
-                instance: id.clone(),
-                commit_every: 200,
-                commit_interval: Duration::from_millis(500),
-                record_delay: self.opts.record_delay,
-                counter: Some(self.emitted.clone()),
-                ..RunOptions::default()
-            };
-            tokio::spawn(run_lane(lane, reader, self.sink.clone(), opts));
-        }
+    async fn flush(&self) -> Result<(), SinkError> {
+        self.sink.flush().await
     }
 }
 
@@ -245,7 +245,7 @@ pub async fn run_demo(
     if let Some(other) = outcome {
         bail!("the demo job did not complete: {other}");
     }
-    fleet.sink.flush()?;
+    fleet.sink.sync()?;
     let lines = JsonlSink::read(&sink_path)?;
     let seen: BTreeSet<String> = lines.iter().map(|l| l.record.clone()).collect();
     summary.emitted = lines.len() as u64;

@@ -1,14 +1,13 @@
-//! `etl-coord`: the coordinated pipeline as a command, and the example sources that double as
-//! templates for custom sources (see `docs/CUSTOM_SOURCES.md`).
+//! `etl-coord`: the coordinated pipeline as a command: a [`Pipeline`](etl_coordination_driver::Pipeline)
+//! of the sources of `etl-coordination-sources` into a JSON Lines sink, and the operator's
+//! commands.
 //!
-//! - [`sources::files`]: an object-store backfill (local directory by default) bin-packed by
-//!   bytes into splits; records are lines; progress is (object, byte offset, line).
+//! - [`sources`]: the files and SQLite sources chosen by `--source`, and test faults.
 //! - [`sink::JsonlSink`]: a JSON Lines sink, one line per emitted record.
-//! - [`runner`]: the generic lane loop (emit, commit, stop, finish) every source reuses.
+//! - [`ops`]: `status` and `requeue` over any store.
 //! - [`demo`]: several in-process workers on the memory store over a generated dataset.
 
 pub mod demo;
 pub mod ops;
-pub mod runner;
 pub mod sink;
 pub mod sources;

@@ -14,14 +14,11 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use etl_coord::demo::{DemoOptions, run_demo};
 use etl_coord::ops;
-use etl_coord::runner::{RunOptions, run_lane};
 use etl_coord::sink::JsonlSink;
-use etl_coord::sources::AnySource;
-use etl_coord::sources::files::DEFAULT_SPLIT_BYTES;
-use etl_coord::sources::sqlite::DEFAULT_SPLIT_ROWS;
+use etl_coord::sources::{AnySource, DEFAULT_SPLIT_BYTES, DEFAULT_SPLIT_ROWS, Faults, Faulty};
 use etl_coordination_driver::{
-    AnyStore, CoordinationDriver, DriverConfig, DriverError, InstanceId, JobName, JobOutcome, JobStores,
-    OnLaneStall, OnStall, SplitId, Tuning,
+    AnyStore, DriverConfig, DriverError, InstanceId, JobName, JobOutcome, JobStores, OnLaneStall, OnStall,
+    Pipeline, SplitId, Tuning,
 };
 
 /// What `--help` ends with: exit codes and the environment.
@@ -260,6 +257,11 @@ struct WorkerArgs {
     /// `files:DIR` or `sqlite:PATH:TABLE`.
     #[arg(long, env = "ETL_COORD_SOURCE")]
     source: String,
+    /// Keep the plan open: the leader re-plans every --replan-interval and new input becomes
+    /// new splits (files: every object is a split, new objects are picked up; sqlite: rows past
+    /// the last planned id). The job never completes; SIGTERM ends a worker (a drain).
+    #[arg(long, env = "ETL_COORD_FOLLOW")]
+    follow: bool,
     /// JSON Lines output, one line per emitted record.
     #[arg(long, env = "ETL_COORD_SINK")]
     sink: Option<PathBuf>,
@@ -438,7 +440,7 @@ fn validate(cli: &Cli) {
                 );
             }
             // What the input and the local files can tell is told now, not after connecting.
-            if let Err(e) = AnySource::open(&a.source, a.split_size, a.split_rows) {
+            if let Err(e) = AnySource::open(&a.source, a.split_size, a.split_rows, a.follow) {
                 let msg = format!("{e:#}");
                 match msg.strip_prefix("--").and_then(|m| m.split_once(' ')) {
                     Some((flag, rest)) => fail(&format!("--{flag}"), rest.to_owned()),
@@ -781,7 +783,13 @@ fn default_instance_id(flag: Option<String>) -> anyhow::Result<Option<InstanceId
 
 async fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     let stores = open_stores(&a.store).await?;
-    let source = AnySource::open(&a.source, a.split_size, a.split_rows)?;
+    let source = AnySource::open(&a.source, a.split_size, a.split_rows, a.follow)?;
+    let faults = Faults {
+        record_delay: Duration::from_millis(a.record_delay_ms),
+        poison_marker: a.poison_marker.clone(),
+        unprocessable_marker: a.unprocessable_marker.clone(),
+        hang_marker: a.hang_marker.clone(),
+    };
     let sink = match &a.sink {
         Some(p) => JsonlSink::open(p).with_context(|| format!("opening the sink {}", p.display()))?,
         None => JsonlSink::discard(),
@@ -796,8 +804,7 @@ async fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         ..DriverConfig::default()
     };
     let metrics = etl_coordination_metrics::install_prometheus()?;
-    let (handle, mut lanes) = CoordinationDriver::start(stores, source.clone(), config)?;
-    let instance = handle.instance_id().to_string();
+    let handle = Pipeline::new(stores, Faulty { source, faults }, sink).config(config).start()?;
     let ready = Arc::new(AtomicBool::new(true));
     if let Some(addr) = a.admin_addr {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -821,24 +828,6 @@ async fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
              after --lease-duration; peers take the splits over then)"
         );
         std::process::exit(130);
-    });
-    let opts = RunOptions {
-        instance: instance.clone(),
-        record_delay: Duration::from_millis(a.record_delay_ms),
-        poison_marker: a.poison_marker,
-        unprocessable_marker: a.unprocessable_marker,
-        hang_marker: a.hang_marker,
-        ..RunOptions::default()
-    };
-    tokio::spawn(async move {
-        while let Some(lane) = lanes.next().await {
-            match source.reader(lane.descriptor(), lane.resume_from()) {
-                Ok(reader) => {
-                    tokio::spawn(run_lane(lane, reader, sink.clone(), opts.clone()));
-                }
-                Err(e) => lane.unprocessable(format!("{e:#}")),
-            }
-        }
     });
     match handle.outcome().await {
         Ok(JobOutcome::Complete) => {

@@ -6,6 +6,8 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use etl_coordination_driver::{LaneInfo, Sink, SinkError};
+use etl_coordination_sources::Line;
 use serde::{Deserialize, Serialize};
 
 /// One emitted record.
@@ -54,7 +56,7 @@ impl JsonlSink {
     }
 
     /// Buffers one record.
-    pub fn write(&self, line: &SinkLine) -> std::io::Result<()> {
+    pub fn write_line(&self, line: &SinkLine) -> std::io::Result<()> {
         let mut g = self.out.lock().expect("sink lock");
         if let Some(w) = g.as_mut() {
             serde_json::to_writer(&mut *w, line)?;
@@ -63,9 +65,10 @@ impl JsonlSink {
         Ok(())
     }
 
-    /// Makes everything written so far durable in the file. Called before every progress
-    /// commit: a committed position must never be ahead of the sink (no loss on a crash).
-    pub fn flush(&self) -> std::io::Result<()> {
+    /// Makes everything written so far durable in the file (blocking: `fsync`). Called before
+    /// every progress commit: a committed position must never be ahead of the sink (no loss on
+    /// a crash).
+    pub fn sync(&self) -> std::io::Result<()> {
         let mut g = self.out.lock().expect("sink lock");
         if let Some(w) = g.as_mut() {
             w.flush()?;
@@ -103,9 +106,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out.jsonl");
         let sink = JsonlSink::open(&path).unwrap();
-        sink.write(&line("a")).unwrap();
-        sink.write(&line("b")).unwrap();
-        sink.flush().unwrap();
+        sink.write_line(&line("a")).unwrap();
+        sink.write_line(&line("b")).unwrap();
+        sink.sync().unwrap();
         drop(sink);
         // A SIGKILL while the buffer was being written: half a line, no newline.
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
@@ -116,8 +119,30 @@ mod tests {
         assert_eq!(records(&path), ["a", "b"]);
         // The restarted process appends after the last whole line.
         let sink = JsonlSink::open(&path).unwrap();
-        sink.write(&line("c")).unwrap();
-        sink.flush().unwrap();
+        sink.write_line(&line("c")).unwrap();
+        sink.sync().unwrap();
         assert_eq!(records(&path), ["a", "b", "c"]);
+    }
+}
+
+/// The pipeline's sink: one line per record, with the lane's split, epoch and worker.
+impl Sink<Line> for JsonlSink {
+    async fn write(&self, lane: &LaneInfo, record: Line) -> Result<(), SinkError> {
+        let line = SinkLine {
+            split: lane.split().to_string(),
+            record: record.key,
+            epoch: lane.epoch().0,
+            instance: lane.instance().to_string(),
+            at_ms: unix_ms(),
+        };
+        self.write_line(&line).map_err(SinkError::new)
+    }
+
+    async fn flush(&self) -> Result<(), SinkError> {
+        let sink = self.clone();
+        tokio::task::spawn_blocking(move || sink.sync())
+            .await
+            .map_err(SinkError::new)?
+            .map_err(SinkError::new)
     }
 }

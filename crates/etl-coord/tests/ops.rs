@@ -3,11 +3,10 @@
 use std::time::Duration;
 
 use etl_coord::ops;
-use etl_coord::runner::{RunOptions, run_lane};
 use etl_coord::sink::JsonlSink;
-use etl_coord::sources::AnySource;
+use etl_coord::sources::{AnySource, Faults, Faulty};
 use etl_coordination_driver::{
-    CoordinationDriver, DriverConfig, InstanceId, JobName, JobOutcome, JobStores, OnStall, SplitId, Tuning,
+    DriverConfig, InstanceId, JobName, JobOutcome, JobStores, OnStall, Pipeline, SplitId, Tuning,
 };
 use etl_coordination_memory::MemoryStore;
 use etl_coordination_store::{Store, WatchStream};
@@ -17,7 +16,7 @@ async fn status_shows_a_quarantined_split_and_requeue_returns_it_to_the_queue() 
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.txt"), "ok 1\nok 2\n").unwrap();
     std::fs::write(dir.path().join("b.txt"), "ok 3\nBROKEN\n").unwrap();
-    let source = AnySource::open(&format!("files:{}", dir.path().display()), 10, 1).unwrap();
+    let source = AnySource::open(&format!("files:{}", dir.path().display()), 10, 1, false).unwrap();
     let stores = JobStores::memory(JobName::new("ops").unwrap());
     let config = DriverConfig {
         instance_id: Some(InstanceId::new("w1").unwrap()),
@@ -25,18 +24,11 @@ async fn status_shows_a_quarantined_split_and_requeue_returns_it_to_the_queue() 
         on_stall: OnStall::Warn,
         ..DriverConfig::default()
     };
-    let (handle, mut lanes) = CoordinationDriver::start(stores.clone(), source.clone(), config).unwrap();
-    tokio::spawn(async move {
-        while let Some(lane) = lanes.next().await {
-            let reader = source.reader(lane.descriptor(), lane.resume_from()).unwrap();
-            let opts = RunOptions {
-                instance: "w1".into(),
-                unprocessable_marker: Some("BROKEN".into()),
-                ..RunOptions::default()
-            };
-            tokio::spawn(run_lane(lane, reader, JsonlSink::discard(), opts));
-        }
-    });
+    let faults = Faults { unprocessable_marker: Some("BROKEN".into()), ..Faults::default() };
+    let handle = Pipeline::new(stores.clone(), Faulty { source, faults }, JsonlSink::discard())
+        .config(config)
+        .start()
+        .unwrap();
     let JobOutcome::Stalled { quarantined } = handle.outcome().await.unwrap() else {
         panic!("expected a stall")
     };
@@ -126,19 +118,13 @@ async fn status_reads_a_fixed_number_of_requests_and_flags_an_undecodable_record
         std::fs::write(dir.path().join(format!("f{i:02}.txt")), format!("line {i}\n")).unwrap();
     }
     // One split per file: 40 splits.
-    let source = AnySource::open(&format!("files:{}", dir.path().display()), 1, 1).unwrap();
+    let source = AnySource::open(&format!("files:{}", dir.path().display()), 1, 1, false).unwrap();
     let stores = JobStores::new(JobName::new("many").unwrap(), Counting::default(), Counting::default());
     let config = DriverConfig {
         tuning: Tuning { lease_duration: Duration::from_secs(2), ..Tuning::default() },
         ..DriverConfig::default()
     };
-    let (handle, mut lanes) = CoordinationDriver::start(stores.clone(), source.clone(), config).unwrap();
-    tokio::spawn(async move {
-        while let Some(lane) = lanes.next().await {
-            let reader = source.reader(lane.descriptor(), lane.resume_from()).unwrap();
-            tokio::spawn(run_lane(lane, reader, JsonlSink::discard(), RunOptions::default()));
-        }
-    });
+    let handle = Pipeline::new(stores.clone(), source, JsonlSink::discard()).config(config).start().unwrap();
     assert!(matches!(handle.outcome().await.unwrap(), JobOutcome::Complete));
     let reads = |s: &JobStores<Counting>| {
         let n = |c: &Counting| {

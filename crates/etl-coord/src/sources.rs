@@ -1,0 +1,203 @@
+//! The command's sources: the files and SQLite sources of `etl-coordination-sources`, chosen by
+//! `--source`, and the test faults the command's own tests inject (a record that crashes the
+//! process, one the source calls unprocessable, a read that never answers, a delay per record).
+
+use std::time::Duration;
+
+use anyhow::bail;
+use etl_coordination_driver::{
+    LaneInfo, NextRecord, Plan, PlanError, Planner, Source, SourceError, SplitId, SplitReader,
+};
+use etl_coordination_sources::Line;
+use etl_coordination_sources::files::{FileProgress, FilesReader, FilesSource};
+use etl_coordination_sources::sqlite::{SqliteReader, SqliteSource};
+use serde::{Deserialize, Serialize};
+
+pub use etl_coordination_sources::files::DEFAULT_SPLIT_BYTES;
+pub use etl_coordination_sources::sqlite::DEFAULT_SPLIT_ROWS;
+
+/// One of the shipped sources, chosen by `--source`.
+#[derive(Clone, Debug)]
+pub enum AnySource {
+    /// `files:DIR` (or an object-store URL).
+    Files(FilesSource),
+    /// `sqlite:PATH:TABLE`.
+    Sqlite(SqliteSource),
+}
+
+impl AnySource {
+    /// Parses `--source`; `follow` keeps the plan open (new objects, new rows).
+    pub fn open(spec: &str, split_bytes: u64, split_rows: u64, follow: bool) -> anyhow::Result<Self> {
+        let source = if let Some(dir) = spec.strip_prefix("files:") {
+            if split_bytes == 0 {
+                bail!("--split-size must be at least 1 byte");
+            }
+            AnySource::Files(FilesSource::open(dir, split_bytes)?)
+        } else if let Some(rest) = spec.strip_prefix("sqlite:") {
+            if split_rows == 0 {
+                bail!("--split-rows must be at least 1");
+            }
+            AnySource::Sqlite(SqliteSource::open(rest, split_rows)?)
+        } else {
+            bail!("--source {spec:?}: expected files:DIR or sqlite:PATH:TABLE")
+        };
+        Ok(match source {
+            AnySource::Files(f) if follow => AnySource::Files(f.follow()),
+            AnySource::Sqlite(s) if follow => AnySource::Sqlite(s.follow()),
+            other => other,
+        })
+    }
+}
+
+impl Planner for AnySource {
+    fn fingerprint(&self) -> String {
+        match self {
+            AnySource::Files(s) => s.fingerprint(),
+            AnySource::Sqlite(s) => s.fingerprint(),
+        }
+    }
+
+    async fn plan(&self) -> Result<Plan, PlanError> {
+        self.replan(&[]).await
+    }
+
+    async fn replan(&self, published: &[SplitId]) -> Result<Plan, PlanError> {
+        match self {
+            AnySource::Files(s) => s.replan(published).await,
+            AnySource::Sqlite(s) => s.replan(published).await,
+        }
+    }
+}
+
+/// The progress of either source (stored as the source's own JSON: an object for files, a
+/// number for SQLite).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum AnyProgress {
+    /// [`FileProgress`].
+    Files(FileProgress),
+    /// The last id read.
+    Sqlite(i64),
+}
+
+impl Source for AnySource {
+    type Record = Line;
+    type Progress = AnyProgress;
+    type Reader = AnyReader;
+
+    async fn open(&self, lane: &LaneInfo, from: Option<AnyProgress>) -> Result<AnyReader, SourceError> {
+        let mismatch =
+            || SourceError::unprocessable("the committed progress belongs to another kind of source");
+        Ok(match (self, from) {
+            (AnySource::Files(s), None) => AnyReader::Files(s.open(lane, None).await?),
+            (AnySource::Files(s), Some(AnyProgress::Files(p))) => {
+                AnyReader::Files(s.open(lane, Some(p)).await?)
+            }
+            (AnySource::Sqlite(s), None) => AnyReader::Sqlite(s.open(lane, None).await?),
+            (AnySource::Sqlite(s), Some(AnyProgress::Sqlite(p))) => {
+                AnyReader::Sqlite(s.open(lane, Some(p)).await?)
+            }
+            _ => return Err(mismatch()),
+        })
+    }
+}
+
+/// A reader of [`AnySource`].
+pub enum AnyReader {
+    /// Files.
+    Files(FilesReader),
+    /// SQLite.
+    Sqlite(SqliteReader),
+}
+
+impl SplitReader for AnyReader {
+    type Record = Line;
+    type Progress = AnyProgress;
+
+    async fn next(&mut self) -> NextRecord<Line, AnyProgress> {
+        Ok(match self {
+            AnyReader::Files(r) => r.next().await?.map(|(l, p)| (l, AnyProgress::Files(p))),
+            AnyReader::Sqlite(r) => r.next().await?.map(|(l, p)| (l, AnyProgress::Sqlite(p))),
+        })
+    }
+}
+
+/// Faults for tests, injected into any source's records.
+#[derive(Clone, Debug, Default)]
+pub struct Faults {
+    /// Sleep per record.
+    pub record_delay: Duration,
+    /// Reaching a record containing this text aborts the process, like a crash.
+    pub poison_marker: Option<String>,
+    /// Reaching a record containing this text reports the split unprocessable.
+    pub unprocessable_marker: Option<String>,
+    /// Reading a record containing this text never returns, like a read on a connection that
+    /// never answers: only a stop signal ends the lane.
+    pub hang_marker: Option<String>,
+}
+
+/// A source with [`Faults`].
+#[derive(Clone, Debug)]
+pub struct Faulty<S> {
+    /// The source.
+    pub source: S,
+    /// Its faults.
+    pub faults: Faults,
+}
+
+impl<S: Planner> Planner for Faulty<S> {
+    fn fingerprint(&self) -> String {
+        self.source.fingerprint()
+    }
+
+    async fn plan(&self) -> Result<Plan, PlanError> {
+        self.source.plan().await
+    }
+
+    async fn replan(&self, published: &[SplitId]) -> Result<Plan, PlanError> {
+        self.source.replan(published).await
+    }
+}
+
+impl<S: Source<Record = Line>> Source for Faulty<S> {
+    type Record = Line;
+    type Progress = S::Progress;
+    type Reader = FaultyReader<S::Reader>;
+
+    async fn open(&self, lane: &LaneInfo, from: Option<S::Progress>) -> Result<Self::Reader, SourceError> {
+        Ok(FaultyReader { inner: self.source.open(lane, from).await?, faults: self.faults.clone() })
+    }
+}
+
+/// A reader with [`Faults`].
+pub struct FaultyReader<R> {
+    inner: R,
+    faults: Faults,
+}
+
+impl<R: SplitReader<Record = Line>> SplitReader for FaultyReader<R> {
+    type Record = Line;
+    type Progress = R::Progress;
+
+    async fn next(&mut self) -> NextRecord<Line, R::Progress> {
+        let next = self.inner.next().await?;
+        let Some((line, progress)) = next else { return Ok(None) };
+        let has = |m: &Option<String>| m.as_deref().is_some_and(|m| line.content.contains(m));
+        if has(&self.faults.poison_marker) {
+            // Like a crash: no commit, no release. The lease expires and a peer retries.
+            eprintln!("poison record {} reached: aborting the process", line.key);
+            std::process::abort();
+        }
+        if has(&self.faults.unprocessable_marker) {
+            return Err(SourceError::unprocessable(format!("record {} cannot be processed", line.key)));
+        }
+        if has(&self.faults.hang_marker) {
+            tracing::debug!(record = %line.key, "the read hangs on this record (test fault)");
+            std::future::pending::<()>().await;
+        }
+        if !self.faults.record_delay.is_zero() {
+            tokio::time::sleep(self.faults.record_delay).await;
+        }
+        Ok(Some((line, progress)))
+    }
+}
