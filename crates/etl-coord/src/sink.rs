@@ -93,6 +93,28 @@ impl JsonlSink {
     }
 }
 
+/// The pipeline's sink: one line per record, with the lane's split, epoch and worker.
+impl Sink<Line> for JsonlSink {
+    async fn write(&self, lane: &LaneInfo, record: Line) -> Result<(), SinkError> {
+        let line = SinkLine {
+            split: lane.split().to_string(),
+            record: record.key,
+            epoch: lane.epoch().0,
+            instance: lane.instance().to_string(),
+            at_ms: unix_ms(),
+        };
+        self.write_line(&line).map_err(SinkError::new)
+    }
+
+    async fn flush(&self) -> Result<(), SinkError> {
+        let sink = self.clone();
+        tokio::task::spawn_blocking(move || sink.sync())
+            .await
+            .map_err(SinkError::new)?
+            .map_err(SinkError::new)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,27 +144,5 @@ mod tests {
         sink.write_line(&line("c")).unwrap();
         sink.sync().unwrap();
         assert_eq!(records(&path), ["a", "b", "c"]);
-    }
-}
-
-/// The pipeline's sink: one line per record, with the lane's split, epoch and worker.
-impl Sink<Line> for JsonlSink {
-    async fn write(&self, lane: &LaneInfo, record: Line) -> Result<(), SinkError> {
-        let line = SinkLine {
-            split: lane.split().to_string(),
-            record: record.key,
-            epoch: lane.epoch().0,
-            instance: lane.instance().to_string(),
-            at_ms: unix_ms(),
-        };
-        self.write_line(&line).map_err(SinkError::new)
-    }
-
-    async fn flush(&self) -> Result<(), SinkError> {
-        let sink = self.clone();
-        tokio::task::spawn_blocking(move || sink.sync())
-            .await
-            .map_err(SinkError::new)?
-            .map_err(SinkError::new)
     }
 }
