@@ -321,6 +321,7 @@ fn ci() -> Result<()> {
     let mut s3 = vec!["test"];
     s3.extend(S3_TEST);
     cargo_env(&s3, &servers.env())?;
+    examples(&servers)?;
     drop(servers);
     let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5000);
     let innocent = sweep(0, seeds, false)?;
@@ -334,6 +335,24 @@ fn ci() -> Result<()> {
     }
     documented_sim_commands()?;
     println!("ci passed in {:.0}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Runs the compiled examples (`examples/`), the NATS one against the provisioned server, so
+/// that what the README and the docs show keeps working.
+fn examples(servers: &Servers) -> Result<()> {
+    let run = ["run", "--quiet", "-p", "etl-coordination-examples", "--example"];
+    for (example, args) in [
+        ("core_loop", &[][..]),
+        ("custom_source", &[][..]),
+        ("pipeline", &["--", "deploy/input"][..]),
+        ("pipeline_nats", &["--", "deploy/input"][..]),
+    ] {
+        let mut cmd: Vec<&str> = run.to_vec();
+        cmd.push(example);
+        cmd.extend(args);
+        cargo_env(&cmd, &servers.env())?;
+    }
     Ok(())
 }
 

@@ -1,0 +1,26 @@
+//! The workspace's compiled examples (`pipeline`, `pipeline_nats`, `custom_source`,
+//! `core_loop`: run them with `cargo run -p etl-coordination-examples --example NAME`), and the
+//! code of `docs/CUSTOM_SOURCES.md`, compiled and run as this crate's documentation tests.
+#![doc = include_str!("../../docs/CUSTOM_SOURCES.md")]
+
+#[cfg(test)]
+mod tests {
+    /// The memory and NATS pipelines are the same program but for the line that makes the stores
+    /// (and their documentation).
+    #[test]
+    fn the_nats_pipeline_differs_from_the_memory_one_by_one_line() {
+        let code = |f: &str| -> Vec<String> {
+            std::fs::read_to_string(format!("{}/{f}", env!("CARGO_MANIFEST_DIR")))
+                .unwrap()
+                .lines()
+                .filter(|l| !l.starts_with("//!"))
+                .map(str::to_owned)
+                .collect()
+        };
+        let (memory, nats) = (code("pipeline.rs"), code("pipeline_nats.rs"));
+        assert_eq!(memory.len(), nats.len());
+        let differ: Vec<_> = memory.iter().zip(&nats).filter(|(a, b)| a != b).collect();
+        assert_eq!(differ.len(), 1, "{differ:#?}");
+        assert!(differ[0].0.contains("JobStores::memory") && differ[0].1.contains("JobStores::nats"));
+    }
+}
