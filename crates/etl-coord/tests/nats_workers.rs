@@ -156,7 +156,7 @@ fn coordination_continues_when_a_cluster_node_is_lost() {
                 &format!("files:{}", data.display()),
             ])
             .args(["--sink", tmp.path().join(format!("{id}.jsonl")).to_str().unwrap(), "--instance-id", id])
-            // NATS-NOTES: replicated buckets want leases of 15 s or more.
+            // docs/NATS.md: replicated buckets want leases of 15 s or more.
             .args([
                 "--lease-duration",
                 "15s",

@@ -146,7 +146,7 @@ fn single_server(name: &str, how: Break) {
     partitioned_run(name, &proxy.url(), &server.url(), run, || how.apply(&proxy), || proxy.heal());
 }
 
-/// Replicated buckets on a 3-node cluster (NATS-NOTES: a stream leader election takes
+/// Replicated buckets on a 3-node cluster (docs/NATS.md: a stream leader election takes
 /// seconds, so a longer lease than on one server).
 const CLUSTER: Run<'static> = Run { lease_secs: 6, extra: &["--nats-replicas", "3"] };
 

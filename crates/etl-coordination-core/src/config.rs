@@ -1,4 +1,4 @@
-//! Worker configuration (SPEC section 7). Invalid values are rejected at construction with an
+//! Worker configuration (docs/SCALING.md, tuning). Invalid values are rejected at construction with an
 //! error that names the field and the rule.
 
 use std::time::Duration;
@@ -36,7 +36,7 @@ pub struct Config {
     pub stay_after_end: bool,
 }
 
-/// The knobs of the product documents' tuning table (SPEC section 7). Embedding layers (the
+/// The knobs of the product documents' tuning table (docs/SCALING.md, tuning). Embedding layers (the
 /// driver, the command) take this struct as it is rather than copying its fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tuning {

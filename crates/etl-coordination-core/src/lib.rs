@@ -1,6 +1,6 @@
 //! The etl-coordination protocol as a pure, deterministic state machine.
 //!
-//! [`Worker`] implements the whole protocol of one worker (SPEC rules P2-P14): startup checks,
+//! [`Worker`] implements the whole protocol of one worker (docs/PROTOCOL.md, P2-P14): startup checks,
 //! presence and duplicate-id detection, leader election and fenced plan publication, fair-share
 //! claiming, heartbeats, fenced commits, release and drain, pairwise stealing, self-fencing,
 //! attempts and quarantine, and completion. It does no IO, reads no clock and uses no

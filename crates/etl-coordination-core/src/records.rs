@@ -1,4 +1,4 @@
-//! The storage format: the records the protocol keeps in the store (SPEC section 4) and their
+//! The storage format: the records the protocol keeps in the store (docs/PROTOCOL.md, records and keys) and their
 //! keys.
 //!
 //! This is the on-store layout, versioned by [`FORMAT_VERSION`] (every stored value starts with
@@ -313,7 +313,7 @@ pub struct LeaderRecord {
     pub term: u64,
 }
 
-/// Key layout (SPEC section 4).
+/// Key layout (docs/PROTOCOL.md, records and keys).
 pub mod keys {
     use super::*;
 

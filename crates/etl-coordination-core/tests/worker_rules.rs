@@ -1,4 +1,4 @@
-//! One test per protocol rule (SPEC P2-P13), asserting exact action sequences where the rule
+//! One test per protocol rule (docs/PROTOCOL.md, P2-P13), asserting exact action sequences where the rule
 //! is about what the worker sends, and resulting store state where it is about an outcome.
 
 mod rig;
@@ -694,7 +694,7 @@ fn p8_a_commit_not_landed_yet_stays_in_doubt_so_a_conflict_on_its_retry_is_no_lo
         }),
         "{a:?}"
     );
-    // The retry is refused because of the pending write (NATS-NOTES: the leader checks the
+    // The retry is refused because of the pending write (docs/NATS.md: the leader checks the
     // expected revision against what it holds), and the record still reads unchanged: no loss.
     let a = r.feed(Input::Commit { split: sid("s0"), epoch: Epoch(1), progress: Bytes::from_static(b"20") });
     let retry = op_of(&a, 0);

@@ -1,4 +1,4 @@
-//! The failure modes of SPEC section 9 that can happen inside one process, run through the
+//! The failure modes of docs/SCALING.md, failure modes that can happen inside one process, run through the
 //! driver against the memory store on paused (virtual) tokio time.
 
 mod common;

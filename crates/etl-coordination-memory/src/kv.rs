@@ -188,7 +188,7 @@ impl MemoryKv {
 
     /// Erases a key as if its previous TTL had expired, even though it was just written (models
     /// the NATS race in which an acknowledged renewal is rolled back by an expiry decided for
-    /// the previous revision; see NATS-NOTES). Used only by the simulator's fault injector.
+    /// the previous revision; see docs/NATS.md). Used only by the simulator's fault injector.
     pub fn erase_as_expired(&mut self, key: &Key) -> bool {
         if self.slots.remove(key).is_none() {
             return false;

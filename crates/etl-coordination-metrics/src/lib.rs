@@ -1,4 +1,4 @@
-//! The `etl_coordination_*` metric families (SPEC section 8) on the [`metrics`] facade, and
+//! The `etl_coordination_*` metric families (docs/METRICS.md) on the [`metrics`] facade, and
 //! their Prometheus exposition.
 //!
 //! [`Metrics`] is a small typed handle: one per worker, carrying the `coordination_job` and

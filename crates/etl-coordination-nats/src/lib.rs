@@ -4,7 +4,7 @@
 //! `etl_coordination_{job}_lease` (per-message TTLs and limit markers). [`connect`] checks the
 //! server (version, JetStream), creates or validates both buckets, and returns one
 //! [`NatsStore`] per bucket. Every primitive is written against the traps measured in
-//! `NATS-NOTES.md`:
+//! `docs/NATS.md`:
 //!
 //! - create-if-absent is a publish expecting subject sequence 0; on a conflict over a delete or
 //!   expiry marker it publishes against the marker's sequence, so a re-created lease keeps its
@@ -847,7 +847,7 @@ impl Store for NatsStore {
                 Err(StoreError::RevisionMismatch(_)) => {}
                 other => return other,
             }
-            // Conflict: a live value, or a delete/expiry marker to write over (NATS-NOTES: a
+            // Conflict: a live value, or a delete/expiry marker to write over (docs/NATS.md: a
             // plain re-create over a marker would drop the TTL).
             match self.latest(key).await? {
                 Some(e) if e.live => return Err(StoreError::AlreadyExists(key.clone())),
@@ -941,7 +941,7 @@ impl Store for NatsStore {
                 let msg = match next {
                     Some(Ok(m)) => m,
                     Some(Err(e)) => {
-                        // Never poll a failed watch again (NATS-NOTES): end it; the caller resyncs.
+                        // Never poll a failed watch again (docs/NATS.md): end it; the caller resyncs.
                         let _ = tx.send(Err(StoreError::Unavailable(format!("watch failed: {e}"))));
                         return;
                     }

@@ -49,7 +49,7 @@ pub fn permissions(job: &JobName, access: Access) -> Permissions {
         publish.extend([
             // Open the bucket and read its configuration.
             format!("$JS.API.STREAM.INFO.{stream}"),
-            // Reads through the stream leader (never direct gets: NATS-NOTES).
+            // Reads through the stream leader (never direct gets: docs/NATS.md).
             format!("$JS.API.STREAM.MSG.GET.{stream}"),
             // Watches and listings: ordered push consumers, created unnamed; after a
             // reconnect (or a gap) one deletes its consumer and creates a named one.

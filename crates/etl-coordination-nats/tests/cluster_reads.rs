@@ -2,7 +2,7 @@
 //! replicas, a get right after an acknowledged write returns that write, through a connection
 //! to any node, also while a follower is down or lagging behind (where a read may also fail:
 //! "unavailable" decides nothing in the core, an older answer would). With direct gets (what
-//! async-nats uses by default) the healthy phase alone fails: NATS-NOTES measured about one
+//! async-nats uses by default) the healthy phase alone fails: docs/NATS.md measured about one
 //! read in forty answered by a replica that had not applied the write yet.
 //!
 //! Needs `NATS_SERVER_BIN` (`cargo xtask ci` provisions it); the test starts its own cluster.

@@ -1,4 +1,4 @@
-//! Invariant checkers (SPEC section 6). Each check counts its executions and reports a
+//! Invariant checkers (docs/PROTOCOL.md, invariants). Each check counts its executions and reports a
 //! violation with a message that names the rule it broke.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,5 +1,5 @@
 //! The store abstraction of etl-coordination: the [`Store`] trait with exactly the six
-//! primitives of SPEC S1, the classified [`StoreError`] (S2), key validation, and (feature
+//! primitives of S1 of docs/PROTOCOL.md, the classified [`StoreError`] (S2), key validation, and (feature
 //! `conformance`) the conformance suite every backend must pass (S5).
 //!
 //! The vocabulary types (keys, entries, watch events, errors) live in

@@ -277,7 +277,7 @@ impl Worker {
                 if let Some(id) = keys::parse_split(&key) {
                     self.view.delete_lease(&id, rev);
                     self.blocked.remove(&id);
-                    // P7 (NATS-NOTES): an expiry can erase an acknowledged renewal. A delete of our
+                    // P7 (docs/NATS.md): an expiry can erase an acknowledged renewal. A delete of our
                     // own lease at a revision newer than our last write means the lease is gone.
                     if self.held.get(&id).is_some_and(|h| {
                         h.lease_rev.is_some_and(|r| r < rev) && h.stage != Stage::DeletingLease

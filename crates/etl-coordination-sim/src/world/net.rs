@@ -1,4 +1,4 @@
-//! The store as NATS behaves (NATS-NOTES), on the memory store's semantics:
+//! The store as NATS behaves (docs/NATS.md), on the memory store's semantics:
 //!
 //! - each worker talks to the store over its own link: requests are applied in the order it
 //!   sent them; a stalled link holds them (and the answers and watch events) and delivers them
