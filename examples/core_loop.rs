@@ -20,16 +20,8 @@ fn main() {
     let mut worker = Worker::new(config);
     let (mut state, mut lease) = (MemoryKv::new(), MemoryKv::new());
     let mut watches: Vec<WatchId> = Vec::new();
-    let plan = Plan {
-        kind: PlanKind::Final,
-        splits: (0..3)
-            .map(|i| PlannedSplit {
-                id: SplitId::new(format!("s{i}")).unwrap(),
-                descriptor: Bytes::new(),
-                weight: 1,
-            })
-            .collect(),
-    };
+    let splits = (0..3).map(|i| PlannedSplit::new(SplitId::new(format!("s{i}")).unwrap(), Bytes::new(), 1));
+    let plan = Plan::new(PlanKind::Final, splits.collect());
     let mut now = Timestamp::ZERO;
     let mut inputs = VecDeque::from([Input::Start]);
     loop {

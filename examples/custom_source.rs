@@ -40,14 +40,11 @@ impl Planner for PagedApi {
             .map(|first| {
                 let end = (first + self.pages_per_split).min(self.pages);
                 let descriptor = serde_json::to_vec(&Pages { first, end }).expect("serializable");
-                PlannedSplit {
-                    id: SplitId::new(format!("pages-{first:04}-{end:04}")).expect("valid id"),
-                    descriptor: descriptor.into(),
-                    weight: u64::from(end - first),
-                }
+                let id = SplitId::new(format!("pages-{first:04}-{end:04}")).expect("valid id");
+                PlannedSplit::new(id, descriptor, u64::from(end - first))
             })
             .collect();
-        Ok(Plan { kind: PlanKind::Final, splits })
+        Ok(Plan::new(PlanKind::Final, splits))
     }
 }
 
@@ -112,7 +109,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let count = Count::default();
     let mut workers = Vec::new();
     for id in ["w1", "w2"] {
-        let config = DriverConfig { instance_id: Some(InstanceId::new(id)?), ..DriverConfig::default() };
+        let mut config = DriverConfig::default();
+        config.instance_id = Some(InstanceId::new(id)?);
         workers.push(Pipeline::new(stores.clone(), api.clone(), count.clone()).config(config).start()?);
     }
     for w in workers {

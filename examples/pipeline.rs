@@ -4,7 +4,7 @@
 //! `cargo run -p etl-coordination-examples --example pipeline -- deploy/input` runs it on the
 //! in-memory store: one process, alone. `pipeline_nats.rs` is the same program coordinated
 //! through NATS, where copies share the files (kill one and the others take its splits over):
-//! the two differ by one line.
+//! the two differ by one statement.
 
 use etl_coordination_driver::{JobName, JobStores, LaneInfo, Pipeline, Sink, SinkError};
 use etl_coordination_sources::Line;

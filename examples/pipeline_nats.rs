@@ -1,5 +1,5 @@
-//! The pipeline of `pipeline.rs`, coordinated through NATS: the only line that differs is the
-//! one that makes the stores. Start a NATS server (`nats-server -js`), then several copies:
+//! The pipeline of `pipeline.rs`, coordinated through NATS: the only statement that differs is
+//! the one that makes the stores. Start a NATS server (`nats-server -js`), then several copies:
 //!
 //! `NATS_URL=nats://127.0.0.1:4222 cargo run -p etl-coordination-examples --example pipeline_nats -- deploy/input`
 

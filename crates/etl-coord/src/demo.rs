@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use etl_coordination_driver::{
     CommitCadence, DriverConfig, DriverHandle, InstanceId, JobName, JobOutcome, JobStores, LaneInfo,
-    Pipeline, Sink, SinkError, Tuning,
+    Pipeline, Sink, SinkError,
 };
 use etl_coordination_memory::MemoryStore;
 use etl_coordination_sources::Line;
@@ -124,16 +124,12 @@ struct Fleet {
 
 impl Fleet {
     fn config(&self, id: &str) -> DriverConfig {
-        DriverConfig {
-            instance_id: Some(InstanceId::new(id).expect("demo ids are valid")),
-            tuning: Tuning {
-                lease_duration: self.opts.lease_duration,
-                max_in_flight: self.opts.max_in_flight,
-                drain_timeout: Duration::from_secs(5),
-                ..Tuning::default()
-            },
-            ..DriverConfig::default()
-        }
+        let mut config = DriverConfig::default();
+        config.instance_id = Some(InstanceId::new(id).expect("demo ids are valid"));
+        config.tuning.lease_duration = self.opts.lease_duration;
+        config.tuning.max_in_flight = self.opts.max_in_flight;
+        config.tuning.drain_timeout = Duration::from_secs(5);
+        config
     }
 
     async fn start(self: &Arc<Self>, id: &str) -> anyhow::Result<()> {
@@ -144,7 +140,7 @@ impl Fleet {
         let sink = Counted { sink: self.sink.clone(), emitted: self.emitted.clone() };
         let handle = Pipeline::new(self.stores.clone(), source, sink)
             .config(self.config(id))
-            .commit_every(CommitCadence { records: 200, interval: Duration::from_millis(500) })
+            .commit_every(CommitCadence::new(200, Duration::from_millis(500)))
             .start()?;
         self.handles.lock().await.insert(id.to_owned(), handle);
         Ok(())

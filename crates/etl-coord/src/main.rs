@@ -395,14 +395,14 @@ fn parse_split(s: &str) -> Result<String, String> {
 /// The worker's knobs as the driver will check them, so a bad value is a usage error (exit 2,
 /// naming the flag) before anything connects.
 fn tuning(a: &WorkerArgs) -> Tuning {
-    Tuning {
-        lease_duration: a.lease_duration,
-        max_in_flight: a.max_in_flight,
-        max_attempts: a.max_attempts,
-        replan_interval: a.replan_interval,
-        drain_timeout: a.drain_timeout,
-        plan_timeout: a.plan_timeout,
-    }
+    let mut t = Tuning::default();
+    t.lease_duration = a.lease_duration;
+    t.max_in_flight = a.max_in_flight;
+    t.max_attempts = a.max_attempts;
+    t.replan_interval = a.replan_interval;
+    t.drain_timeout = a.drain_timeout;
+    t.plan_timeout = a.plan_timeout;
+    t
 }
 
 /// Checks what one flag's parser cannot: values against each other and the environment's
@@ -466,11 +466,9 @@ fn validate(cli: &Cli) {
             Some(&a.store)
         }
         Command::Demo(a) => {
-            let t = Tuning {
-                lease_duration: a.lease_duration,
-                max_in_flight: a.max_in_flight,
-                ..Tuning::default()
-            };
+            let mut t = Tuning::default();
+            t.lease_duration = a.lease_duration;
+            t.max_in_flight = a.max_in_flight;
             if let Err(e) = t.validate() {
                 fail(&format!("--{}", e.field.replace('_', "-")), format!("{}: {}", e.value, e.rule));
             }
@@ -794,15 +792,14 @@ async fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         Some(p) => JsonlSink::open(p).with_context(|| format!("opening the sink {}", p.display()))?,
         None => JsonlSink::discard(),
     };
-    let config = DriverConfig {
-        instance_id: default_instance_id(a.instance_id.clone())?,
-        tuning: tuning(&a),
-        on_stall: if a.on_stall == "warn" { OnStall::Warn } else { OnStall::Fatal },
-        stay_after_end: a.on_complete == "wait",
-        lane_stall_timeout: Some(a.lane_stall_timeout).filter(|t| !t.is_zero()),
-        on_lane_stall: if a.on_lane_stall == "release" { OnLaneStall::Release } else { OnLaneStall::Warn },
-        ..DriverConfig::default()
-    };
+    let mut config = DriverConfig::default();
+    config.instance_id = default_instance_id(a.instance_id.clone())?;
+    config.tuning = tuning(&a);
+    config.on_stall = if a.on_stall == "warn" { OnStall::Warn } else { OnStall::Fatal };
+    config.stay_after_end = a.on_complete == "wait";
+    config.lane_stall_timeout = Some(a.lane_stall_timeout).filter(|t| !t.is_zero());
+    config.on_lane_stall =
+        if a.on_lane_stall == "release" { OnLaneStall::Release } else { OnLaneStall::Warn };
     let metrics = etl_coordination_metrics::install_prometheus()?;
     let handle = Pipeline::new(stores, Faulty { source, faults }, sink).config(config).start()?;
     let ready = Arc::new(AtomicBool::new(true));
@@ -842,6 +839,10 @@ async fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         Err(e @ DriverError::Stalled { .. }) => {
             tracing::error!("{e}");
             Ok(ExitCode::from(3))
+        }
+        // An outcome this release does not know (the driver is newer): not a success to claim.
+        Ok(other) => {
+            Err(anyhow::anyhow!("the job ended with an outcome this command does not know: {other:?}"))
         }
         Err(e) => Err(e.into()),
     }

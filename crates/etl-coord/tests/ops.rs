@@ -6,7 +6,7 @@ use etl_coord::ops;
 use etl_coord::sink::JsonlSink;
 use etl_coord::sources::{AnySource, Faults, Faulty};
 use etl_coordination_driver::{
-    DriverConfig, InstanceId, JobName, JobOutcome, JobStores, OnStall, Pipeline, SplitId, Tuning,
+    DriverConfig, InstanceId, JobName, JobOutcome, JobStores, OnStall, Pipeline, SplitId,
 };
 use etl_coordination_memory::MemoryStore;
 use etl_coordination_store::{Store, WatchStream};
@@ -18,12 +18,11 @@ async fn status_shows_a_quarantined_split_and_requeue_returns_it_to_the_queue() 
     std::fs::write(dir.path().join("b.txt"), "ok 3\nBROKEN\n").unwrap();
     let source = AnySource::open(&format!("files:{}", dir.path().display()), 10, 1, false).unwrap();
     let stores = JobStores::memory(JobName::new("ops").unwrap());
-    let config = DriverConfig {
-        instance_id: Some(InstanceId::new("w1").unwrap()),
-        tuning: Tuning { lease_duration: Duration::from_secs(2), max_attempts: 2, ..Tuning::default() },
-        on_stall: OnStall::Warn,
-        ..DriverConfig::default()
-    };
+    let mut config = DriverConfig::default();
+    config.instance_id = Some(InstanceId::new("w1").unwrap());
+    config.tuning.lease_duration = Duration::from_secs(2);
+    config.tuning.max_attempts = 2;
+    config.on_stall = OnStall::Warn;
     let faults = Faults { unprocessable_marker: Some("BROKEN".into()), ..Faults::default() };
     let handle = Pipeline::new(stores.clone(), Faulty { source, faults }, JsonlSink::discard())
         .config(config)
@@ -120,10 +119,8 @@ async fn status_reads_a_fixed_number_of_requests_and_flags_an_undecodable_record
     // One split per file: 40 splits.
     let source = AnySource::open(&format!("files:{}", dir.path().display()), 1, 1, false).unwrap();
     let stores = JobStores::new(JobName::new("many").unwrap(), Counting::default(), Counting::default());
-    let config = DriverConfig {
-        tuning: Tuning { lease_duration: Duration::from_secs(2), ..Tuning::default() },
-        ..DriverConfig::default()
-    };
+    let mut config = DriverConfig::default();
+    config.tuning.lease_duration = Duration::from_secs(2);
     let handle = Pipeline::new(stores.clone(), source, JsonlSink::discard()).config(config).start().unwrap();
     assert!(matches!(handle.outcome().await.unwrap(), JobOutcome::Complete));
     let reads = |s: &JobStores<Counting>| {

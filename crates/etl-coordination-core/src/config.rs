@@ -17,8 +17,10 @@ pub struct ConfigError {
     pub rule: &'static str,
 }
 
-/// Identity and tuning of one worker.
+/// Identity and tuning of one worker. New fields may be added in minor releases: start from
+/// [`Config::new`] and set the fields you need.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Config {
     /// This replica's stable id (default: random, chosen by the embedding layer).
     pub instance_id: InstanceId,
@@ -37,8 +39,10 @@ pub struct Config {
 }
 
 /// The knobs of the product documents' tuning table (docs/SCALING.md, tuning). Embedding layers (the
-/// driver, the command) take this struct as it is rather than copying its fields.
+/// driver, the command) take this struct as it is rather than copying its fields. New knobs may
+/// be added in minor releases: start from [`Tuning::default`] and set the fields you need.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Tuning {
     /// Lease TTL: takeover latency after an ungraceful death. Heartbeats run at a third of it.
     /// Lower means faster failover, more store traffic, more sensitivity to pauses. Whole

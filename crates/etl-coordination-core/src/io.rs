@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 /// The watches a worker keeps open.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+#[non_exhaustive]
 pub enum WatchId {
     /// Lease bucket, every key: leader, presence, split leases.
     Leases,
@@ -43,6 +44,7 @@ impl WatchId {
 
 /// Whether a plan is a bounded enumeration or is re-planned on an interval.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum PlanKind {
     /// A bounded backfill: completes when every split is Done (P13).
     Final,
@@ -52,6 +54,7 @@ pub enum PlanKind {
 
 /// One split as the planner returns it.
 #[derive(Clone, PartialEq, Eq, Debug)]
+#[non_exhaustive]
 pub struct PlannedSplit {
     /// Deterministic id.
     pub id: SplitId,
@@ -63,6 +66,7 @@ pub struct PlannedSplit {
 
 /// A planner's answer.
 #[derive(Clone, PartialEq, Eq, Debug)]
+#[non_exhaustive]
 pub struct Plan {
     /// Final (bounded) or Open (re-planned on an interval).
     pub kind: PlanKind,
@@ -71,8 +75,24 @@ pub struct Plan {
     pub splits: Vec<PlannedSplit>,
 }
 
+impl PlannedSplit {
+    /// A split: its deterministic id, the bytes a worker needs to process it, and its cost
+    /// estimate.
+    pub fn new(id: SplitId, descriptor: impl Into<Bytes>, weight: u64) -> Self {
+        PlannedSplit { id, descriptor: descriptor.into(), weight }
+    }
+}
+
+impl Plan {
+    /// A plan of the given kind.
+    pub fn new(kind: PlanKind, splits: Vec<PlannedSplit>) -> Self {
+        Plan { kind, splits }
+    }
+}
+
 /// Inputs to [`crate::Worker::handle`].
 #[derive(Clone, PartialEq, Eq, Debug)]
+#[non_exhaustive]
 pub enum Input {
     /// Begin startup (P2, P3).
     Start,
@@ -148,6 +168,7 @@ pub enum Input {
 
 /// Why a worker acquired a split (P6; the `reason` label of `acquisitions_total`).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+#[non_exhaustive]
 pub enum AcquisitionReason {
     /// First tenancy.
     Create,
@@ -231,6 +252,7 @@ pub enum Outcome {
 
 /// A condition the worker cannot continue from; the message says what to do.
 #[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum FatalError {
     /// P2: `meta` disagrees with this worker.
     #[error(
@@ -264,6 +286,7 @@ pub enum FatalError {
 
 /// Things that happened, for metrics and logs (the core never touches either).
 #[derive(Clone, PartialEq, Eq, Debug)]
+#[non_exhaustive]
 pub enum Event {
     /// A split was acquired (P6).
     Acquired {
@@ -360,6 +383,7 @@ pub enum Event {
 /// The splits of the published manifest by the state of their records, as one worker's view
 /// has them (the `etl_coordination_splits{state}` gauge).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+#[non_exhaustive]
 pub struct SplitCounts {
     /// Waiting for an owner.
     pub unleased: u32,

@@ -13,6 +13,32 @@
 //!
 //! Every item is exported once, at the root, except the storage format ([`records`]), which is
 //! a module of its own because it is for tools, not for casual use.
+//!
+//! A worker is driven by a loop of yours: feed it an input at a time `now`, carry out what it
+//! asks, feed back the results. Its first step is to create the job's `meta` record (or find
+//! that another worker has, and compare it with its own configuration):
+//!
+//! ```
+//! use etl_coordination_core::{Action, Config, Incarnation, Input, InstanceId, StoreRequest, Timestamp, Worker};
+//!
+//! let config = Config::new(InstanceId::new("w1")?, Incarnation(7), "my-planner/v1");
+//! config.validate()?; // a bad knob is named here, before anything runs
+//! let mut worker = Worker::new(config);
+//! let actions = worker.handle(Timestamp::ZERO, Input::Start);
+//! let Some(Action::Store { request: StoreRequest::Create { key, .. }, .. }) = actions.first() else {
+//!     panic!("startup begins with a create: {actions:?}");
+//! };
+//! assert_eq!(key.as_str(), "meta");
+//! // Execute it against your store, then `worker.handle(now, Input::StoreResult { op, result })`,
+//! // and so on; `worker.next_deadline()` says when to call `Input::Tick`. The whole loop against
+//! // an in-memory store is `examples/core_loop.rs` in the repository (80 lines).
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! [`Action`] and [`StoreRequest`] are deliberately exhaustive: a new variant is a side effect
+//! your loop must carry out, so it breaks your build rather than being dropped by a wildcard.
+//! Informational enums ([`Event`], reasons, errors) and the configuration structs are
+//! `#[non_exhaustive]`: start from [`Config::new`] or [`Tuning::default`] and set fields.
 
 mod config;
 mod ids;

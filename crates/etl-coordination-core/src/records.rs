@@ -32,6 +32,7 @@ pub const MANIFEST_CHUNK_LEN: usize = 1024;
 
 /// A stored value could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RecordError {
     /// The value is empty.
     #[error("empty record")]

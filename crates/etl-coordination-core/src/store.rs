@@ -127,6 +127,7 @@ pub struct Entry {
 
 /// Why a key disappeared.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
 pub enum DeleteCause {
     /// A guarded delete.
     Deleted,
@@ -249,6 +250,7 @@ pub enum StoreReply {
 
 /// A classified store failure (S2). Fatal variants carry an actionable message.
 #[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// Create found a live value.
     #[error("key {0} already exists")]

@@ -6,6 +6,7 @@ use etl_coordination_core::{Config, ConfigError, Incarnation, InstanceId, Tuning
 
 /// What a stalled job (quarantined splits, P13) means for the process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum OnStall {
     /// [`DriverHandle::outcome`](crate::DriverHandle::outcome) returns
     /// [`DriverError::Stalled`](crate::DriverError::Stalled) (the default).
@@ -19,6 +20,7 @@ pub enum OnStall {
 /// [`DriverConfig::lane_stall_timeout`] (a source stuck on a hung connection: heartbeats alone
 /// would keep it owned forever).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum OnLaneStall {
     /// Report it (a warning, the `lanes_stalled` gauge, `lane_stalls_total`) and let it be
     /// (the default).
@@ -30,8 +32,10 @@ pub enum OnLaneStall {
     Release,
 }
 
-/// Driver settings.
+/// Driver settings. New fields may be added in minor releases: start from
+/// [`DriverConfig::default`] and set the fields you need.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct DriverConfig {
     /// Stable identity (e.g. the pod name with dots substituted); `None`: random.
     pub instance_id: Option<InstanceId>,
@@ -81,13 +85,9 @@ impl DriverConfig {
         incarnation: Incarnation,
         fingerprint: String,
     ) -> Result<Config, ConfigError> {
-        let cfg = Config {
-            instance_id,
-            incarnation,
-            fingerprint,
-            tuning: self.tuning.clone(),
-            stay_after_end: self.stay_after_end,
-        };
+        let mut cfg = Config::new(instance_id, incarnation, fingerprint);
+        cfg.tuning = self.tuning.clone();
+        cfg.stay_after_end = self.stay_after_end;
         cfg.validate()?;
         if self.op_timeout.is_zero() {
             return Err(ConfigError { field: "op_timeout", value: "0s".into(), rule: "must be positive" });

@@ -21,6 +21,7 @@ pub(crate) enum LaneMsg {
 
 /// Why and by when a lane must stop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stop {
     /// Fenced (lost the split), starved (lease not renewed in time) or draining.
     pub reason: StopReason,

@@ -11,6 +11,47 @@
 //!
 //! What it does not do: read or write records (the source does), or decide anything about
 //! ownership (the core does, by CAS).
+//!
+//! Most embedders use [`Pipeline`] instead: implement a [`Source`] (plan the work as splits,
+//! read one split from its committed progress) and a [`Sink`] (write, flush durably), and the
+//! library runs the lanes (commit cadence, flush before every commit, revocation, drain,
+//! failures). With the source and sink below (hidden here: `examples/custom_source.rs` in the
+//! repository is a whole one), the glue is two lines; `JobStores::nats(&config, &job).await?`
+//! in place of `JobStores::memory(..)` shares the job between processes:
+//!
+//! ```
+//! # use etl_coordination_driver::*;
+//! # #[derive(Clone)] struct Numbers;
+//! # impl Planner for Numbers {
+//! #     fn fingerprint(&self) -> String { "numbers/v1".into() }
+//! #     async fn plan(&self) -> Result<Plan, PlanError> {
+//! #         let split = |i: u64| PlannedSplit::new(SplitId::new(format!("s{i}")).unwrap(), i.to_string(), 1);
+//! #         Ok(Plan::new(PlanKind::Final, (0..3).map(split).collect()))
+//! #     }
+//! # }
+//! # struct Reader(u64);
+//! # impl SplitReader for Reader {
+//! #     type Record = u64; type Progress = u64;
+//! #     async fn next(&mut self) -> Result<Option<(u64, u64)>, SourceError> {
+//! #         self.0 += 1; Ok((self.0 <= 10).then_some((self.0, self.0)))
+//! #     }
+//! # }
+//! # impl Source for Numbers {
+//! #     type Record = u64; type Progress = u64; type Reader = Reader;
+//! #     async fn open(&self, _: &LaneInfo, from: Option<u64>) -> Result<Reader, SourceError> { Ok(Reader(from.unwrap_or(0))) }
+//! # }
+//! # struct Discard;
+//! # impl Sink<u64> for Discard {
+//! #     async fn write(&self, _: &LaneInfo, _: u64) -> Result<(), SinkError> { Ok(()) }
+//! #     async fn flush(&self) -> Result<(), SinkError> { Ok(()) }
+//! # }
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), DriverError> {
+//! let stores = JobStores::memory(JobName::new("numbers").unwrap());
+//! let outcome = Pipeline::new(stores, Numbers, Discard).run_until(std::future::pending()).await?;
+//! assert_eq!(outcome, JobOutcome::Complete);
+//! # Ok(()) }
+//! ```
 
 mod config;
 mod handle;

@@ -4,6 +4,7 @@ use etl_coordination_core::{ConfigError, FatalError, SplitId};
 
 /// How the job ended for this worker.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum JobOutcome {
     /// Every split is Done.
     Complete,
@@ -18,6 +19,7 @@ pub enum JobOutcome {
 
 /// The job as this worker sees it ([`DriverHandle::job_state`](crate::DriverHandle::job_state)).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum JobState {
     /// Starting, or splits remain to be processed.
     Running,
@@ -41,6 +43,7 @@ pub enum JobState {
 
 /// Why the driver could not run or finish.
 #[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum DriverError {
     /// A configuration value is invalid.
     #[error(transparent)]

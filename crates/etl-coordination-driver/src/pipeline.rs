@@ -191,11 +191,19 @@ impl LaneInfo {
 /// since its last commit, whichever comes first (checked as records are written). More often
 /// means less replay after a failure and more store writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CommitCadence {
     /// Records between two commits.
     pub records: u64,
     /// Time between two commits.
     pub interval: Duration,
+}
+
+impl CommitCadence {
+    /// Commit after `records` records or once `interval` has passed, whichever comes first.
+    pub fn new(records: u64, interval: Duration) -> Self {
+        CommitCadence { records, interval }
+    }
 }
 
 impl Default for CommitCadence {
@@ -205,41 +213,8 @@ impl Default for CommitCadence {
     }
 }
 
-/// A coordinated worker whose lanes the library runs: see the module documentation.
-///
-/// ```
-/// # use etl_coordination_driver::*;
-/// # #[derive(Clone)] struct Numbers;
-/// # impl Planner for Numbers {
-/// #     fn fingerprint(&self) -> String { "numbers/v1".into() }
-/// #     async fn plan(&self) -> Result<Plan, PlanError> {
-/// #         let split = |i: u64| PlannedSplit { id: SplitId::new(format!("s{i}")).unwrap(), descriptor: i.to_string().into(), weight: 1 };
-/// #         Ok(Plan { kind: PlanKind::Final, splits: (0..3).map(split).collect() })
-/// #     }
-/// # }
-/// # struct Reader(u64);
-/// # impl SplitReader for Reader {
-/// #     type Record = u64; type Progress = u64;
-/// #     async fn next(&mut self) -> Result<Option<(u64, u64)>, SourceError> {
-/// #         self.0 += 1; Ok((self.0 <= 10).then_some((self.0, self.0)))
-/// #     }
-/// # }
-/// # impl Source for Numbers {
-/// #     type Record = u64; type Progress = u64; type Reader = Reader;
-/// #     async fn open(&self, _: &LaneInfo, from: Option<u64>) -> Result<Reader, SourceError> { Ok(Reader(from.unwrap_or(0))) }
-/// # }
-/// # struct Discard;
-/// # impl Sink<u64> for Discard {
-/// #     async fn write(&self, _: &LaneInfo, _: u64) -> Result<(), SinkError> { Ok(()) }
-/// #     async fn flush(&self) -> Result<(), SinkError> { Ok(()) }
-/// # }
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), DriverError> {
-/// let stores = JobStores::memory(JobName::new("numbers").unwrap());
-/// let outcome = Pipeline::new(stores, Numbers, Discard).run_until(std::future::pending()).await?;
-/// assert_eq!(outcome, JobOutcome::Complete);
-/// # Ok(()) }
-/// ```
+/// A coordinated worker whose lanes the library runs: see the module documentation, and the
+/// crate's for an example.
 pub struct Pipeline<St, So, Si> {
     stores: JobStores<St>,
     source: Arc<So>,

@@ -179,7 +179,7 @@ fn numbers(splits: usize, records: u64) -> Numbers {
 }
 
 fn cadence() -> CommitCadence {
-    CommitCadence { records: 7, interval: Duration::from_secs(1) }
+    CommitCadence::new(7, Duration::from_secs(1))
 }
 
 #[tokio::test(start_paused = true)]

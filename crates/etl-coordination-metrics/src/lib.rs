@@ -9,6 +9,22 @@
 //! and returns the handle whose `render()` is the text exposition served at `/metrics`.
 //!
 //! The families, their labels and what to alert on are documented in `docs/METRICS.md`.
+//!
+//! ```
+//! use etl_coordination_metrics::{Metrics, install_prometheus};
+//!
+//! let exposition = install_prometheus()?; // once per process
+//! let worker = Metrics::new("orders-backfill", "pod-0"); // every family appears, zeroed
+//! worker.splits_owned(3);
+//! let text = exposition.render(); // what `/metrics` serves
+//! let owned = text
+//!     .lines()
+//!     .find(|l| l.starts_with("etl_coordination_splits_owned{") && l.contains(r#"coordination_instance="pod-0""#))
+//!     .expect("the gauge is exported");
+//! assert!(owned.ends_with(" 3"), "{owned}");
+//! assert!(text.contains("etl_coordination_acquisitions_total{"), "counters start at zero");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use std::time::Duration;
 
@@ -92,6 +108,7 @@ pub const BUCKETS: [&str; 2] = ["state", "lease"];
 
 /// Outcome of one store write, for `writes_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WriteOutcome {
     /// Applied.
     Ok,

@@ -29,6 +29,25 @@
 //!   otherwise only a timeout).
 //!
 //! What it does not do: retry. The protocol core decides what to do with every outcome.
+//!
+//! Most users never call this crate directly: `JobStores::nats` of `etl-coordination-driver`
+//! (feature `nats`) does. Tools that read a job's records use it like this:
+//!
+//! ```no_run
+//! use etl_coordination_nats::{JobName, NatsConfig, Store, connect};
+//! use std::time::Duration;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut config = NatsConfig::new("nats://127.0.0.1:4222");
+//! config.replicas = 3; // a production cluster
+//! config.op_timeout = Duration::from_secs(2);
+//! config.create_buckets = false; // the buckets are provisioned (`etl-coord nats-buckets`)
+//! let job = connect(&config, &JobName::new("orders-backfill")?).await?;
+//! let leases = job.lease.list(&etl_coordination_nats::Prefix::new("split.")?).await?;
+//! println!("{} splits are leased", leases.len());
+//! # Ok(()) }
+//! ```
 
 mod permissions;
 
@@ -39,11 +58,13 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, kv, message::PublishMessage};
 use bytes::Bytes;
-use etl_coordination_core::{DeleteCause, Entry, JobName, Key, Prefix, Revision, StoreError, WatchEvent};
-use etl_coordination_store::{Store, WatchStream, validate_ttl, validate_value};
+use etl_coordination_core::{DeleteCause, Entry, Key, Revision, StoreError, WatchEvent};
+use etl_coordination_store::{WatchStream, validate_ttl, validate_value};
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, watch};
 
+pub use etl_coordination_core::{JobName, Prefix};
+pub use etl_coordination_store::Store;
 pub use permissions::{Access, Permissions, bucket_names, inbox_prefix, permissions};
 
 /// Conflict: wrong last sequence.
@@ -55,8 +76,10 @@ const INVALID_TTL: u64 = 10165;
 /// Per-message TTL on a stream that does not allow it.
 const TTL_NOT_ALLOWED: u64 = 10166;
 
-/// How to reach NATS and how to lay out a job's buckets.
+/// How to reach NATS and how to lay out a job's buckets. New fields may be added in minor
+/// releases: start from [`NatsConfig::new`] and set the fields you need.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct NatsConfig {
     /// `nats://HOST:PORT` (several may be given, comma-separated).
     pub url: String,
@@ -80,6 +103,7 @@ pub struct NatsConfig {
 
 /// Authentication options async-nats supports.
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub enum NatsAuth {
     /// None.
     #[default]
@@ -110,6 +134,7 @@ impl NatsConfig {
 
 /// The two stores of a job.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct NatsJob {
     /// `etl_coordination_{job}_state`.
     pub state: NatsStore,

@@ -9,6 +9,7 @@ use etl_coordination_core::JobName;
 
 /// What a client of a job may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Access {
     /// Use the job's existing buckets: what workers, `status` and `requeue` need.
     Use,

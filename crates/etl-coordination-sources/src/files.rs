@@ -170,7 +170,7 @@ fn split_of(objects: Vec<(String, u64)>, identity: &[&str]) -> PlannedSplit {
     }
     let weight = objects.iter().map(|(_, s)| *s).sum::<u64>().max(1);
     let descriptor = Bytes::from(serde_json::to_vec(&FileSplit { objects }).expect("serializable"));
-    PlannedSplit { id: SplitId::new(format!("f-{h:016x}")).expect("hex ids are valid"), descriptor, weight }
+    PlannedSplit::new(SplitId::new(format!("f-{h:016x}")).expect("hex ids are valid"), descriptor, weight)
 }
 
 /// Greedy bin-packing in path order: objects join the current split until it would exceed the
@@ -209,7 +209,7 @@ impl Planner for FilesSource {
 
     async fn plan(&self) -> Result<Plan, PlanError> {
         let splits = self.plan_splits().await.map_err(|e| PlanError(e.to_string()))?;
-        Ok(Plan { kind: if self.follow { PlanKind::Open } else { PlanKind::Final }, splits })
+        Ok(Plan::new(if self.follow { PlanKind::Open } else { PlanKind::Final }, splits))
     }
 }
 

@@ -14,6 +14,49 @@
 //!
 //! What this crate does not do: coordinate (the driver does), or write anywhere (sinks are the
 //! embedding code's).
+//!
+//! Two workers sharing the lines of a directory (in one process here, on the in-memory store;
+//! on NATS they would be two pods):
+//!
+//! ```
+//! # #[cfg(feature = "files")] {
+//! use etl_coordination_driver::{JobName, JobOutcome, JobStores, LaneInfo, Pipeline, Sink, SinkError};
+//! use etl_coordination_sources::{Line, files::FilesSource};
+//! use std::sync::{Arc, Mutex};
+//!
+//! /// Collects what it is given; a real sink writes somewhere and makes it durable in `flush`.
+//! #[derive(Clone, Default)]
+//! struct Collect(Arc<Mutex<Vec<String>>>);
+//! impl Sink<Line> for Collect {
+//!     async fn write(&self, _: &LaneInfo, line: Line) -> Result<(), SinkError> {
+//!         self.0.lock().unwrap().push(line.key);
+//!         Ok(())
+//!     }
+//!     async fn flush(&self) -> Result<(), SinkError> {
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! for i in 0..10 {
+//!     std::fs::write(dir.path().join(format!("part-{i}.txt")), "first\nsecond\n")?;
+//! }
+//! let stores = JobStores::memory(JobName::new("lines")?);
+//! let source = FilesSource::open(dir.path().to_str().unwrap(), 16)?; // 16-byte splits: one file each
+//! let sink = Collect::default();
+//! let workers = ["a", "b"].map(|_| Pipeline::new(stores.clone(), source.clone(), sink.clone()).start());
+//! for worker in workers {
+//!     assert_eq!(worker?.outcome().await?, JobOutcome::Complete);
+//! }
+//! let mut keys = sink.0.lock().unwrap().clone();
+//! keys.sort();
+//! keys.dedup(); // at-least-once: a takeover may replay, never lose
+//! assert_eq!(keys.len(), 20);
+//! # Ok(()) }
+//! # main().unwrap() }
+//! ```
 
 #[cfg(feature = "files")]
 pub mod files;

@@ -134,11 +134,11 @@ impl SqliteSource {
             .map(|(i, w)| {
                 let range = IdRange { lo: w[0], hi: w[1] };
                 let rows = if i < full { self.split_rows } else { (count as u64 - 1) % self.split_rows + 1 };
-                PlannedSplit {
-                    id: range_id(t, range),
-                    descriptor: Bytes::from(serde_json::to_vec(&range).expect("serializable")),
-                    weight: rows,
-                }
+                PlannedSplit::new(
+                    range_id(t, range),
+                    Bytes::from(serde_json::to_vec(&range).expect("serializable")),
+                    rows,
+                )
             })
             .collect())
     }
@@ -182,7 +182,7 @@ impl Planner for SqliteSource {
             .await
             .map_err(|e| PlanError(e.to_string()))?
             .map_err(|e| PlanError(e.to_string()))?;
-        Ok(Plan { kind: if self.follow { PlanKind::Open } else { PlanKind::Final }, splits })
+        Ok(Plan::new(if self.follow { PlanKind::Open } else { PlanKind::Final }, splits))
     }
 }
 

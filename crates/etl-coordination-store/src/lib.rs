@@ -8,6 +8,36 @@
 //!
 //! What this crate does not do: implement a backend (see `etl-coordination-memory` and
 //! `etl-coordination-nats`) or decide anything about ownership.
+//!
+//! Every write is fenced by a revision: a create succeeds only where nothing lives, a
+//! compare-and-swap only over the revision the writer last saw. This is all the protocol's
+//! safety rests on:
+//!
+//! ```
+//! use etl_coordination_store::{Key, Revision, Store, StoreError};
+//! use std::time::Duration;
+//!
+//! /// Takes `key` if it is free, or over `seen` (the revision its holder last wrote).
+//! async fn take<S: Store>(store: &S, key: &Key, seen: Option<Revision>) -> Result<Revision, StoreError> {
+//!     let ttl = Some(Duration::from_secs(30)); // gone 30 s after the last write unless renewed
+//!     match seen {
+//!         None => store.create(key, "mine".into(), ttl).await,
+//!         Some(revision) => store.compare_and_swap(key, revision, "mine".into(), ttl).await,
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), StoreError> {
+//! let store = etl_coordination_memory::MemoryStore::new();
+//! let key = Key::new("split.s1").expect("a valid key");
+//! let first = take(&store, &key, None).await?;
+//! let second = take(&store, &key, Some(first)).await?;
+//! // A writer still holding the first revision is fenced off:
+//! let stale = take(&store, &key, Some(first)).await.unwrap_err();
+//! assert!(matches!(stale, StoreError::RevisionMismatch(_)));
+//! assert_eq!(store.get(&key).await?.expect("live").revision, second);
+//! # Ok(()) }
+//! ```
 
 use std::future::Future;
 use std::pin::Pin;

@@ -302,16 +302,8 @@ impl Rig {
 
 /// A plan of `n` splits `s0..s{n-1}` with weights `1..=n` (s{n-1} is the largest).
 pub fn plan(n: usize, kind: PlanKind) -> Plan {
-    Plan {
-        kind,
-        splits: (0..n)
-            .map(|i| PlannedSplit {
-                id: sid(&format!("s{i}")),
-                descriptor: Bytes::from(format!("d{i}")),
-                weight: i as u64 + 1,
-            })
-            .collect(),
-    }
+    let splits = (0..n).map(|i| PlannedSplit::new(sid(&format!("s{i}")), format!("d{i}"), i as u64 + 1));
+    Plan::new(kind, splits.collect())
 }
 
 pub fn lease_of(kv: &mut Kv, split: &str) -> Option<records::LeaseRecord> {

@@ -64,16 +64,11 @@ impl Planner for TestPlanner {
     }
 
     async fn plan(&self) -> Result<Plan, PlanError> {
-        Ok(Plan {
-            kind: PlanKind::Final,
-            splits: (0..self.splits)
-                .map(|i| PlannedSplit {
-                    id: SplitId::new(format!("s{i:02}")).unwrap(),
-                    descriptor: Bytes::copy_from_slice(&self.records.to_le_bytes()),
-                    weight: 100 + i as u64,
-                })
-                .collect(),
-        })
+        let descriptor = Bytes::copy_from_slice(&self.records.to_le_bytes());
+        let split = |i: usize| {
+            PlannedSplit::new(SplitId::new(format!("s{i:02}")).unwrap(), descriptor.clone(), 100 + i as u64)
+        };
+        Ok(Plan::new(PlanKind::Final, (0..self.splits).map(split).collect()))
     }
 }
 
@@ -231,17 +226,13 @@ impl Source {
 }
 
 pub fn config(id: &str) -> DriverConfig {
-    DriverConfig {
-        instance_id: Some(InstanceId::new(id).unwrap()),
-        tuning: Tuning {
-            lease_duration: Duration::from_secs(3),
-            max_in_flight: 4,
-            max_attempts: 3,
-            drain_timeout: Duration::from_secs(2),
-            ..Tuning::default()
-        },
-        ..DriverConfig::default()
-    }
+    let mut config = DriverConfig::default();
+    config.instance_id = Some(InstanceId::new(id).unwrap());
+    config.tuning.lease_duration = Duration::from_secs(3);
+    config.tuning.max_in_flight = 4;
+    config.tuning.max_attempts = 3;
+    config.tuning.drain_timeout = Duration::from_secs(2);
+    config
 }
 
 pub fn fresh_stores() -> JobStores<MemoryStore> {

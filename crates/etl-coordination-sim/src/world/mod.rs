@@ -15,7 +15,7 @@ use bytes::Bytes;
 use etl_coordination_core::records::{self, PlanHead, PlanStatus, keys};
 use etl_coordination_core::{
     AcquisitionReason, Action, Bucket, Config, Epoch, Event, FatalError, Incarnation, Input, InstanceId,
-    OpId, Outcome, Owner, Plan, PlanKind, PlannedSplit, SplitId, StopReason, StoreRequest, Timestamp, Tuning,
+    OpId, Outcome, Owner, Plan, PlanKind, PlannedSplit, SplitId, StopReason, StoreRequest, Timestamp,
     WatchId, Worker,
 };
 use etl_coordination_memory::MemoryKv;
@@ -385,14 +385,13 @@ impl World {
         }
         s.link = Link::default();
         let mut cfg = Config::new(s.instance.clone(), incarnation, "sim-planner-v1");
-        cfg.tuning = Tuning {
-            lease_duration: Duration::from_secs(self.opts.lease_secs),
-            max_in_flight: s.max_in_flight,
-            max_attempts: self.opts.max_attempts,
-            replan_interval: Duration::from_secs(2),
-            drain_timeout: self.opts.drain_timeout,
-            plan_timeout: Duration::from_secs(5),
-        };
+        let t = &mut cfg.tuning;
+        t.lease_duration = Duration::from_secs(self.opts.lease_secs);
+        t.max_in_flight = s.max_in_flight;
+        t.max_attempts = self.opts.max_attempts;
+        t.replan_interval = Duration::from_secs(2);
+        t.drain_timeout = self.opts.drain_timeout;
+        t.plan_timeout = Duration::from_secs(5);
         cfg.stay_after_end = self.opts.stay_after_end;
         cfg.validate().expect("sim config is valid");
         s.core = Some(Worker::new(cfg));
@@ -872,13 +871,11 @@ impl World {
             .splits
             .iter()
             .filter(|s| !open || s.discovered_at <= self.now)
-            .map(|s| PlannedSplit {
-                id: s.id.clone(),
-                descriptor: Bytes::copy_from_slice(&s.total.to_le_bytes()),
-                weight: s.weight,
+            .map(|s| {
+                PlannedSplit::new(s.id.clone(), Bytes::copy_from_slice(&s.total.to_le_bytes()), s.weight)
             })
             .collect();
-        Plan { kind: if open { PlanKind::Open } else { PlanKind::Final }, splits }
+        Plan::new(if open { PlanKind::Open } else { PlanKind::Final }, splits)
     }
 
     // ----- phases and probes -----
