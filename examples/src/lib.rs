@@ -23,4 +23,19 @@ mod tests {
         assert_eq!(differ.len(), 1, "{differ:#?}");
         assert!(differ[0].0.contains("JobStores::memory") && differ[0].1.contains("JobStores::nats"));
     }
+
+    /// The README's snippet is `pipeline.rs`'s, line for line, so it compiles as long as the
+    /// example does.
+    #[test]
+    fn the_readme_snippet_is_the_compiled_example() {
+        let read = |f: &str| std::fs::read_to_string(format!("{}/{f}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        let (readme, example) = (read("../README.md"), read("pipeline.rs"));
+        let snippet = readme.split("```rust\n").nth(1).and_then(|s| s.split("```").next()).unwrap();
+        let lines: Vec<&str> = snippet.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+        assert!(lines.len() >= 4, "{snippet}");
+        let example: Vec<&str> = example.lines().map(str::trim).collect();
+        for line in lines {
+            assert!(example.contains(&line), "README line not in examples/pipeline.rs: {line}");
+        }
+    }
 }
