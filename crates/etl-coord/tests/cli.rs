@@ -535,7 +535,9 @@ fn hanging_worker(
     extra: &[&str],
 ) -> (tempfile::TempDir, std::process::Child, std::sync::mpsc::Receiver<String>) {
     let (tmp, data) = data_dir();
-    std::fs::write(data.join("a.txt"), "one\ntwo\nHANG here\nfour\n").unwrap();
+    // The hang comes first: a record written before it would be committed by the time cadence
+    // while the read hangs, which counts as progress (and a second stall after it).
+    std::fs::write(data.join("a.txt"), "HANG here\none\ntwo\n").unwrap();
     let mut child = etl_coord()
         .args(["worker", "--store", "memory", "--job", job, "--source", &format!("files:{}", data.display())])
         .args(["--hang-marker", "HANG", "--lane-stall-timeout", "1s"])

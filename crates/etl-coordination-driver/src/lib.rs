@@ -67,6 +67,9 @@ pub use etl_coordination_core::{
     AcquisitionReason, CommitOutcome, Epoch, InstanceId, JobName, Plan, PlanKind, PlannedSplit, SplitId,
     StopReason, Tuning,
 };
+pub use etl_coordination_memory::MemoryStore;
+#[cfg(feature = "nats")]
+pub use etl_coordination_nats::{NatsAuth, NatsConfig, NatsStore};
 pub use handle::{CoordinationDriver, DriverHandle};
 pub use lane::{Lane, Lanes, Stop};
 pub use outcome::{DriverError, JobOutcome, JobState};

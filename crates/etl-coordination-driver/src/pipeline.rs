@@ -32,7 +32,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::config::DriverConfig;
 use crate::handle::{CoordinationDriver, DriverHandle};
-use crate::lane::Lane;
+use crate::lane::{Lane, Stop};
 use crate::outcome::{DriverError, JobOutcome};
 use crate::planner::{PlanError, Planner};
 use crate::stores::JobStores;
@@ -181,15 +181,17 @@ impl LaneInfo {
         self.reason
     }
 
-    /// Cancelled when the lane must stop (its split lost, the worker draining or gone).
+    /// Cancelled as soon as the lane must stop (its split lost, the worker draining or gone),
+    /// whatever the lane is doing at that moment, and when the lane has ended (also by a panic).
     pub fn cancelled(&self) -> &CancellationToken {
         &self.cancelled
     }
 }
 
 /// When a lane commits its progress: after this many records, or once this long has passed
-/// since its last commit, whichever comes first (checked as records are written). More often
-/// means less replay after a failure and more store writes.
+/// since its last commit while records are written and not committed (also while the reader
+/// waits for the next record), whichever comes first. More often means less replay after a
+/// failure and more store writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CommitCadence {
@@ -261,31 +263,61 @@ impl<St: Store, So: Source, Si: Sink<So::Record>> Pipeline<St, So, Si> {
     /// Starts the worker and its lanes on the current tokio runtime; the handle drains, kills
     /// or waits for it.
     pub fn start(self) -> Result<DriverHandle, DriverError> {
+        self.spawn().map(|(handle, _lanes)| handle)
+    }
+
+    /// Starts the worker, and a task that runs its lanes and ends when the last one has.
+    fn spawn(self) -> Result<(DriverHandle, tokio::task::JoinHandle<()>), DriverError> {
         let (handle, mut lanes) = CoordinationDriver::start(self.stores, self.source.clone(), self.config)?;
         let (source, sink, cadence) = (self.source, self.sink, self.cadence);
         let instance = handle.instance_id().clone();
-        tokio::spawn(async move {
-            while let Some(lane) = lanes.next().await {
-                tokio::spawn(run_lane(lane, source.clone(), sink.clone(), cadence, instance.clone()));
+        let running = tokio::spawn(async move {
+            let mut running = tokio::task::JoinSet::new();
+            loop {
+                tokio::select! {
+                    lane = lanes.next() => match lane {
+                        Some(lane) => {
+                            running.spawn(run_lane(lane, source.clone(), sink.clone(), cadence, instance.clone()));
+                        }
+                        None => break,
+                    },
+                    Some(ended) = running.join_next(), if !running.is_empty() => log_panic(ended),
+                }
+            }
+            while let Some(ended) = running.join_next().await {
+                log_panic(ended);
             }
         });
-        Ok(handle)
+        Ok((handle, running))
     }
 
     /// Runs the worker until the job ends for it, or until `shutdown` resolves (then it drains:
-    /// lanes commit and stop, splits are released, no attempt is consumed). Returns the outcome.
+    /// lanes commit and stop, splits are released, no attempt is consumed). Returns the outcome
+    /// once every lane has ended, so the sink can be closed as soon as it returns.
     pub async fn run_until(
         self,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<JobOutcome, DriverError> {
-        let handle = self.start()?;
-        tokio::select! {
+        let (handle, lanes) = self.spawn()?;
+        let outcome = tokio::select! {
             outcome = handle.outcome() => outcome,
             () = shutdown => {
                 handle.drain();
                 handle.outcome().await
             }
-        }
+        };
+        let _ = lanes.await;
+        outcome
+    }
+}
+
+/// A lane task that panicked is a bug of the source or the sink: said once, loudly. (Its
+/// split was reported failed when the lane was dropped.)
+fn log_panic(ended: Result<(), tokio::task::JoinError>) {
+    if let Err(e) = ended
+        && e.is_panic()
+    {
+        warn!(error = %e, "a lane panicked; its split counts a failed attempt");
     }
 }
 
@@ -334,10 +366,20 @@ async fn run_lane<So: Source, Si: Sink<So::Record>>(
         reason: lane.reason(),
         cancelled: CancellationToken::new(),
     };
-    let cancelled = info.cancelled.clone();
+    // The token fires the moment a stop is given, whatever the lane is doing (writing,
+    // flushing, committing), and when the lane ends, however it ends.
+    let _cancel_on_end = info.cancelled.clone().drop_guard();
+    let mut stop = lane.stop.clone();
+    let cancel = info.cancelled.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = stop.wait_for(Option::is_some) => {}
+            () = cancel.cancelled() => {}
+        }
+        cancel.cancel();
+    });
     async move {
         let (emitted, end) = lane_loop(lane, &info, &*source, &*sink, cadence).await;
-        cancelled.cancel();
         info!(emitted, end = ?end, "lane ended");
     }
     .instrument(span)
@@ -354,10 +396,30 @@ fn report(lane: Lane, e: SourceError) -> LaneEnd {
     LaneEnd::Failed
 }
 
+/// Ends the lane after its sink failed: a failure of the split (one attempt), unless the lane
+/// was told to stop meanwhile (a sink that gives up when [`LaneInfo::cancelled`] fires is not
+/// the split's fault): then it stops, and what was not committed replays.
+fn sink_failed(lane: Lane, e: SinkError) -> LaneEnd {
+    match lane.stop_requested() {
+        Some(stop) => {
+            debug!(error = %e, "the sink gave up on a stopping lane");
+            stop_now(lane, stop)
+        }
+        None => {
+            warn!(error = %e, "the sink failed");
+            lane.fail(e.to_string());
+            LaneEnd::Failed
+        }
+    }
+}
+
 /// Progress as stored in the split record.
 fn encode<P: Serialize>(p: &P) -> Bytes {
     Bytes::from(serde_json::to_vec(p).expect("progress serializes"))
 }
+
+/// The progress a split that had no record ends with (JSON, like every progress).
+const NO_PROGRESS: &[u8] = b"null";
 
 async fn lane_loop<So: Source, Si: Sink<So::Record>>(
     mut lane: Lane,
@@ -369,6 +431,7 @@ async fn lane_loop<So: Source, Si: Sink<So::Record>>(
     let resume = lane.resume_from().cloned();
     let from = match &resume {
         None => None,
+        Some(b) if b.as_ref() == NO_PROGRESS => None,
         Some(b) => match serde_json::from_slice::<So::Progress>(b) {
             Ok(p) => Some(p),
             Err(e) => {
@@ -378,91 +441,82 @@ async fn lane_loop<So: Source, Si: Sink<So::Record>>(
         },
     };
     let opened = tokio::select! {
-        r = source.open(info, from) => Some(r),
-        _ = lane.revoked() => None,
+        biased;
+        stop = lane.revoked() => Err(stop),
+        r = source.open(info, from) => Ok(r),
     };
     let mut reader = match opened {
-        Some(Ok(r)) => r,
-        Some(Err(e)) => return (0, report(lane, e)),
-        None => {
-            info.cancelled.cancel();
-            return (0, stop_now(lane));
-        }
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return (0, report(lane, e)),
+        Err(stop) => return (0, stop_now(lane, stop)),
     };
     let mut emitted = 0u64;
-    // The progress after the last record written, if not committed yet.
+    // The progress after the last record written, and how many records were written since the
+    // last commit (0: `last` is committed, or there is none).
     let mut last: Option<Bytes> = None;
-    let mut uncommitted = false;
-    let mut since = 0u64;
+    let mut pending = 0u64;
     let mut last_commit = Instant::now();
     loop {
-        if lane.stop_requested().is_some() {
-            info.cancelled.cancel();
-            if uncommitted && lane.stop_requested().is_some_and(|s| s.reason == StopReason::Draining) {
-                // Never commit ahead of the sink: if it cannot flush, the tail replays.
-                match sink.flush().await {
-                    Ok(()) => {
-                        let _ = lane.commit(last.clone().expect("progress")).await;
+        // One read. While it waits, the time cadence commits what was written: the read's future
+        // is kept (not dropped and started again), so a reader that is not cancel-safe loses
+        // nothing. It is dropped only when the lane stops, with the reader.
+        let read = reader.next();
+        tokio::pin!(read);
+        let next = loop {
+            tokio::select! {
+                biased;
+                stop = lane.revoked() => break Err(stop),
+                () = tokio::time::sleep_until(last_commit + cadence.interval), if pending > 0 => {
+                    if let Err(e) = sink.flush().await {
+                        return (emitted, sink_failed(lane, e));
                     }
-                    Err(e) => {
-                        warn!(error = %e, "the sink failed to flush while draining; the uncommitted tail replays")
+                    match commit(&mut lane, last.clone().expect("written")).await {
+                        Committed::Ok => (pending, last_commit) = (0, Instant::now()),
+                        Committed::Lost => return (emitted, LaneEnd::Revoked),
+                        // A stop came: the next round sees it.
+                        Committed::Interrupted => {}
                     }
                 }
+                r = &mut read => break Ok(r),
             }
-            return (emitted, stop_now(lane));
-        }
-        let next = tokio::select! {
-            r = reader.next() => r,
-            _ = lane.revoked() => continue,
+        };
+        let next = match next {
+            Ok(next) => next,
+            Err(stop) => {
+                if stop.reason == StopReason::Draining && pending > 0 {
+                    drain_commit(&mut lane, sink.flush(), last.clone().expect("written"), stop).await;
+                }
+                return (emitted, stop_now(lane, stop));
+            }
         };
         match next {
             Err(e) => return (emitted, report(lane, e)),
             Ok(None) => {
                 if let Err(e) = sink.flush().await {
-                    lane.fail(e.to_string());
-                    return (emitted, LaneEnd::Failed);
+                    return (emitted, sink_failed(lane, e));
                 }
-                let end = last.or(resume).unwrap_or_default();
+                let end = last.or(resume).unwrap_or(Bytes::from_static(NO_PROGRESS));
                 return (emitted, finish(lane, end).await);
             }
             Ok(Some((record, progress))) => {
                 if let Err(e) = sink.write(info, record).await {
-                    lane.fail(e.to_string());
-                    return (emitted, LaneEnd::Failed);
+                    return (emitted, sink_failed(lane, e));
                 }
                 emitted += 1;
-                since += 1;
+                pending += 1;
                 last = Some(encode(&progress));
-                uncommitted = true;
-                if since >= cadence.records || last_commit.elapsed() >= cadence.interval {
+                if pending >= cadence.records || last_commit.elapsed() >= cadence.interval {
                     if let Err(e) = sink.flush().await {
-                        lane.fail(e.to_string());
-                        return (emitted, LaneEnd::Failed);
+                        return (emitted, sink_failed(lane, e));
                     }
                     // Commit before going on: a lane never runs more than one commit interval
                     // ahead of its durable progress, so a store outage bounds both the replay
                     // and what a zombie (a lane that lost its split without hearing of it) emits
                     // twice.
-                    let mut delays = retry_delays();
-                    loop {
-                        match lane.commit(last.clone().expect("progress")).await {
-                            CommitOutcome::Ok => {
-                                uncommitted = false;
-                                since = 0;
-                                last_commit = Instant::now();
-                                break;
-                            }
-                            CommitOutcome::Lost => {
-                                info.cancelled.cancel();
-                                return (emitted, LaneEnd::Revoked);
-                            }
-                            CommitOutcome::Retryable => {
-                                tokio::select! {
-                                    () = tokio::time::sleep(delays.next().unwrap_or(MAX_RETRY_DELAY)) => {}
-                                    _ = lane.revoked() => break,
-                                }
-                            }
-                        }
+                    match commit(&mut lane, last.clone().expect("written")).await {
+                        Committed::Ok => (pending, last_commit) = (0, Instant::now()),
+                        Committed::Lost => return (emitted, LaneEnd::Revoked),
+                        Committed::Interrupted => {}
                     }
                 }
             }
@@ -470,17 +524,74 @@ async fn lane_loop<So: Source, Si: Sink<So::Record>>(
     }
 }
 
+/// How a commit of [`commit`] ended.
+enum Committed {
+    /// Durable.
+    Ok,
+    /// The split is no longer ours: stop at once.
+    Lost,
+    /// The store could not take it and a stop came meanwhile: the progress stays uncommitted.
+    Interrupted,
+}
+
+/// Commits `progress` (the sink already flushed), trying again while the store cannot take it,
+/// until it is taken, the split is lost or a stop comes.
+async fn commit(lane: &mut Lane, progress: Bytes) -> Committed {
+    let mut delays = retry_delays();
+    loop {
+        match lane.commit(progress.clone()).await {
+            CommitOutcome::Ok => return Committed::Ok,
+            CommitOutcome::Lost => return Committed::Lost,
+            CommitOutcome::Retryable => {
+                tokio::select! {
+                    () = tokio::time::sleep(delays.next().unwrap_or(MAX_RETRY_DELAY)) => {}
+                    _ = lane.revoked() => return Committed::Interrupted,
+                }
+            }
+        }
+    }
+}
+
+/// A draining lane's last commit: after `flush` succeeds, tried until the drain's deadline
+/// while the store cannot take it (a short outage during a drain should not cost a replay).
+/// Never ahead of the sink: if it cannot flush, the tail replays.
+async fn drain_commit(
+    lane: &mut Lane,
+    flush: impl Future<Output = Result<(), SinkError>>,
+    progress: Bytes,
+    stop: Stop,
+) {
+    if let Err(e) = flush.await {
+        warn!(error = %e, "the sink failed to flush while draining; the uncommitted tail replays");
+        return;
+    }
+    let mut delays = retry_delays();
+    loop {
+        match lane.commit(progress.clone()).await {
+            CommitOutcome::Ok | CommitOutcome::Lost => return,
+            CommitOutcome::Retryable => {
+                let wait = delays.next().unwrap_or(MAX_RETRY_DELAY);
+                let draining = lane.stop_requested().is_some_and(|s| s.reason == StopReason::Draining);
+                if !draining || stop.deadline.is_none_or(|d| Instant::now() + wait >= d) {
+                    warn!(
+                        "the store did not take the last commit before the drain deadline; the uncommitted tail replays"
+                    );
+                    return;
+                }
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+}
+
 /// A lane told to stop: acknowledged if draining (its split is released), dropped otherwise.
-fn stop_now(lane: Lane) -> LaneEnd {
-    match lane.stop_requested() {
-        Some(s) if s.reason == StopReason::Draining => {
-            lane.stopped();
-            LaneEnd::Stopped
-        }
-        _ => {
-            debug!("lane revoked");
-            LaneEnd::Revoked
-        }
+fn stop_now(lane: Lane, stop: Stop) -> LaneEnd {
+    if stop.reason == StopReason::Draining {
+        lane.stopped();
+        LaneEnd::Stopped
+    } else {
+        debug!(reason = ?stop.reason, "lane revoked");
+        LaneEnd::Revoked
     }
 }
 

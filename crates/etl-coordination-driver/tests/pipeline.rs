@@ -22,6 +22,8 @@ struct Numbers {
     /// Splits whose first lane hangs in its read until the lane is cancelled; the cancels seen.
     hang: Option<&'static str>,
     cancels: Arc<Mutex<Vec<SplitId>>>,
+    /// Reads wait forever (for more input, as a tail does) after this many records.
+    wait_after: Option<u64>,
 }
 
 impl Planner for Numbers {
@@ -41,6 +43,7 @@ struct NumbersReader {
     delay: Duration,
     broken: Option<(u64, bool)>,
     hang: bool,
+    wait_after: Option<u64>,
 }
 
 impl Source for Numbers {
@@ -69,6 +72,7 @@ impl Source for Numbers {
             delay: self.delay,
             broken: self.broken.filter(|(s, ..)| mine(s)).map(|(_, at, u)| (at, u)),
             hang,
+            wait_after: self.wait_after,
         })
     }
 }
@@ -84,6 +88,9 @@ impl SplitReader for NumbersReader {
         }
         if self.next == self.total {
             return Ok(None);
+        }
+        if self.wait_after == Some(self.next) {
+            std::future::pending::<()>().await;
         }
         if let Some((at, unprocessable)) = self.broken
             && self.next == at
@@ -175,6 +182,7 @@ fn numbers(splits: usize, records: u64) -> Numbers {
         broken: None,
         hang: None,
         cancels: Arc::default(),
+        wait_after: None,
     }
 }
 
@@ -346,4 +354,119 @@ async fn a_progress_the_source_cannot_read_makes_the_split_unprocessable() {
     };
     let error = quarantined[0].1.clone().unwrap();
     assert!(error.contains("does not decode as this source's progress"), "{error}");
+}
+
+/// The committed progress of split `s`, if any.
+async fn committed(stores: &JobStores<etl_coordination_memory::MemoryStore>, s: &str) -> Option<u64> {
+    let rec = stores.state.get(&keys::split(&SplitId::new(s).unwrap())).await.unwrap()?;
+    let rec: SplitRecord = records::decode(&rec.value).unwrap();
+    rec.progress.map(|p| serde_json::from_slice(&p).unwrap())
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_time_cadence_commits_while_the_reader_waits_for_input() {
+    let stores = fresh_stores();
+    let mut src = numbers(1, 1_000);
+    src.wait_after = Some(3);
+    let sink = Recorder::default();
+    let h = Pipeline::new(stores.clone(), src, sink.clone())
+        .config(config("a"))
+        .commit_every(CommitCadence::new(1_000, Duration::from_secs(1)))
+        .start()
+        .unwrap();
+    // Three records are written within a second; then the reader waits for more, for ever.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(committed(&stores, "s00").await, None, "not yet: under the record count and the interval");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(committed(&stores, "s00").await, Some(3), "committed by time while the read waits");
+    let durable = sink.durable.lock().unwrap().get(&SplitId::new("s00").unwrap()).map_or(0, |d| d.len());
+    assert_eq!(durable, 3, "flushed before the commit");
+    h.kill();
+}
+
+/// Writes block until their lane is cancelled when `block` is set: a sink stuck on a slow
+/// destination.
+#[derive(Clone, Default)]
+struct Stuck {
+    inner: Recorder,
+    block: Arc<std::sync::atomic::AtomicBool>,
+    unblocked: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Sink<(SplitId, u64)> for Stuck {
+    async fn write(&self, lane: &LaneInfo, record: (SplitId, u64)) -> Result<(), SinkError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.block.load(SeqCst) {
+            lane.cancelled().cancelled().await;
+            self.unblocked.fetch_add(1, SeqCst);
+            return Err(SinkError::new("given up: the lane was cancelled"));
+        }
+        self.inner.write(lane, record).await
+    }
+
+    async fn flush(&self) -> Result<(), SinkError> {
+        self.inner.flush().await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_cancels_a_lane_inside_its_sink_and_run_until_waits_for_every_lane() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let stores = fresh_stores();
+    let sink = Stuck::default();
+    let (block, unblocked) = (sink.block.clone(), sink.unblocked.clone());
+    let p = Pipeline::new(stores.clone(), numbers(2, 10_000), sink.clone())
+        .config(config("a"))
+        .commit_every(cadence());
+    let shutdown = async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        block.store(true, SeqCst);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let outcome = tokio::time::timeout(Duration::from_secs(60), p.run_until(shutdown)).await;
+    assert!(outcome.is_ok(), "run_until returned: the drain reached the lanes inside their sink");
+    // Both lanes were inside a write when the drain came: the token let them go, and
+    // run_until returned only after they had (nothing of the pipeline runs afterwards).
+    assert_eq!(unblocked.load(SeqCst), 2);
+    let written = sink.inner.written.lock().unwrap().len();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(sink.inner.written.lock().unwrap().len(), written, "no lane wrote after run_until");
+    assert_eq!(outcome.unwrap().unwrap(), JobOutcome::Drained);
+    for s in ["s00", "s01"] {
+        let rec = stores.state.get(&keys::split(&SplitId::new(s).unwrap())).await.unwrap().unwrap();
+        let rec: SplitRecord = records::decode(&rec.value).unwrap();
+        assert_eq!(
+            (rec.state, rec.attempts),
+            (records::SplitState::Unleased, 0),
+            "{s}: released, no attempt"
+        );
+    }
+}
+
+/// A sink whose flush always fails (a full disk).
+#[derive(Clone, Default)]
+struct Full;
+
+impl Sink<(SplitId, u64)> for Full {
+    async fn write(&self, _: &LaneInfo, _: (SplitId, u64)) -> Result<(), SinkError> {
+        Ok(())
+    }
+
+    async fn flush(&self) -> Result<(), SinkError> {
+        Err(SinkError::new("no space left on device"))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sink_that_cannot_flush_fails_the_split_and_nothing_is_committed() {
+    let stores = fresh_stores();
+    let mut cfg = config("a");
+    cfg.on_stall = OnStall::Warn;
+    let p = Pipeline::new(stores.clone(), numbers(1, 20), Full).config(cfg).commit_every(cadence());
+    let JobOutcome::Stalled { quarantined } = p.run_until(std::future::pending()).await.unwrap() else {
+        panic!("a stall")
+    };
+    let error = quarantined[0].1.clone().unwrap();
+    assert!(error.contains("no space left on device"), "{error}");
+    assert_eq!(committed(&stores, "s00").await, None, "never committed ahead of the sink");
 }

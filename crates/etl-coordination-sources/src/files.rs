@@ -309,7 +309,8 @@ impl SplitReader for FilesReader {
             };
             let next_object = FileProgress { object: self.progress.object + 1, offset: 0, line: 0 };
             if self.current.is_none() {
-                if compression(&path) == Compression::None && self.progress.offset >= size {
+                // An empty object has no lines (and no compressed stream to decode).
+                if size == 0 || (compression(&path) == Compression::None && self.progress.offset >= size) {
                     self.progress = next_object;
                     continue;
                 }
@@ -317,11 +318,13 @@ impl SplitReader for FilesReader {
             }
             let c = self.current.as_mut().expect("opened above");
             c.buf.clear();
-            let n = c
-                .lines
-                .read_until(b'\n', &mut c.buf)
-                .await
-                .map_err(|e| SourceError::failed(format!("reading {path}: {e}")))?;
+            let n = c.lines.read_until(b'\n', &mut c.buf).await.map_err(|e| match e.kind() {
+                // Not gzip or zstd after all, or truncated: every try would fail the same way.
+                std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof => {
+                    SourceError::unprocessable(format!("decoding {path}: {e}"))
+                }
+                _ => SourceError::failed(format!("reading {path}: {e}")),
+            })?;
             if n == 0 {
                 self.current = None;
                 self.progress = next_object;
@@ -331,9 +334,18 @@ impl SplitReader for FilesReader {
                 c.skip -= 1;
                 continue;
             }
-            let content = String::from_utf8_lossy(&c.buf).trim_end_matches(['\n', '\r']).to_owned();
             self.progress.offset += n as u64;
             self.progress.line += 1;
+            // Lines are text: bytes that are not UTF-8 are refused, never silently replaced.
+            let content = match std::str::from_utf8(&c.buf) {
+                Ok(text) => text.trim_end_matches(['\n', '\r']).to_owned(),
+                Err(e) => {
+                    return Err(SourceError::unprocessable(format!(
+                        "{path}: line {} is not UTF-8 ({e}); convert the object to UTF-8",
+                        self.progress.line
+                    )));
+                }
+            };
             let key = format!("{path}:{}", self.progress.line);
             return Ok(Some((Line { key, content }, self.progress)));
         }
@@ -420,6 +432,53 @@ mod tests {
         let rest = read_all(&src, &split, Some(all[149].1)).await;
         assert_eq!(rest.len(), 50);
         assert_eq!(rest[0].0.key, "b.txt.zst:51");
+    }
+
+    #[tokio::test]
+    async fn empty_objects_compressed_or_not_have_no_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["a.txt", "b.txt.gz", "c.txt.zst"] {
+            std::fs::write(dir.path().join(name), "").unwrap();
+        }
+        std::fs::write(dir.path().join("d.txt"), "last\n").unwrap();
+        let src = FilesSource::open(dir.path().to_str().unwrap(), 1 << 20).unwrap();
+        let split = src.plan_splits().await.unwrap().remove(0);
+        let all = read_all(&src, &split, None).await;
+        let keys: Vec<&str> = all.iter().map(|(l, _)| l.key.as_str()).collect();
+        assert_eq!(keys, ["d.txt:1"]);
+    }
+
+    /// What reading the only split of `dir` ends with.
+    async fn read_error(dir: &std::path::Path) -> SourceError {
+        let src = FilesSource::open(dir.to_str().unwrap(), 1 << 20).unwrap();
+        let split = src.plan_splits().await.unwrap().remove(0);
+        let lane = LaneInfo::new(split.id, Epoch(1), InstanceId::new("t").unwrap(), split.descriptor, 1);
+        let mut r = src.open(&lane, None).await.unwrap();
+        loop {
+            match r.next().await {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("read to the end without an error"),
+                Err(e) => return e,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn bytes_that_are_not_utf8_are_refused_never_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.txt"), b"fine\ncaf\xe9\n").unwrap();
+        let e = read_error(dir.path()).await;
+        assert!(matches!(e, SourceError::Unprocessable(_)), "{e:?}");
+        assert!(e.to_string().contains("line 2 is not UTF-8"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn an_object_that_is_not_what_its_extension_says_is_unprocessable() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.txt.gz"), "plain text, not gzip\n").unwrap();
+        let e = read_error(dir.path()).await;
+        assert!(matches!(e, SourceError::Unprocessable(_)), "{e:?}");
+        assert!(e.to_string().contains("decoding a.txt.gz"), "{e}");
     }
 
     #[tokio::test]

@@ -144,22 +144,32 @@ impl SqliteSource {
     }
 }
 
-/// A range's split id: `r-TABLE-LO-HI` (an id of `i64::MIN` is written `min`).
+/// A range's split id: `r-TABLE-LO-HI`, a negative bound written with `m` for its minus sign
+/// (`-5` is `m5`, so `-` only separates; `i64::MIN` is `min`).
 fn range_id(table: &str, r: IdRange) -> SplitId {
-    let n = |v: i64| if v == i64::MIN { "min".to_owned() } else { v.to_string() };
+    let n = |v: i64| match v {
+        i64::MIN => "min".to_owned(),
+        v if v < 0 => format!("m{}", v.unsigned_abs()),
+        v => v.to_string(),
+    };
     SplitId::new(format!("r-{table}-{}-{}", n(r.lo), n(r.hi))).expect("valid id")
 }
 
 /// The end of the range a split id of this table names.
 fn range_end(table: &str, id: &SplitId) -> Option<i64> {
-    id.as_str().strip_prefix(&format!("r-{table}-"))?.rsplit_once('-')?.1.parse().ok()
+    let hi = id.as_str().strip_prefix(&format!("r-{table}-"))?.rsplit_once('-')?.1;
+    match hi.strip_prefix('m') {
+        Some("in") => Some(i64::MIN),
+        Some(abs) => abs.parse::<i64>().ok().map(|v| -v),
+        None => hi.parse().ok(),
+    }
 }
 
 impl Planner for SqliteSource {
     fn fingerprint(&self) -> String {
         let mode = if self.follow { " follow" } else { "" };
         format!(
-            "sqlite/v2 db={} table={} split_rows={}{mode}",
+            "sqlite/v3 db={} table={} split_rows={}{mode}",
             self.path.display(),
             self.table,
             self.split_rows
@@ -355,6 +365,39 @@ mod tests {
         let all: Vec<SplitId> =
             published.into_iter().chain(second.splits.iter().map(|s| s.id.clone())).collect();
         assert!(src.replan(&all).await.unwrap().splits.is_empty());
+    }
+
+    #[test]
+    fn a_split_id_gives_back_the_end_of_its_range_whatever_its_sign() {
+        for (lo, hi) in
+            [(i64::MIN, -5), (-9, -1), (-3, 4), (0, 7), (i64::MIN, i64::MAX), (i64::MIN, i64::MIN)]
+        {
+            let id = range_id("orders", IdRange { lo, hi });
+            assert_eq!(range_end("orders", &id), Some(hi), "{id}");
+        }
+    }
+
+    #[tokio::test]
+    async fn follow_mode_reads_rows_of_negative_ids_added_later() {
+        let (_dir, path, spec) = db(0);
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let add = |ids: std::ops::Range<i64>| {
+            for id in ids {
+                conn.execute("INSERT INTO orders (id, item) VALUES (?1, 'x')", [id]).unwrap();
+            }
+        };
+        add(-300..-100);
+        let src = SqliteSource::open(&spec, 100).unwrap().follow();
+        let first = src.replan(&[]).await.unwrap();
+        add(-100..0);
+        let published: Vec<SplitId> = first.splits.iter().map(|s| s.id.clone()).collect();
+        let second = src.replan(&published).await.unwrap();
+        let mut rows = Vec::new();
+        for s in first.splits.iter().chain(&second.splits) {
+            rows.extend(keys(&src, s, None).await);
+        }
+        let unique: std::collections::BTreeSet<_> = rows.iter().map(|r| &r.0).collect();
+        assert_eq!((rows.len(), unique.len()), (300, 300), "every row once: {:?}", second.splits);
     }
 
     #[test]
