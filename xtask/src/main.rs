@@ -34,10 +34,11 @@ fn main() -> Result<()> {
         Some("sim") => sim(&args[1..]),
         Some("itest") => itest(),
         Some("mutants") => mutants::run(&args[1..]),
+        Some("bench") => bench(&args[1..]),
         _ => {
             eprintln!(
                 "usage: cargo xtask <ci | itest | sim --seeds N [--start S] [--stop-on-violation] | sim --seed S \
-                 | mutants [--seeds N] [--only NAME[,NAME...]]>"
+                 | mutants [--seeds N] [--only NAME[,NAME...]] | bench [--quick]>"
             );
             std::process::exit(2);
         }
@@ -322,6 +323,7 @@ fn ci() -> Result<()> {
     s3.extend(S3_TEST);
     cargo_env(&s3, &servers.env())?;
     examples(&servers)?;
+    bench_quick(servers.nats_url())?;
     drop(servers);
     let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5000);
     let innocent = sweep(0, seeds, false)?;
@@ -335,6 +337,79 @@ fn ci() -> Result<()> {
     }
     documented_sim_commands()?;
     println!("ci passed in {:.0}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// `cargo xtask bench [--quick]`: the targets measured on a NATS server and a 3-node cluster
+/// (replicas 3) this command starts (or `NATS_URL` / `NATS_CLUSTER_URL`), written to
+/// `docs/BENCHMARKS.md`. `--quick` is the smoke run of `ci`: one server, few samples, written
+/// under `target/` (it asserts nothing about speed).
+fn bench(args: &[String]) -> Result<()> {
+    let quick = args.iter().any(|a| a == "--quick");
+    if let Some(other) = args.iter().find(|a| *a != "--quick") {
+        bail!("unknown argument {other:?}: cargo xtask bench [--quick]");
+    }
+    let mut guards: Vec<nats::NatsProcess> = Vec::new();
+    let url = match std::env::var("NATS_URL") {
+        Ok(url) => url,
+        Err(_) => {
+            let p = nats::start_node(nats::NATS_VERSION, util::free_port()?, &[])?;
+            let url = p.url.clone();
+            guards.push(p);
+            url
+        }
+    };
+    if quick {
+        return bench_quick(&url);
+    }
+    let cluster = match std::env::var("NATS_CLUSTER_URL") {
+        Ok(url) => url,
+        Err(_) => {
+            let nodes = nats::start_cluster(nats::NATS_VERSION)?;
+            let url = nodes.iter().map(|n| n.url.clone()).collect::<Vec<_>>().join(",");
+            guards.extend(nodes);
+            url
+        }
+    };
+    cargo(&[
+        "run",
+        "--release",
+        "--quiet",
+        "-p",
+        "etl-coordination-bench",
+        "--",
+        "--nats",
+        &url,
+        "--cluster",
+        &cluster,
+        "--out",
+        "docs/BENCHMARKS.md",
+        "--command",
+        &format!("cargo xtask bench (NATS {})", nats::NATS_VERSION),
+    ])?;
+    println!("wrote docs/BENCHMARKS.md");
+    Ok(())
+}
+
+/// The benchmark's smoke run against `url` (a debug build: it shares the test build).
+fn bench_quick(url: &str) -> Result<()> {
+    let out = util::target_dir().join("bench-quick.md");
+    let out = out.to_string_lossy();
+    cargo(&[
+        "run",
+        "--quiet",
+        "-p",
+        "etl-coordination-bench",
+        "--",
+        "--nats",
+        url,
+        "--quick",
+        "--out",
+        &out,
+        "--command",
+        "cargo xtask bench --quick",
+    ])?;
+    println!("bench --quick: wrote {out}");
     Ok(())
 }
 

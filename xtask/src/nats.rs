@@ -93,7 +93,7 @@ pub fn nats_server_bin(version: &str) -> Result<PathBuf> {
     Ok(bin)
 }
 
-fn start_node(version: &str, port: u16, extra: &[&str]) -> Result<NatsProcess> {
+pub fn start_node(version: &str, port: u16, extra: &[&str]) -> Result<NatsProcess> {
     let bin = nats_server_bin(version)?;
     let dir = target_dir().join("nats").join(format!("run-{}-{port}", std::process::id()));
     std::fs::create_dir_all(&dir)?;

@@ -42,6 +42,11 @@ impl Servers {
         Ok(Servers { _guards: guards, url, old_url, cluster_url, bin, promtool, s3 })
     }
 
+    /// The current single server's URL.
+    pub fn nats_url(&self) -> &str {
+        &self.url
+    }
+
     /// The environment the test suites read.
     pub fn env(&self) -> [(&str, &str); 6] {
         [

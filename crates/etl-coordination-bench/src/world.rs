@@ -1,0 +1,348 @@
+//! What every measurement runs: a source of splits with a fixed cost per record, a sink that
+//! counts, a log of lane openings, a store wrapper that counts operations per worker, and a
+//! watcher of the lease bucket. Workers are in-process [`Pipeline`]s, each with a NATS
+//! connection of its own, so what the store sees is what separate pods would make it see.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use etl_coordination_core::records::keys;
+use etl_coordination_core::{Entry, Key, Prefix, Revision, StoreError, WatchEvent};
+use etl_coordination_driver::{
+    AcquisitionReason, CommitCadence, DriverConfig, DriverHandle, InstanceId, JobName, JobStores, LaneInfo,
+    NatsConfig, NextRecord, Pipeline, Plan, PlanError, PlanKind, PlannedSplit, Planner, Sink, SinkError,
+    Source, SourceError, SplitId, SplitReader,
+};
+use etl_coordination_store::{Store, WatchStream};
+use futures_util::StreamExt;
+use tokio::time::Instant;
+
+/// A lane opened: when, by which worker, which split, why.
+#[derive(Clone, Debug)]
+pub struct Opened {
+    pub at: Instant,
+    pub worker: String,
+    pub split: String,
+    pub reason: Option<AcquisitionReason>,
+}
+
+/// Every lane opening of a run, in order.
+#[derive(Clone, Default)]
+pub struct Log(Arc<Mutex<Vec<Opened>>>);
+
+impl Log {
+    pub fn all(&self) -> Vec<Opened> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// Who opened each split last (its current holder while lanes run for ever).
+    pub fn holders(&self) -> BTreeMap<String, String> {
+        self.0.lock().unwrap().iter().map(|o| (o.split.clone(), o.worker.clone())).collect()
+    }
+
+    /// Splits per current holder.
+    pub fn load(&self) -> BTreeMap<String, usize> {
+        let mut load = BTreeMap::new();
+        for w in self.holders().into_values() {
+            *load.entry(w).or_default() += 1;
+        }
+        load
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+}
+
+/// `splits` splits of `records` records; each record costs `cost` of waiting (an I/O-bound
+/// source: every system compared gets the same cost model).
+#[derive(Clone)]
+pub struct Work {
+    pub splits: usize,
+    pub records: u64,
+    pub cost: Duration,
+    pub log: Log,
+}
+
+impl Work {
+    pub fn new(splits: usize, records: u64, cost: Duration) -> Work {
+        Work { splits, records, cost, log: Log::default() }
+    }
+}
+
+impl Planner for Work {
+    fn fingerprint(&self) -> String {
+        format!("bench/v1 splits={} records={}", self.splits, self.records)
+    }
+
+    async fn plan(&self) -> Result<Plan, PlanError> {
+        let splits = (0..self.splits)
+            .map(|i| {
+                let id = SplitId::new(format!("s{i:06}")).expect("valid id");
+                PlannedSplit::new(id, Bytes::copy_from_slice(&self.records.to_le_bytes()), 1)
+            })
+            .collect();
+        Ok(Plan::new(PlanKind::Final, splits))
+    }
+}
+
+pub struct WorkReader {
+    next: u64,
+    total: u64,
+    cost: Duration,
+}
+
+impl Source for Work {
+    type Record = u64;
+    type Progress = u64;
+    type Reader = WorkReader;
+
+    async fn open(&self, lane: &LaneInfo, from: Option<u64>) -> Result<WorkReader, SourceError> {
+        self.log.0.lock().unwrap().push(Opened {
+            at: Instant::now(),
+            worker: lane.instance().to_string(),
+            split: lane.split().to_string(),
+            reason: lane.reason(),
+        });
+        let total = u64::from_le_bytes(
+            lane.descriptor().as_ref().try_into().map_err(|_| SourceError::unprocessable("descriptor"))?,
+        );
+        Ok(WorkReader { next: from.unwrap_or(0), total, cost: self.cost })
+    }
+}
+
+impl SplitReader for WorkReader {
+    type Record = u64;
+    type Progress = u64;
+
+    async fn next(&mut self) -> NextRecord<u64, u64> {
+        if self.next >= self.total {
+            return Ok(None);
+        }
+        if !self.cost.is_zero() {
+            tokio::time::sleep(self.cost).await;
+        }
+        self.next += 1;
+        Ok(Some((self.next - 1, self.next)))
+    }
+}
+
+/// Counts records; nothing to make durable.
+#[derive(Clone, Default)]
+pub struct Count(pub Arc<AtomicU64>);
+
+impl Sink<u64> for Count {
+    async fn write(&self, _: &LaneInfo, _: u64) -> Result<(), SinkError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn flush(&self) -> Result<(), SinkError> {
+        Ok(())
+    }
+}
+
+/// Store operations of one worker, by kind.
+#[derive(Default, Debug)]
+pub struct Ops {
+    pub create: AtomicU64,
+    pub cas: AtomicU64,
+    pub delete: AtomicU64,
+    pub get: AtomicU64,
+    pub list: AtomicU64,
+    pub watch: AtomicU64,
+}
+
+/// A snapshot of [`Ops`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OpCounts {
+    pub writes: u64,
+    pub reads: u64,
+    pub watches: u64,
+}
+
+impl Ops {
+    pub fn counts(&self) -> OpCounts {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        OpCounts {
+            writes: l(&self.create) + l(&self.cas) + l(&self.delete),
+            reads: l(&self.get) + l(&self.list),
+            watches: l(&self.watch),
+        }
+    }
+}
+
+impl std::ops::Sub for OpCounts {
+    type Output = OpCounts;
+    fn sub(self, o: OpCounts) -> OpCounts {
+        OpCounts {
+            writes: self.writes - o.writes,
+            reads: self.reads - o.reads,
+            watches: self.watches - o.watches,
+        }
+    }
+}
+
+/// A store that counts what is asked of it.
+#[derive(Clone)]
+pub struct Counted<S> {
+    inner: S,
+    ops: Arc<Ops>,
+}
+
+fn bump(a: &AtomicU64) {
+    a.fetch_add(1, Ordering::Relaxed);
+}
+
+impl<S: Store> Store for Counted<S> {
+    async fn create(&self, key: &Key, value: Bytes, ttl: Option<Duration>) -> Result<Revision, StoreError> {
+        bump(&self.ops.create);
+        self.inner.create(key, value, ttl).await
+    }
+
+    async fn compare_and_swap(
+        &self,
+        key: &Key,
+        expected: Revision,
+        value: Bytes,
+        ttl: Option<Duration>,
+    ) -> Result<Revision, StoreError> {
+        bump(&self.ops.cas);
+        self.inner.compare_and_swap(key, expected, value, ttl).await
+    }
+
+    async fn delete(&self, key: &Key, expected: Revision) -> Result<(), StoreError> {
+        bump(&self.ops.delete);
+        self.inner.delete(key, expected).await
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
+        bump(&self.ops.get);
+        self.inner.get(key).await
+    }
+
+    async fn watch(&self, prefix: &Prefix) -> Result<WatchStream, StoreError> {
+        bump(&self.ops.watch);
+        self.inner.watch(prefix).await
+    }
+
+    async fn list(&self, prefix: &Prefix) -> Result<Vec<Entry>, StoreError> {
+        bump(&self.ops.list);
+        self.inner.list(prefix).await
+    }
+}
+
+/// One benchmark job on one NATS deployment.
+#[derive(Clone)]
+pub struct Job {
+    pub nats: NatsConfig,
+    pub name: JobName,
+    pub work: Work,
+    pub lease: Duration,
+    pub max_in_flight: u32,
+    pub cadence: CommitCadence,
+}
+
+/// A running worker of a [`Job`].
+pub struct Worker {
+    pub handle: DriverHandle,
+    pub ops: Arc<Ops>,
+    pub records: Count,
+}
+
+static JOBS: AtomicU64 = AtomicU64::new(0);
+
+impl Job {
+    /// A fresh job (its own buckets) on `url`.
+    pub fn new(url: &str, replicas: usize, what: &str, work: Work) -> Job {
+        let n = JOBS.fetch_add(1, Ordering::Relaxed);
+        let mut nats = NatsConfig::new(url);
+        nats.replicas = replicas;
+        let name = JobName::new(format!("bench-{what}-{}-{n}", std::process::id())).expect("valid job name");
+        Job {
+            nats,
+            name,
+            work,
+            lease: Duration::from_secs(3),
+            max_in_flight: 8,
+            cadence: CommitCadence::new(1_000, Duration::from_secs(1)),
+        }
+    }
+
+    pub async fn start(&self, id: &str) -> Result<Worker> {
+        let stores = JobStores::nats(&self.nats, &self.name).await.context("connecting to NATS")?;
+        let ops = Arc::new(Ops::default());
+        let counted = |inner| Counted { inner, ops: ops.clone() };
+        let stores = JobStores::new(self.name.clone(), counted(stores.state), counted(stores.lease));
+        let mut config = DriverConfig::default();
+        config.instance_id = Some(InstanceId::new(id)?);
+        config.tuning.lease_duration = self.lease;
+        config.tuning.max_in_flight = self.max_in_flight;
+        config.tuning.drain_timeout = Duration::from_secs(5);
+        let records = Count::default();
+        let handle = Pipeline::new(stores, self.work.clone(), records.clone())
+            .config(config)
+            .commit_every(self.cadence)
+            .start()?;
+        Ok(Worker { handle, ops, records })
+    }
+
+    /// Deletions and puts of split leases as this process sees them: (when, split, put).
+    pub async fn watch_leases(&self) -> Result<Arc<Mutex<Vec<(Instant, String, bool)>>>> {
+        let buckets = etl_coordination_nats::connect(&self.nats, &self.name).await?;
+        let mut events = buckets.lease.watch(&keys::split_prefix()).await?;
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let out = seen.clone();
+        tokio::spawn(async move {
+            let _keep = buckets;
+            while let Some(Ok(ev)) = events.next().await {
+                let (key, put) = match ev {
+                    WatchEvent::Put(e) => (e.key, true),
+                    WatchEvent::Delete { key, .. } => (key, false),
+                    WatchEvent::SnapshotComplete => continue,
+                };
+                if let Some(split) = keys::parse_split(&key) {
+                    out.lock().unwrap().push((Instant::now(), split.to_string(), put));
+                }
+            }
+        });
+        Ok(seen)
+    }
+}
+
+/// Waits (polling every 5 ms) until `done` holds; fails after `limit`.
+pub async fn until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        if Instant::now() > deadline {
+            bail!("timed out after {limit:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+/// Waits until the current holders of the job's splits are `want` (worker -> splits), and no
+/// lane opened for `quiet`.
+pub async fn until_balanced(log: &Log, want: &BTreeMap<String, usize>, quiet: Duration) -> Result<()> {
+    let mut stable_since: Option<(Instant, usize)> = None;
+    until("a balanced fleet", Duration::from_secs(120), || {
+        let (load, n) = (log.load(), log.len());
+        if &load != want {
+            stable_since = None;
+            return false;
+        }
+        match stable_since {
+            Some((t, m)) if m == n => t.elapsed() >= quiet,
+            _ => {
+                stable_since = Some((Instant::now(), n));
+                false
+            }
+        }
+    })
+    .await
+}
