@@ -467,14 +467,11 @@ async fn lane_loop<So: Source, Si: Sink<So::Record>>(
                 biased;
                 stop = lane.revoked() => break Err(stop),
                 () = tokio::time::sleep_until(last_commit + cadence.interval), if pending > 0 => {
-                    if let Err(e) = sink.flush().await {
-                        return (emitted, sink_failed(lane, e));
-                    }
-                    match commit(&mut lane, last.clone().expect("written")).await {
-                        Committed::Ok => (pending, last_commit) = (0, Instant::now()),
-                        Committed::Lost => return (emitted, LaneEnd::Revoked),
+                    match flush_and_commit(&mut lane, sink.flush(), last.clone().expect("written")).await {
+                        Ok(true) => (pending, last_commit) = (0, Instant::now()),
                         // A stop came: the next round sees it.
-                        Committed::Interrupted => {}
+                        Ok(false) => {}
+                        Err(end) => return (emitted, end.apply(lane)),
                     }
                 }
                 r = &mut read => break Ok(r),
@@ -506,17 +503,14 @@ async fn lane_loop<So: Source, Si: Sink<So::Record>>(
                 pending += 1;
                 last = Some(encode(&progress));
                 if pending >= cadence.records || last_commit.elapsed() >= cadence.interval {
-                    if let Err(e) = sink.flush().await {
-                        return (emitted, sink_failed(lane, e));
-                    }
                     // Commit before going on: a lane never runs more than one commit interval
                     // ahead of its durable progress, so a store outage bounds both the replay
                     // and what a zombie (a lane that lost its split without hearing of it) emits
                     // twice.
-                    match commit(&mut lane, last.clone().expect("written")).await {
-                        Committed::Ok => (pending, last_commit) = (0, Instant::now()),
-                        Committed::Lost => return (emitted, LaneEnd::Revoked),
-                        Committed::Interrupted => {}
+                    match flush_and_commit(&mut lane, sink.flush(), last.clone().expect("written")).await {
+                        Ok(true) => (pending, last_commit) = (0, Instant::now()),
+                        Ok(false) => {}
+                        Err(end) => return (emitted, end.apply(lane)),
                     }
                 }
             }
@@ -524,28 +518,41 @@ async fn lane_loop<So: Source, Si: Sink<So::Record>>(
     }
 }
 
-/// How a commit of [`commit`] ended.
-enum Committed {
-    /// Durable.
-    Ok,
+/// Why a lane ends after [`flush_and_commit`].
+enum CommitEnd {
     /// The split is no longer ours: stop at once.
     Lost,
-    /// The store could not take it and a stop came meanwhile: the progress stays uncommitted.
-    Interrupted,
+    /// The sink could not flush: nothing was committed.
+    Sink(SinkError),
 }
 
-/// Commits `progress` (the sink already flushed), trying again while the store cannot take it,
-/// until it is taken, the split is lost or a stop comes.
-async fn commit(lane: &mut Lane, progress: Bytes) -> Committed {
+impl CommitEnd {
+    fn apply(self, lane: Lane) -> LaneEnd {
+        match self {
+            CommitEnd::Lost => LaneEnd::Revoked,
+            CommitEnd::Sink(e) => sink_failed(lane, e),
+        }
+    }
+}
+
+/// Flushes the sink, then commits `progress` (never ahead of the sink), trying again while the
+/// store cannot take it. `Ok(true)`: durable; `Ok(false)`: a stop came while the store could
+/// not take it (the progress stays uncommitted); `Err`: the lane must end.
+async fn flush_and_commit(
+    lane: &mut Lane,
+    flush: impl Future<Output = Result<(), SinkError>>,
+    progress: Bytes,
+) -> Result<bool, CommitEnd> {
+    flush.await.map_err(CommitEnd::Sink)?;
     let mut delays = retry_delays();
     loop {
         match lane.commit(progress.clone()).await {
-            CommitOutcome::Ok => return Committed::Ok,
-            CommitOutcome::Lost => return Committed::Lost,
+            CommitOutcome::Ok => return Ok(true),
+            CommitOutcome::Lost => return Err(CommitEnd::Lost),
             CommitOutcome::Retryable => {
                 tokio::select! {
                     () = tokio::time::sleep(delays.next().unwrap_or(MAX_RETRY_DELAY)) => {}
-                    _ = lane.revoked() => return Committed::Interrupted,
+                    _ = lane.revoked() => return Ok(false),
                 }
             }
         }
