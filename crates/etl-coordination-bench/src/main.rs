@@ -4,7 +4,7 @@
 //! nothing about speed).
 //!
 //! ```text
-//! etl-coordination-bench --nats URL [--cluster URLS] [--quick] [--out FILE] [--command TEXT]
+//! etl-coordination-bench --nats URL [--cluster URLS] [--quick] [--only T1,T7] [--out FILE] [--command TEXT]
 //! ```
 
 mod scenarios;
@@ -23,10 +23,19 @@ struct Args {
     quick: bool,
     out: Option<String>,
     command: String,
+    /// Only these targets (`T1`..`T7`); all when empty.
+    only: Vec<String>,
 }
 
 fn args() -> Result<Args> {
-    let mut a = Args { nats: String::new(), cluster: None, quick: false, out: None, command: String::new() };
+    let mut a = Args {
+        nats: String::new(),
+        cluster: None,
+        quick: false,
+        out: None,
+        command: String::new(),
+        only: Vec::new(),
+    };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = |name: &str| it.next().with_context(|| format!("{name} needs a value"));
@@ -36,6 +45,7 @@ fn args() -> Result<Args> {
             "--quick" => a.quick = true,
             "--out" => a.out = Some(value("--out")?),
             "--command" => a.command = value("--command")?,
+            "--only" => a.only = value("--only")?.split(',').map(|t| t.trim().to_uppercase()).collect(),
             other => bail!("unknown argument {other:?} (see the crate documentation)"),
         }
     }
@@ -114,132 +124,154 @@ async fn main() -> Result<()> {
         if a.quick { " **Quick run: too few samples to mean anything.**" } else { "" }
     )?;
 
+    let want = |t: &str| a.only.is_empty() || a.only.iter().any(|o| o == t);
     for t in &targets {
         let started = std::time::Instant::now();
         eprintln!("== {}", t.name);
         writeln!(doc, "## {}\n", t.name)?;
 
-        eprintln!("T1 release pickup");
-        let (claim, open) = scenarios::release_pickup(t, reps.max(1)).await?;
-        writeln!(doc, "### T1 release pickup (a worker drains; its peer takes the splits)\n")?;
-        doc.push_str(DIST_HEAD);
-        doc.push_str(&dist_row("lease delete -> peer's lease written", &claim, Some(10.0)));
-        doc.push_str(&dist_row("lease delete -> peer's lane open (reading starts)", &open, None));
-        doc.push('\n');
-
-        eprintln!("T2 takeover");
-        writeln!(doc, "### T2 takeover after a kill (nothing released)\n")?;
-        doc.push_str(DIST_HEAD);
-        for (lease, n) in [(3, reps.clamp(1, 10)), (15, long_reps)] {
-            if n == 0 {
-                continue;
-            }
-            let d = Duration::from_secs(lease);
-            let v = scenarios::takeover(t, d, n).await?;
-            doc.push_str(&dist_row(
-                &format!("kill -> survivor's lane open, lease {lease} s"),
-                &v,
-                Some(lease as f64 * 1e3 + 500.0),
-            ));
+        if want("T1") {
+            eprintln!("T1 release pickup");
+            let (claim, open) = scenarios::release_pickup(t, reps.max(1)).await?;
+            writeln!(doc, "### T1 release pickup (a worker drains; its peer takes the splits)\n")?;
+            doc.push_str(DIST_HEAD);
+            doc.push_str(&dist_row("lease delete -> peer's lease written", &claim, Some(10.0)));
+            doc.push_str(&dist_row("lease delete -> peer's lane open (reading starts)", &open, None));
+            doc.push('\n');
         }
-        doc.push('\n');
-
-        eprintln!("T3 reclaim");
-        writeln!(doc, "### T3 reclaim after a restart under the same instance id\n")?;
-        doc.push_str(DIST_HEAD);
-        for (lease, n) in [(3, reps.clamp(1, 10)), (15, long_reps)] {
-            if n == 0 {
-                continue;
+        if want("T2") {
+            eprintln!("T2 takeover");
+            writeln!(doc, "### T2 takeover after a kill (nothing released)\n")?;
+            doc.push_str(DIST_HEAD);
+            for (lease, n) in [(3, reps.clamp(1, 10)), (15, long_reps)] {
+                if n == 0 {
+                    continue;
+                }
+                let d = Duration::from_secs(lease);
+                let v = scenarios::takeover(t, d, n).await?;
+                doc.push_str(&dist_row(
+                    &format!("kill -> survivor's lane open, lease {lease} s"),
+                    &v,
+                    Some(lease as f64 * 1e3 + 500.0),
+                ));
             }
-            let d = Duration::from_secs(lease);
-            let v = scenarios::reclaim(t, d, n).await?;
-            let target = lease as f64 * 1e3 / 3.0 + 500.0;
-            doc.push_str(&dist_row(
-                &format!("kill -> restarted worker's lane open, lease {lease} s"),
-                &v,
-                Some(target),
-            ));
+            doc.push('\n');
         }
-        doc.push('\n');
-
-        eprintln!("T4 balance");
-        writeln!(doc, "### T4 balance after scaling out (24 splits)\n")?;
-        writeln!(
-            doc,
-            "| step | seconds to balance | acquisitions | of which steals | fewest moves | target |\n|---|---|---|---|---|---|"
-        )?;
-        for (step, secs, acquired, steals, moves) in scenarios::balance(t).await? {
-            let verdict = if acquired <= moves { "met" } else { "**missed**" };
+        if want("T3") {
+            eprintln!("T3 reclaim");
+            writeln!(doc, "### T3 reclaim after a restart under the same instance id\n")?;
+            doc.push_str(DIST_HEAD);
+            for (lease, n) in [(3, reps.clamp(1, 10)), (15, long_reps)] {
+                if n == 0 {
+                    continue;
+                }
+                let d = Duration::from_secs(lease);
+                let v = scenarios::reclaim(t, d, n).await?;
+                let target = lease as f64 * 1e3 / 3.0 + 500.0;
+                doc.push_str(&dist_row(
+                    &format!("kill -> restarted worker's lane open, lease {lease} s"),
+                    &v,
+                    Some(target),
+                ));
+            }
+            doc.push('\n');
+        }
+        if want("T4") {
+            eprintln!("T4 balance");
+            writeln!(doc, "### T4 balance after scaling out (24 splits)\n")?;
             writeln!(
                 doc,
-                "| {step} workers | {secs:.2} | {acquired} | {steals} | {moves} | {verdict} (acquisitions <= moves) |"
+                "| step | seconds to balance | acquisitions | of which steals | fewest moves | target |\n|---|---|---|---|---|---|"
             )?;
+            for (step, secs, acquired, steals, moves) in scenarios::balance(t).await? {
+                let verdict = if acquired <= moves { "met" } else { "**missed**" };
+                writeln!(
+                    doc,
+                    "| {step} workers | {secs:.2} | {acquired} | {steals} | {moves} | {verdict} (acquisitions <= moves) |"
+                )?;
+            }
+            doc.push('\n');
         }
-        doc.push('\n');
-
-        eprintln!("T5 traffic");
-        let window = Duration::from_secs(if a.quick { 5 } else { 60 });
-        writeln!(
-            doc,
-            "### T5 steady-state store traffic (3 workers x 4 splits, lease 15 s, a commit per lane per second, {} s window)\n",
-            window.as_secs()
-        )?;
-        writeln!(
-            doc,
-            "| worker | writes/s | reads/s | watch opens/s | writes/s expected (renewals + commits) | target |\n|---|---|---|---|---|---|"
-        )?;
-        for (w, writes, reads, watches, expected) in scenarios::traffic(t, window).await? {
-            let verdict = if reads == 0.0 && writes <= expected * 1.1 { "met" } else { "**missed**" };
+        if want("T5") {
+            eprintln!("T5 traffic");
+            let window = Duration::from_secs(if a.quick { 5 } else { 60 });
             writeln!(
                 doc,
-                "| {w} | {writes:.2} | {reads:.2} | {watches:.2} | {expected:.2} | {verdict} (no reads, writes <= expected + 10%) |"
+                "### T5 steady-state store traffic (3 workers x 4 splits, lease 15 s, a commit per lane per second, {} s window)\n",
+                window.as_secs()
+            )?;
+            writeln!(
+                doc,
+                "| worker | writes/s | reads/s | watch opens/s | writes/s expected (renewals + commits) | target |\n|---|---|---|---|---|---|"
+            )?;
+            for (w, writes, reads, watches, expected) in scenarios::traffic(t, window).await? {
+                let verdict = if reads == 0.0 && writes <= expected * 1.1 { "met" } else { "**missed**" };
+                writeln!(
+                    doc,
+                    "| {w} | {writes:.2} | {reads:.2} | {watches:.2} | {expected:.2} | {verdict} (no reads, writes <= expected + 10%) |"
+                )?;
+            }
+            doc.push('\n');
+        }
+        if want("T6") {
+            eprintln!("T6 large plan");
+            let n = if a.quick { 500 } else { 100_000 };
+            let l = scenarios::large_plan(t, n).await?;
+            writeln!(doc, "### T6 a Final plan of {} splits, {} workers, no records\n", l.splits, l.workers)?;
+            writeln!(
+                doc,
+                "| first lane (plan published) s | every split claimed s | job complete s | splits/s | store ops per split | peak RSS of the process (all workers) MB |\n|---|---|---|---|---|---|"
+            )?;
+            writeln!(
+                doc,
+                "| {:.2} | {:.2} | {:.2} | {:.0} | {:.1} | {:.0} |\n",
+                l.first_lane,
+                l.all_claimed,
+                l.complete,
+                l.splits as f64 / l.complete,
+                l.ops_per_split,
+                l.peak_rss_mb
             )?;
         }
-        doc.push('\n');
-
-        eprintln!("T6 large plan");
-        let n = if a.quick { 500 } else { 100_000 };
-        let l = scenarios::large_plan(t, n).await?;
-        writeln!(doc, "### T6 a Final plan of {} splits, {} workers, no records\n", l.splits, l.workers)?;
-        writeln!(
-            doc,
-            "| first lane (plan published) s | every split claimed s | job complete s | splits/s | store ops per split | peak RSS of the process (all workers) MB |\n|---|---|---|---|---|---|"
-        )?;
-        writeln!(
-            doc,
-            "| {:.2} | {:.2} | {:.2} | {:.0} | {:.1} | {:.0} |\n",
-            l.first_lane,
-            l.all_claimed,
-            l.complete,
-            l.splits as f64 / l.complete,
-            l.ops_per_split,
-            l.peak_rss_mb
-        )?;
-
-        eprintln!("T7 scale-out");
-        let (counts, splits, records): (&[usize], usize, u64) =
-            if a.quick { (&[1, 2], 8, 20) } else { (&[1, 2, 4, 8], 128, 400) };
-        let cost = Duration::from_millis(5);
-        let rows = scenarios::scale_out(t, counts, splits, records, cost).await?;
-        writeln!(
-            doc,
-            "### T7 scale-out ({splits} splits x {records} records, {} ms of waiting per record, 4 lanes per worker)\n",
-            cost.as_millis()
-        )?;
-        writeln!(doc, "| workers | makespan s | records/s | efficiency | target |\n|---|---|---|---|---|")?;
-        let one = rows.first().map_or(f64::NAN, |r| r.2);
-        for (n, makespan, rate) in rows {
-            let eff = rate / (n as f64 * one);
-            let verdict = if n == 1 {
-                String::new()
-            } else if eff >= 0.9 {
-                "met (>= 0.9)".into()
-            } else {
-                "**missed** (< 0.9)".into()
-            };
-            writeln!(doc, "| {n} | {makespan:.2} | {rate:.0} | {eff:.2} | {verdict} |")?;
+        if want("T7") {
+            eprintln!("T7 scale-out");
+            let (counts, splits, records): (&[usize], usize, u64) =
+                if a.quick { (&[1, 2], 8, 20) } else { (&[1, 2, 4, 8], 128, 400) };
+            let cost = Duration::from_millis(5);
+            let rows = scenarios::scale_out(t, counts, splits, records, cost).await?;
+            writeln!(
+                doc,
+                "### T7 scale-out ({splits} splits x {records} records, {} ms of waiting per record, 4 lanes per worker)\n",
+                cost.as_millis()
+            )?;
+            writeln!(
+                doc,
+                "| workers | makespan s | records/s | efficiency | target | static partitioning makespan s | ours / static |\n|---|---|---|---|---|---|---|"
+            )?;
+            let one = rows.first().map_or(f64::NAN, |r| r.2);
+            for (n, makespan, rate) in rows {
+                let eff = rate / (n as f64 * one);
+                let verdict = if n == 1 {
+                    String::new()
+                } else if eff >= 0.9 {
+                    "met (>= 0.9)".into()
+                } else {
+                    "**missed** (< 0.9)".into()
+                };
+                let (fixed, _) = scenarios::static_partitioning(n, splits, records, cost).await;
+                writeln!(
+                    doc,
+                    "| {n} | {makespan:.2} | {rate:.0} | {eff:.2} | {verdict} | {fixed:.2} | {:.2} |",
+                    makespan / fixed
+                )?;
+            }
+            writeln!(
+                doc,
+                "\nStatic partitioning (replica r takes the splits whose id hashes to r mod N; same lanes, same \
+             wait per record) is the no-coordination ideal; what it cannot do: a killed replica's share is \
+             never finished, and a replica added later changes every replica's share.\n"
+            )?;
         }
-        doc.push('\n');
         eprintln!("{} done in {:.0} s", t.name, started.elapsed().as_secs_f64());
     }
 

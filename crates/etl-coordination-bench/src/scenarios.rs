@@ -291,3 +291,43 @@ pub async fn scale_out(
     }
     Ok(out)
 }
+
+/// The static-partitioning peer of T7: replica `r` of `n` processes the splits whose id hashes
+/// to `r` mod `n` (FNV-1a, as a user would hash object names), with no coordination at all,
+/// the same 4 lanes per replica and the same wait per record. Returns the makespan and
+/// records/s: the no-coordination ideal that overhead is measured against. What it cannot do
+/// is not measured here: a killed replica's share is never finished.
+pub async fn static_partitioning(n: usize, splits: usize, records: u64, cost: Duration) -> (f64, f64) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let fnv = |s: &str| {
+        s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    };
+    let emitted = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let mut replicas = tokio::task::JoinSet::new();
+    for r in 0..n {
+        let mine: Vec<String> =
+            (0..splits).map(|i| format!("s{i:06}")).filter(|id| fnv(id) % n as u64 == r as u64).collect();
+        let emitted = emitted.clone();
+        replicas.spawn(async move {
+            let lanes = Arc::new(tokio::sync::Semaphore::new(4));
+            let mut running = tokio::task::JoinSet::new();
+            for _split in mine {
+                let permit = lanes.clone().acquire_owned().await.expect("never closed");
+                let emitted = emitted.clone();
+                running.spawn(async move {
+                    for _ in 0..records {
+                        tokio::time::sleep(cost).await;
+                        emitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    drop(permit);
+                });
+            }
+            while running.join_next().await.is_some() {}
+        });
+    }
+    while replicas.join_next().await.is_some() {}
+    let makespan = t0.elapsed().as_secs_f64();
+    (makespan, emitted.load(Ordering::Relaxed) as f64 / makespan)
+}
