@@ -104,6 +104,15 @@ fn today() -> String {
         .unwrap_or_default()
 }
 
+/// Runs one measurement, failing it (instead of hanging) past `limit`.
+async fn bounded<T>(
+    what: &str,
+    limit: Duration,
+    f: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(limit, f).await.with_context(|| format!("{what} did not finish within {limit:?}"))?
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let a = args()?;
@@ -125,6 +134,8 @@ async fn main() -> Result<()> {
     )?;
 
     let want = |t: &str| a.only.is_empty() || a.only.iter().any(|o| o == t);
+    // The smoke run in CI must end: every measurement gets a bound (the full run's are wide).
+    let limit = Duration::from_secs(if a.quick { 120 } else { 3600 });
     for t in &targets {
         let started = std::time::Instant::now();
         eprintln!("== {}", t.name);
@@ -132,7 +143,7 @@ async fn main() -> Result<()> {
 
         if want("T1") {
             eprintln!("T1 release pickup");
-            let (claim, open) = scenarios::release_pickup(t, reps.max(1)).await?;
+            let (claim, open) = bounded("T1", limit, scenarios::release_pickup(t, reps.max(1))).await?;
             writeln!(doc, "### T1 release pickup (a worker drains; its peer takes the splits)\n")?;
             doc.push_str(DIST_HEAD);
             doc.push_str(&dist_row("lease delete -> peer's lease written", &claim, Some(10.0)));
@@ -148,7 +159,7 @@ async fn main() -> Result<()> {
                     continue;
                 }
                 let d = Duration::from_secs(lease);
-                let v = scenarios::takeover(t, d, n).await?;
+                let v = bounded("T2", limit, scenarios::takeover(t, d, n)).await?;
                 doc.push_str(&dist_row(
                     &format!("kill -> survivor's lane open, lease {lease} s"),
                     &v,
@@ -166,7 +177,7 @@ async fn main() -> Result<()> {
                     continue;
                 }
                 let d = Duration::from_secs(lease);
-                let v = scenarios::reclaim(t, d, n).await?;
+                let v = bounded("T3", limit, scenarios::reclaim(t, d, n)).await?;
                 let target = lease as f64 * 1e3 / 3.0 + 500.0;
                 doc.push_str(&dist_row(
                     &format!("kill -> restarted worker's lane open, lease {lease} s"),
@@ -183,7 +194,7 @@ async fn main() -> Result<()> {
                 doc,
                 "| step | seconds to balance | acquisitions | of which steals | fewest moves | target |\n|---|---|---|---|---|---|"
             )?;
-            for (step, secs, acquired, steals, moves) in scenarios::balance(t).await? {
+            for (step, secs, acquired, steals, moves) in bounded("T4", limit, scenarios::balance(t)).await? {
                 let verdict = if acquired <= moves { "met" } else { "**missed**" };
                 writeln!(
                     doc,
@@ -204,7 +215,9 @@ async fn main() -> Result<()> {
                 doc,
                 "| worker | writes/s | reads/s | watch opens/s | writes/s expected (renewals + commits) | target |\n|---|---|---|---|---|---|"
             )?;
-            for (w, writes, reads, watches, expected) in scenarios::traffic(t, window).await? {
+            for (w, writes, reads, watches, expected) in
+                bounded("T5", limit, scenarios::traffic(t, window)).await?
+            {
                 let verdict = if reads == 0.0 && writes <= expected * 1.1 { "met" } else { "**missed**" };
                 writeln!(
                     doc,
@@ -216,7 +229,7 @@ async fn main() -> Result<()> {
         if want("T6") {
             eprintln!("T6 large plan");
             let n = if a.quick { 500 } else { 100_000 };
-            let l = scenarios::large_plan(t, n).await?;
+            let l = bounded("T6", limit, scenarios::large_plan(t, n)).await?;
             writeln!(doc, "### T6 a Final plan of {} splits, {} workers, no records\n", l.splits, l.workers)?;
             writeln!(
                 doc,
@@ -238,7 +251,7 @@ async fn main() -> Result<()> {
             let (counts, splits, records): (&[usize], usize, u64) =
                 if a.quick { (&[1, 2], 8, 20) } else { (&[1, 2, 4, 8], 128, 400) };
             let cost = Duration::from_millis(5);
-            let rows = scenarios::scale_out(t, counts, splits, records, cost).await?;
+            let rows = bounded("T7", limit, scenarios::scale_out(t, counts, splits, records, cost)).await?;
             writeln!(
                 doc,
                 "### T7 scale-out ({splits} splits x {records} records, {} ms of waiting per record, 4 lanes per worker)\n",

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use etl_coordination_driver::{AcquisitionReason, JobOutcome};
 use tokio::time::Instant;
 
@@ -70,17 +70,25 @@ pub async fn release_pickup(t: &Target, reps: usize) -> Result<(Vec<f64>, Vec<f6
         })
         .await?;
         let events = leases.lock().unwrap().clone();
+        // Signed: the peer's lane may open before this process's watch delivers the delete.
+        let signed = |x: Instant, y: Instant| match x.checked_duration_since(y) {
+            Some(d) => ms(d),
+            None => -ms(y - x),
+        };
         for s in &mine {
-            let Some(deleted) = events.iter().find(|e| e.0 > t0 && &e.1 == s && !e.2).map(|e| e.0) else {
-                continue;
-            };
-            if let Some(put) = events.iter().find(|e| e.0 >= deleted && &e.1 == s && e.2) {
-                claim.push(ms(put.0 - deleted));
-            }
-            if let Some(o) = job.work.log.all().iter().find(|o| o.at > t0 && o.worker == "b" && &o.split == s)
-            {
-                open.push(ms(o.at.saturating_duration_since(deleted)));
-            }
+            let deleted = events
+                .iter()
+                .find(|e| e.0 > t0 && &e.1 == s && !e.2)
+                .map(|e| e.0)
+                .with_context(|| format!("no lease delete of {s} seen after the drain"))?;
+            let put = events
+                .iter()
+                .find(|e| e.0 >= deleted && &e.1 == s && e.2)
+                .with_context(|| format!("no new lease of {s} seen after its delete"))?;
+            claim.push(signed(put.0, deleted));
+            let opened =
+                job.work.log.all().into_iter().find(|o| o.at > t0 && o.worker == "b" && &o.split == s);
+            open.push(signed(opened.context("the peer never opened a released split")?.at, deleted));
         }
         let _ = a.handle.outcome().await;
         stop_all(&[b]).await;
@@ -92,7 +100,7 @@ pub async fn release_pickup(t: &Target, reps: usize) -> Result<(Vec<f64>, Vec<f6
 /// from the kill to the survivor's lane open, in milliseconds.
 pub async fn takeover(t: &Target, lease: Duration, reps: usize) -> Result<Vec<f64>> {
     let mut out = Vec::new();
-    for _ in 0..reps {
+    for rep in 0..reps {
         let mut job = Job::new(&t.url, t.replicas, "t2", endless(8));
         job.lease = lease;
         let a = job.start("a").await?;
@@ -101,6 +109,9 @@ pub async fn takeover(t: &Target, lease: Duration, reps: usize) -> Result<Vec<f6
             .await?;
         let mine: Vec<String> =
             job.work.log.holders().into_iter().filter(|(_, w)| w == "a").map(|(s, _)| s).collect();
+        // Kills land at different points of the renewal interval (rep i: (7i mod 10)/10 of it),
+        // so the samples cover a lease renewed just before the kill as well as long before.
+        tokio::time::sleep(lease / 3 * ((rep as u32 * 7) % 10) / 10).await;
         let t0 = Instant::now();
         a.handle.kill();
         let log = job.work.log.clone();
@@ -229,7 +240,7 @@ pub async fn large_plan(t: &Target, splits: usize) -> Result<LargePlan> {
     let limit = Duration::from_secs(1800);
     until("the first lane", limit, || log.len() > 0).await?;
     let first_lane = t0.elapsed().as_secs_f64();
-    until("every split claimed", limit, || log.len() >= splits).await?;
+    until("every split claimed", limit, || log.distinct() >= splits).await?;
     let all_claimed = t0.elapsed().as_secs_f64();
     for w in &workers {
         let outcome = w.handle.outcome().await?;

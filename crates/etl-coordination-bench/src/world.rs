@@ -30,11 +30,16 @@ pub struct Opened {
     pub reason: Option<AcquisitionReason>,
 }
 
-/// Every lane opening of a run, in order.
+/// Every lane opening of a run, in order, and the distinct splits opened.
 #[derive(Clone, Default)]
-pub struct Log(Arc<Mutex<Vec<Opened>>>);
+pub struct Log(Arc<Mutex<Vec<Opened>>>, Arc<Mutex<std::collections::BTreeSet<String>>>);
 
 impl Log {
+    /// How many distinct splits were opened at least once.
+    pub fn distinct(&self) -> usize {
+        self.1.lock().unwrap().len()
+    }
+
     pub fn all(&self) -> Vec<Opened> {
         self.0.lock().unwrap().clone()
     }
@@ -102,6 +107,7 @@ impl Source for Work {
     type Reader = WorkReader;
 
     async fn open(&self, lane: &LaneInfo, from: Option<u64>) -> Result<WorkReader, SourceError> {
+        self.log.1.lock().unwrap().insert(lane.split().to_string());
         self.log.0.lock().unwrap().push(Opened {
             at: Instant::now(),
             worker: lane.instance().to_string(),
