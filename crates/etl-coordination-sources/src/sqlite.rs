@@ -317,6 +317,16 @@ mod tests {
         out
     }
 
+    /// Rows read from every split of two planning rounds, and how many distinct ones.
+    async fn read_rounds(src: &SqliteSource, first: &Plan, second: &Plan) -> (usize, usize) {
+        let mut rows = Vec::new();
+        for s in first.splits.iter().chain(&second.splits) {
+            rows.extend(keys(src, s, None).await);
+        }
+        let unique: std::collections::BTreeSet<_> = rows.iter().map(|r| &r.0).collect();
+        (rows.len(), unique.len())
+    }
+
     #[tokio::test]
     async fn ranges_are_balanced_by_rows_and_cover_every_row_once() {
         let (_dir, _, spec) = db(1050);
@@ -354,12 +364,7 @@ mod tests {
         insert(&path, 250..420);
         let published: Vec<SplitId> = first.splits.iter().map(|s| s.id.clone()).collect();
         let second = src.replan(&published).await.unwrap();
-        let mut rows = Vec::new();
-        for s in first.splits.iter().chain(&second.splits) {
-            rows.extend(keys(&src, s, None).await);
-        }
-        let unique: std::collections::BTreeSet<_> = rows.iter().map(|r| &r.0).collect();
-        assert_eq!((rows.len(), unique.len()), (420, 420), "every row once");
+        assert_eq!(read_rounds(&src, &first, &second).await, (420, 420), "every row once");
         assert!(second.splits.iter().all(|s| !published.contains(&s.id)));
         // Nothing new: nothing planned.
         let all: Vec<SplitId> =
@@ -392,12 +397,12 @@ mod tests {
         add(-100..0);
         let published: Vec<SplitId> = first.splits.iter().map(|s| s.id.clone()).collect();
         let second = src.replan(&published).await.unwrap();
-        let mut rows = Vec::new();
-        for s in first.splits.iter().chain(&second.splits) {
-            rows.extend(keys(&src, s, None).await);
-        }
-        let unique: std::collections::BTreeSet<_> = rows.iter().map(|r| &r.0).collect();
-        assert_eq!((rows.len(), unique.len()), (300, 300), "every row once: {:?}", second.splits);
+        assert_eq!(
+            read_rounds(&src, &first, &second).await,
+            (300, 300),
+            "every row once: {:?}",
+            second.splits
+        );
     }
 
     #[test]
