@@ -118,7 +118,7 @@ fn p2_a_matching_meta_opens_the_watches_and_announces_presence() {
 }
 
 /// Drives a worker whose presence key is held by incarnation 9 at revision 5 to the point
-/// where it has observed the key for one and a half heartbeats and re-reads it.
+/// where it has observed the key for a heartbeat (plus the bounded jitter margin) and re-reads it.
 fn observe_predecessor() -> (Worker, OpId) {
     let mut w = Worker::new(cfg("w1", 1));
     w.handle(Timestamp::ZERO, Input::Start);
@@ -139,7 +139,9 @@ fn observe_predecessor() -> (Worker, OpId) {
     );
     assert!(a.is_empty(), "the worker waits before deciding: {a:?}");
     let deadline = w.next_deadline().expect("observation deadline");
-    assert_eq!(deadline, Timestamp::ZERO + Duration::from_millis(1500), "one and a half heartbeats");
+    // One heartbeat (1 s with a 3 s lease) and a margin of a quarter second: a restart under the
+    // same id reclaims within L/3 + 0.5 s (T3).
+    assert_eq!(deadline, Timestamp::ZERO + Duration::from_millis(1250), "a heartbeat and the margin");
     let a = w.handle(deadline, Input::Tick);
     assert_eq!(store_requests(&a), vec![(Bucket::Lease, StoreRequest::Get { key: presence_key("w1") })]);
     (w, op_of(&a, 0))
@@ -176,7 +178,10 @@ fn p3_a_renewing_twin_is_fatal_and_says_what_to_do() {
     let t = Timestamp::ZERO + Duration::from_millis(1500);
     let a = w.handle(t, Input::StoreResult { op, result: Ok(StoreReply::Value(Some(entry))) });
     assert!(a.is_empty(), "one renewal is not proof of a twin: {a:?}");
-    let t = w.next_deadline().expect("a second observation");
+    let t2 = w.next_deadline().expect("a second observation");
+    // The second renewal is told from a late write by one and a half heartbeats.
+    assert_eq!(t2, t + Duration::from_millis(1500), "one and a half heartbeats after the first renewal");
+    let t = t2;
     let a = w.handle(t, Input::Tick);
     assert_eq!(store_requests(&a), vec![(Bucket::Lease, StoreRequest::Get { key: presence_key("w1") })]);
     // A second renewal is.

@@ -1,6 +1,8 @@
 //! Presence and duplicate instance ids (P3): joining under our id, taking over a dead
 //! predecessor's key, renewing it (P7), and stopping when a live twin shows up.
 
+use std::time::Duration;
+
 use crate::ids::{OpId, Revision};
 use crate::io::FatalError;
 use crate::records::{self, PresenceRecord, keys};
@@ -21,6 +23,10 @@ pub(super) struct Presence {
     /// Leaving: the key is being deleted; no more writes to it.
     pub(super) retired: bool,
 }
+
+/// The most that the first presence observation waits beyond one heartbeat for a live holder's
+/// renewal (P3; see `observe`).
+const FIRST_WINDOW_MARGIN: Duration = Duration::from_millis(250);
 
 /// How far joining under our instance id got (P3).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -107,8 +113,8 @@ impl Worker {
         }
     }
 
-    /// P3: whose is the key that holds our id? A predecessor's key is observed for one and a
-    /// half heartbeats: a live twin renews it. Reads can lag behind the watch, so the baseline
+    /// P3: whose is the key that holds our id? A predecessor's key is observed for about a
+    /// heartbeat (see `observe`): a live twin renews it. Reads can lag behind the watch, so the baseline
     /// is the newest revision seen either way.
     pub(super) fn on_presence_get(&mut self, now: Timestamp, result: StoreResult) {
         let entry = match Read::of(result) {
@@ -150,11 +156,18 @@ impl Worker {
         }
     }
 
-    /// P3: wait a heartbeat interval (and a half, for scheduling jitter) to see whether the
-    /// holder is alive.
+    /// P3: wait to see whether the holder is alive. A live holder's next renewal is due within
+    /// one heartbeat of the write we read, so the first window is one heartbeat plus a margin
+    /// for its scheduling jitter (capped at [`FIRST_WINDOW_MARGIN`], so a restart under the
+    /// same id reclaims within L/3 + 0.5 s: T3). After one renewal seen, the second must be
+    /// told from a late write of a dead process, and the window is one and a half heartbeats.
+    /// A live twin that the first window misses (renewing later than the margin) is still
+    /// caught: its next renewal fails its CAS and it stops with the same fatal error (its
+    /// `contested` path); every claim stays fenced by the lease and record CAS either way.
     fn observe(&mut self, now: Timestamp, rev: Revision, incarnation: u64, renewed: bool) {
-        let wait = self.cfg.tuning.heartbeat_interval() + self.cfg.tuning.heartbeat_interval() / 2;
-        self.presence.join = Join::Observing { rev, incarnation, deadline: now + wait, renewed };
+        let hb = self.cfg.tuning.heartbeat_interval();
+        let margin = if renewed { hb / 2 } else { (hb / 2).min(FIRST_WINDOW_MARGIN) };
+        self.presence.join = Join::Observing { rev, incarnation, deadline: now + hb + margin, renewed };
     }
 
     /// P3: the holder of our id wrote its key. One write can be a dead predecessor's that landed
