@@ -20,6 +20,7 @@ use etl_coordination_sim::{Options, Report, run};
 mod moto;
 mod mutants;
 mod nats;
+mod postgres;
 mod promtool;
 mod servers;
 mod util;
@@ -323,7 +324,8 @@ fn ci() -> Result<()> {
     s3.extend(S3_TEST);
     cargo_env(&s3, &servers.env())?;
     examples(&servers)?;
-    bench_quick(servers.nats_url())?;
+    let pg = postgres::start()?;
+    bench_quick(servers.nats_url(), &pg.conninfo)?;
     drop(servers);
     let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5000);
     let innocent = sweep(0, seeds, false)?;
@@ -359,8 +361,9 @@ fn bench(args: &[String]) -> Result<()> {
             url
         }
     };
+    let pg = postgres::start()?;
     if quick {
-        return bench_quick(&url);
+        return bench_quick(&url, &pg.conninfo);
     }
     let cluster = match std::env::var("NATS_CLUSTER_URL") {
         Ok(url) => url,
@@ -382,8 +385,12 @@ fn bench(args: &[String]) -> Result<()> {
         &url,
         "--cluster",
         &cluster,
+        "--postgres",
+        &pg.conninfo,
         "--out",
         "docs/BENCHMARKS.md",
+        "--plots",
+        "docs/bench",
         "--command",
         &format!("cargo xtask bench (NATS {})", nats::NATS_VERSION),
     ])?;
@@ -392,7 +399,7 @@ fn bench(args: &[String]) -> Result<()> {
 }
 
 /// The benchmark's smoke run against `url` (a debug build: it shares the test build).
-fn bench_quick(url: &str) -> Result<()> {
+fn bench_quick(url: &str, postgres: &str) -> Result<()> {
     let out = util::target_dir().join("bench-quick.md");
     let out = out.to_string_lossy();
     cargo(&[
@@ -403,6 +410,8 @@ fn bench_quick(url: &str) -> Result<()> {
         "--",
         "--nats",
         url,
+        "--postgres",
+        postgres,
         "--quick",
         "--out",
         &out,

@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use etl_coordination_driver::{AcquisitionReason, JobOutcome};
 use tokio::time::Instant;
 
+use crate::peers::{PgJob, Static};
 use crate::world::{Job, OpCounts, Work, Worker, until, until_balanced};
 
 /// Where a scenario runs: a NATS URL (one server or a cluster) and the stream replicas.
@@ -17,9 +18,9 @@ pub struct Target {
     pub replicas: usize,
 }
 
-/// Splits every lane of which runs for ever (records are never exhausted).
+/// Splits every lane of which runs for ever (records are never exhausted in a run).
 fn endless(splits: usize) -> Work {
-    Work::new(splits, u64::MAX, Duration::from_millis(2))
+    Work::new(splits, 1 << 40, Duration::from_millis(2))
 }
 
 fn ms(d: Duration) -> f64 {
@@ -223,6 +224,8 @@ pub struct LargePlan {
     pub complete: f64,
     pub ops_per_split: f64,
     pub peak_rss_mb: f64,
+    /// Seconds `etl-coord status` takes to read and summarise the finished job (best of 3).
+    pub status_s: f64,
 }
 
 /// T6: a Final plan of `splits` splits with no records, four workers: seconds to the first lane
@@ -248,7 +251,16 @@ pub async fn large_plan(t: &Target, splits: usize) -> Result<LargePlan> {
     }
     let complete = t0.elapsed().as_secs_f64();
     let ops: u64 = workers.iter().map(|w| w.ops.counts()).map(|c| c.writes + c.reads).sum();
+    let stores = etl_coordination_driver::JobStores::nats(&job.nats, &job.name).await?;
+    let mut status_s = f64::INFINITY;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let status = etl_coord::ops::status(&stores).await?;
+        status_s = status_s.min(t.elapsed().as_secs_f64());
+        anyhow::ensure!(status.splits.len() == splits, "status saw {} splits", status.splits.len());
+    }
     Ok(LargePlan {
+        status_s,
         splits,
         workers: workers_n,
         first_lane,
@@ -271,74 +283,259 @@ pub fn peak_rss_mb() -> f64 {
         .map_or(f64::NAN, |kb| kb / 1e3)
 }
 
-/// T7: the same backfill (`splits` x `records` records at `cost` each) with each worker count:
-/// makespan (workers started to every worker complete), records/s, efficiency against one
-/// worker.
-pub async fn scale_out(
-    t: &Target,
-    counts: &[usize],
-    splits: usize,
-    records: u64,
-    cost: Duration,
-) -> Result<Vec<(usize, f64, f64)>> {
+/// T7: the same backfill (`splits` x `records` records at `cost` each) on `n` workers of 4
+/// lanes: makespan (workers started to every worker complete), records/s, store operations per
+/// split, measured cost per record.
+pub async fn scale_out(t: &Target, n: usize, work: Work) -> Result<Run> {
+    let mut job = Job::new(&t.url, t.replicas, "t7", work.clone());
+    job.max_in_flight = 4;
+    let t0 = Instant::now();
+    let mut workers = Vec::new();
+    for id in ids(n) {
+        workers.push(job.start(&id).await?);
+    }
+    for w in &workers {
+        let outcome = w.handle.outcome().await?;
+        anyhow::ensure!(outcome == JobOutcome::Complete, "a worker ended {outcome:?}");
+    }
+    let complete = t0.elapsed().as_secs_f64();
+    let makespan = work.makespan_since(t0);
+    let emitted: u64 = workers.iter().map(|w| w.records.0.load(std::sync::atomic::Ordering::Relaxed)).sum();
+    anyhow::ensure!(emitted >= work.splits as u64 * work.records, "records lost: {emitted}");
+    let ops: u64 = workers.iter().map(|w| w.ops.counts()).map(|c| c.writes + c.reads).sum();
+    Ok(Run {
+        complete,
+        makespan,
+        rate: emitted as f64 / makespan,
+        per_split: ops as f64 / work.splits as f64,
+        cost_ms: work.measured_cost_ms(),
+    })
+}
+
+/// Makespan, records/s and store round trips per split of one fleet size.
+pub struct Run {
+    /// Seconds from the start to every worker knowing the job complete (ours only; the
+    /// makespan itself ends at the last record read, the same for every system).
+    pub complete: f64,
+    pub makespan: f64,
+    pub rate: f64,
+    pub per_split: f64,
+    /// Measured time per record inside the lanes, ms.
+    pub cost_ms: f64,
+}
+
+/// T7 on the static-partitioning peer: the same work on `n` replicas of 4 lanes.
+pub async fn static_run(n: usize, work: Work) -> Run {
+    let t0 = Instant::now();
+    let mut fleet = Static::start(&work, n, 4);
+    fleet.finished().await;
+    let complete = t0.elapsed().as_secs_f64();
+    let makespan = work.makespan_since(t0);
+    let emitted = fleet.emitted.load(std::sync::atomic::Ordering::Relaxed);
+    Run {
+        complete,
+        makespan,
+        rate: emitted as f64 / makespan,
+        per_split: 0.0,
+        cost_ms: work.measured_cost_ms(),
+    }
+}
+
+/// T7 on the PostgreSQL peer: the same work on `n` replicas of 4 lanes, polling every `poll`.
+pub async fn pg_run(pg: &str, n: usize, work: Work, poll: Duration) -> Result<Run> {
+    let job = PgJob::create(pg, work.clone(), Duration::from_secs(3), poll).await?;
+    let t0 = Instant::now();
+    let mut replicas = Vec::new();
+    for id in ids(n) {
+        replicas.push(job.start(&id, 4).await?);
+    }
+    let mut emitted = 0;
+    for r in &mut replicas {
+        r.finished().await?;
+        emitted += r.emitted.load(std::sync::atomic::Ordering::Relaxed);
+    }
+    let complete = t0.elapsed().as_secs_f64();
+    let makespan = work.makespan_since(t0);
+    anyhow::ensure!(emitted >= work.splits as u64 * work.records, "records lost: {emitted}");
+    let queries = job.queries.load(std::sync::atomic::Ordering::Relaxed);
+    Ok(Run {
+        complete,
+        makespan,
+        rate: emitted as f64 / makespan,
+        per_split: queries as f64 / work.splits as f64,
+        cost_ms: work.measured_cost_ms(),
+    })
+}
+
+/// The PostgreSQL peer's pickup (a replica drains; its peer, with free lanes, polls the
+/// released splits up) or takeover (a replica is killed; its claims expire after `lease`),
+/// over `reps` repetitions: per split, ms from the release acknowledged (or the kill) to the
+/// peer's lane open.
+pub async fn pg_handover(pg: &str, poll: Duration, kill: bool, reps: usize) -> Result<Vec<f64>> {
+    let lease = Duration::from_secs(3);
     let mut out = Vec::new();
-    for &n in counts {
-        let mut job = Job::new(&t.url, t.replicas, "t7", Work::new(splits, records, cost));
-        job.max_in_flight = 4;
-        let t0 = Instant::now();
-        let mut workers = Vec::new();
-        for id in ids(n) {
-            workers.push(job.start(&id).await?);
+    for rep in 0..reps {
+        let job = PgJob::create(pg, endless(8), lease, poll).await?;
+        let log = job.work.log.clone();
+        let mut a = job.start("a", 4).await?;
+        until("a to claim 4 splits", Duration::from_secs(30), || log.load().get("a") == Some(&4)).await?;
+        let mut b = job.start("b", 8).await?;
+        until("b to claim the other 4", Duration::from_secs(30), || log.load().get("b") == Some(&4)).await?;
+        let mine: Vec<String> = log.holders().into_iter().filter(|(_, w)| w == "a").map(|(s, _)| s).collect();
+        let t0 = if kill {
+            // Kills land at different points of the heartbeat interval, as in T2.
+            tokio::time::sleep(lease / 3 * ((rep as u32 * 7) % 10) / 10).await;
+            let t0 = Instant::now();
+            a.kill();
+            t0
+        } else {
+            let t0 = Instant::now();
+            a.drain();
+            a.finished().await?;
+            t0
+        };
+        until("b to take a's splits", lease * 4, || {
+            let taken: BTreeSet<String> =
+                log.all().into_iter().filter(|o| o.at > t0 && o.worker == "b").map(|o| o.split).collect();
+            mine.iter().all(|s| taken.contains(s))
+        })
+        .await?;
+        let released = job.released.lock().unwrap().clone();
+        for s in &mine {
+            let from = if kill {
+                t0
+            } else {
+                released.iter().find(|(_, r)| r == s).map(|(at, _)| *at).context("a release not logged")?
+            };
+            let opened = log.all().into_iter().find(|o| o.at > t0 && o.worker == "b" && &o.split == s);
+            let at = opened.context("a split never reopened")?.at;
+            out.push(if at >= from { ms(at - from) } else { -ms(from - at) });
         }
-        for w in &workers {
-            let outcome = w.handle.outcome().await?;
-            anyhow::ensure!(outcome == JobOutcome::Complete, "a worker ended {outcome:?}");
-        }
-        let makespan = t0.elapsed().as_secs_f64();
-        let emitted: u64 =
-            workers.iter().map(|w| w.records.0.load(std::sync::atomic::Ordering::Relaxed)).sum();
-        anyhow::ensure!(emitted >= splits as u64 * records, "records lost: {emitted}");
-        out.push((n, makespan, emitted as f64 / makespan));
+        b.kill();
+        a.kill();
     }
     Ok(out)
 }
 
-/// The static-partitioning peer of T7: replica `r` of `n` processes the splits whose id hashes
-/// to `r` mod `n` (FNV-1a, as a user would hash object names), with no coordination at all,
-/// the same 4 lanes per replica and the same wait per record. Returns the makespan and
-/// records/s: the no-coordination ideal that overhead is measured against. What it cannot do
-/// is not measured here: a killed replica's share is never finished.
-pub async fn static_partitioning(n: usize, splits: usize, records: u64, cost: Duration) -> (f64, f64) {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    let fnv = |s: &str| {
-        s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
-    };
-    let emitted = Arc::new(AtomicU64::new(0));
+/// What a fleet of two did when one replica was killed half way through a finite backfill.
+pub struct Failure {
+    /// Seconds from start to every record emitted, or `None` when it never completes.
+    pub makespan: Option<f64>,
+    /// Records emitted more than once (re-read after the kill).
+    pub duplicates: u64,
+    /// Records never emitted.
+    pub missing: u64,
+}
+
+/// Kills replica 1 of 2 once half the records are out; waits for the survivor.
+pub async fn failure_ours(t: &Target, work: Work) -> Result<Failure> {
+    let total = work.splits as u64 * work.records;
+    let mut job = Job::new(&t.url, t.replicas, "fail", work);
+    job.max_in_flight = 4;
     let t0 = Instant::now();
-    let mut replicas = tokio::task::JoinSet::new();
-    for r in 0..n {
-        let mine: Vec<String> =
-            (0..splits).map(|i| format!("s{i:06}")).filter(|id| fnv(id) % n as u64 == r as u64).collect();
-        let emitted = emitted.clone();
-        replicas.spawn(async move {
-            let lanes = Arc::new(tokio::sync::Semaphore::new(4));
-            let mut running = tokio::task::JoinSet::new();
-            for _split in mine {
-                let permit = lanes.clone().acquire_owned().await.expect("never closed");
-                let emitted = emitted.clone();
-                running.spawn(async move {
-                    for _ in 0..records {
-                        tokio::time::sleep(cost).await;
-                        emitted.fetch_add(1, Ordering::Relaxed);
-                    }
-                    drop(permit);
-                });
-            }
-            while running.join_next().await.is_some() {}
-        });
+    let a = job.start("w0").await?;
+    let b = job.start("w1").await?;
+    let count = |w: &Worker| w.records.0.load(std::sync::atomic::Ordering::Relaxed);
+    until("half the records", Duration::from_secs(600), || count(&a) + count(&b) >= total / 2).await?;
+    b.handle.kill();
+    let outcome = a.handle.outcome().await?;
+    anyhow::ensure!(outcome == JobOutcome::Complete, "the survivor ended {outcome:?}");
+    let emitted = count(&a) + count(&b);
+    Ok(Failure {
+        makespan: Some(job.work.makespan_since(t0)),
+        duplicates: emitted.saturating_sub(total),
+        missing: 0,
+    })
+}
+
+/// The same failure on the PostgreSQL peer.
+pub async fn failure_pg(pg: &str, work: Work, poll: Duration) -> Result<Failure> {
+    let total = work.splits as u64 * work.records;
+    let job = PgJob::create(pg, work, Duration::from_secs(3), poll).await?;
+    let t0 = Instant::now();
+    let mut a = job.start("w0", 4).await?;
+    let mut b = job.start("w1", 4).await?;
+    let count = |r: &crate::peers::PgReplica| r.emitted.load(std::sync::atomic::Ordering::Relaxed);
+    until("half the records", Duration::from_secs(600), || count(&a) + count(&b) >= total / 2).await?;
+    b.kill();
+    a.finished().await?;
+    let emitted = count(&a) + count(&b);
+    anyhow::ensure!(emitted >= total, "records lost: {emitted} of {total}");
+    Ok(Failure { makespan: Some(job.work.makespan_since(t0)), duplicates: emitted - total, missing: 0 })
+}
+
+/// The same failure under static partitioning: the killed replica's share is never finished.
+pub async fn failure_static(work: Work) -> Failure {
+    let total = work.splits as u64 * work.records;
+    let mut fleet = Static::start(&work, 2, 4);
+    let emitted = fleet.emitted.clone();
+    let _ = until("half the records", Duration::from_secs(600), || {
+        emitted.load(std::sync::atomic::Ordering::Relaxed) >= total / 2
+    })
+    .await;
+    fleet.kill(1);
+    fleet.finished().await;
+    let out = emitted.load(std::sync::atomic::Ordering::Relaxed);
+    Failure { makespan: None, duplicates: 0, missing: total.saturating_sub(out) }
+}
+
+/// One point of the cost curve.
+pub struct Cost {
+    pub splits: usize,
+    pub workers: usize,
+    /// Store operations (writes + reads) per worker and second, in steady state.
+    pub ops: f64,
+    /// Of which writes.
+    pub writes: f64,
+    /// CPU seconds per worker and second (the process's CPU over the window, shared out).
+    pub cpu: f64,
+}
+
+/// The process's CPU time (user + system) so far.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces): utime is the 14th field, stime
+    // the 15th, in clock ticks (100 per second on Linux).
+    let rest = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<u64> = rest.split_whitespace().map(|x| x.parse().unwrap_or(0)).collect();
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
+/// The cost curve: `workers` in-process workers on a plan of `splits` endless splits (lease
+/// 3 s, 8 lanes each, a commit per lane and second): store operations and CPU per worker and
+/// second over `window` once every worker holds its lanes (a resync listing every 10 leases
+/// falls inside a 30 s window).
+pub async fn cost(t: &Target, splits: usize, workers: usize, window: Duration) -> Result<Cost> {
+    // A record every 100 ms per lane: the source's own wake-ups stay small next to the
+    // coordination's CPU even with 64 workers of 8 lanes.
+    let job = Job::new(&t.url, t.replicas, "cost", Work::new(splits, 1 << 40, Duration::from_millis(100)));
+    let mut fleet = Vec::new();
+    for id in ids(workers) {
+        fleet.push(job.start(&id).await?);
     }
-    while replicas.join_next().await.is_some() {}
-    let makespan = t0.elapsed().as_secs_f64();
-    (makespan, emitted.load(Ordering::Relaxed) as f64 / makespan)
+    let lanes = splits.min(workers * job.max_in_flight as usize);
+    let log = job.work.log.clone();
+    until("every lane open", Duration::from_secs(600), || log.load().values().sum::<usize>() >= lanes)
+        .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before: Vec<OpCounts> = fleet.iter().map(|w| w.ops.counts()).collect();
+    let cpu0 = cpu_time();
+    tokio::time::sleep(window).await;
+    let cpu = (cpu_time() - cpu0).as_secs_f64();
+    let (mut ops, mut writes) = (0, 0);
+    for (w, b) in fleet.iter().zip(before) {
+        let d = w.ops.counts() - b;
+        ops += d.writes + d.reads;
+        writes += d.writes;
+    }
+    stop_all(&fleet).await;
+    let per = |x: u64| x as f64 / window.as_secs_f64() / workers as f64;
+    Ok(Cost {
+        splits,
+        workers,
+        ops: per(ops),
+        writes: per(writes),
+        cpu: cpu / window.as_secs_f64() / workers as f64,
+    })
 }

@@ -64,18 +64,75 @@ impl Log {
 }
 
 /// `splits` splits of `records` records; each record costs `cost` of waiting (an I/O-bound
-/// source: every system compared gets the same cost model).
+/// source: every system compared gets the same cost model, see [`WorkReader`]).
 #[derive(Clone)]
 pub struct Work {
     pub splits: usize,
     pub records: u64,
     pub cost: Duration,
     pub log: Log,
+    /// Lane time and records of every lane that read its split to the end.
+    pub paced: Arc<Mutex<(Duration, u64)>>,
+    /// When the last record of any split was read (the data's makespan ends there).
+    pub last_record: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Work {
     pub fn new(splits: usize, records: u64, cost: Duration) -> Work {
-        Work { splits, records, cost, log: Log::default() }
+        Work {
+            splits,
+            records,
+            cost,
+            log: Log::default(),
+            paced: Arc::default(),
+            last_record: Arc::default(),
+        }
+    }
+
+    /// The split ids of this work, in plan order.
+    pub fn ids(&self) -> Vec<String> {
+        (0..self.splits).map(|i| format!("s{i:06}")).collect()
+    }
+
+    /// Opens a lane on `split` for `worker` from record `from` (logged as every system's lane
+    /// openings are): what our [`Source`] does, and what the peers call directly.
+    pub fn reader(
+        &self,
+        worker: &str,
+        split: &str,
+        reason: Option<AcquisitionReason>,
+        from: u64,
+    ) -> WorkReader {
+        self.log.1.lock().unwrap().insert(split.to_owned());
+        let at = Instant::now();
+        self.log.0.lock().unwrap().push(Opened {
+            at,
+            worker: worker.to_owned(),
+            split: split.to_owned(),
+            reason,
+        });
+        WorkReader {
+            next: from,
+            start: from,
+            total: self.records,
+            cost: self.cost,
+            opened: at,
+            due: at,
+            paced: self.paced.clone(),
+            last_record: self.last_record.clone(),
+        }
+    }
+
+    /// Seconds from `t0` to the last record read, if any.
+    pub fn makespan_since(&self, t0: Instant) -> f64 {
+        self.last_record.lock().unwrap().map_or(f64::NAN, |t| (t - t0).as_secs_f64())
+    }
+
+    /// The measured time per record of lanes that ran to the end (the cost model as each
+    /// system experienced it, overheads inside the lane included), in milliseconds.
+    pub fn measured_cost_ms(&self) -> f64 {
+        let (time, records) = *self.paced.lock().unwrap();
+        if records == 0 { f64::NAN } else { time.as_secs_f64() * 1e3 / records as f64 }
     }
 }
 
@@ -85,9 +142,11 @@ impl Planner for Work {
     }
 
     async fn plan(&self) -> Result<Plan, PlanError> {
-        let splits = (0..self.splits)
-            .map(|i| {
-                let id = SplitId::new(format!("s{i:06}")).expect("valid id");
+        let splits = self
+            .ids()
+            .into_iter()
+            .map(|id| {
+                let id = SplitId::new(id).expect("valid id");
                 PlannedSplit::new(id, Bytes::copy_from_slice(&self.records.to_le_bytes()), 1)
             })
             .collect();
@@ -95,10 +154,18 @@ impl Planner for Work {
     }
 }
 
+/// Reads a split of [`Work`]: record `k` after the lane opened is due `k x cost` later (an
+/// absolute schedule: timer rounding does not add up, and every system gets the same pace; a
+/// lane that was held up catches up at once, as a source with data waiting would).
 pub struct WorkReader {
     next: u64,
+    start: u64,
     total: u64,
     cost: Duration,
+    opened: Instant,
+    due: Instant,
+    paced: Arc<Mutex<(Duration, u64)>>,
+    last_record: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Source for Work {
@@ -107,17 +174,37 @@ impl Source for Work {
     type Reader = WorkReader;
 
     async fn open(&self, lane: &LaneInfo, from: Option<u64>) -> Result<WorkReader, SourceError> {
-        self.log.1.lock().unwrap().insert(lane.split().to_string());
-        self.log.0.lock().unwrap().push(Opened {
-            at: Instant::now(),
-            worker: lane.instance().to_string(),
-            split: lane.split().to_string(),
-            reason: lane.reason(),
-        });
         let total = u64::from_le_bytes(
             lane.descriptor().as_ref().try_into().map_err(|_| SourceError::unprocessable("descriptor"))?,
         );
-        Ok(WorkReader { next: from.unwrap_or(0), total, cost: self.cost })
+        debug_assert_eq!(total, self.records);
+        Ok(self.reader(&lane.instance().to_string(), lane.split().as_str(), lane.reason(), from.unwrap_or(0)))
+    }
+}
+
+impl WorkReader {
+    /// The next record, or `None` at the end of the split.
+    pub async fn read(&mut self) -> Option<u64> {
+        if self.next >= self.total {
+            return None;
+        }
+        if !self.cost.is_zero() {
+            self.due += self.cost;
+            tokio::time::sleep_until(self.due).await;
+            if self.next + 1 == self.total {
+                *self.last_record.lock().unwrap() = Some(Instant::now());
+                let mut p = self.paced.lock().unwrap();
+                p.0 += self.opened.elapsed();
+                p.1 += self.total - self.start;
+            }
+        }
+        self.next += 1;
+        Some(self.next - 1)
+    }
+
+    /// The record a restart would resume from.
+    pub fn position(&self) -> u64 {
+        self.next
     }
 }
 
@@ -126,14 +213,7 @@ impl SplitReader for WorkReader {
     type Progress = u64;
 
     async fn next(&mut self) -> NextRecord<u64, u64> {
-        if self.next >= self.total {
-            return Ok(None);
-        }
-        if !self.cost.is_zero() {
-            tokio::time::sleep(self.cost).await;
-        }
-        self.next += 1;
-        Ok(Some((self.next - 1, self.next)))
+        Ok(self.read().await.map(|r| (r, r + 1)))
     }
 }
 

@@ -1,0 +1,154 @@
+//! A PostgreSQL server for the benchmark's SKIP LOCKED peer: `BENCH_POSTGRES` (a libpq
+//! connection string) if set, else Debian's PostgreSQL (installed with apt-get when missing)
+//! started on a free loopback port with its own data directory under `target/`, stopped when
+//! dropped. As root, the server runs as the `postgres` user (it refuses root).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+
+use crate::util::{free_port, target_dir, wait_for_port};
+
+/// A running server.
+pub struct Postgres {
+    child: Option<Child>,
+    data: PathBuf,
+    /// `host=127.0.0.1 port=P user=bench dbname=postgres`.
+    pub conninfo: String,
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            // SIGINT to the postmaster (not to runuser, which does not pass it on): fast
+            // shutdown, backends end, no recovery needed.
+            let pid = std::fs::read_to_string(self.data.join("postmaster.pid"))
+                .ok()
+                .and_then(|s| s.lines().next().map(str::to_owned))
+                .unwrap_or_else(|| c.id().to_string());
+            let _ = Command::new("kill").args(["-INT", &pid]).status();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The directory holding `initdb` and `postgres`, if any PostgreSQL is installed.
+fn bindir() -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|b| b.join("initdb").is_file() && b.join("postgres").is_file())
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// `program args` as the `postgres` user when we are root.
+fn as_server_user(program: &Path, root: bool) -> Command {
+    if root {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
+/// `BENCH_POSTGRES`, or a server started here.
+pub fn start() -> Result<Postgres> {
+    if let Ok(conninfo) = std::env::var("BENCH_POSTGRES") {
+        return Ok(Postgres { child: None, data: PathBuf::new(), conninfo });
+    }
+    let bin = match bindir() {
+        Some(b) => b,
+        None => {
+            println!("$ apt-get install -y postgresql (the benchmark's SKIP LOCKED peer needs a server)");
+            let ok = Command::new("apt-get")
+                .args(["install", "-y", "-q", "--no-install-recommends", "postgresql"])
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .status()
+                .is_ok_and(|s| s.success())
+                || (Command::new("apt-get").args(["update", "-q"]).status().is_ok_and(|s| s.success())
+                    && Command::new("apt-get")
+                        .args(["install", "-y", "-q", "--no-install-recommends", "postgresql"])
+                        .env("DEBIAN_FRONTEND", "noninteractive")
+                        .status()
+                        .is_ok_and(|s| s.success()));
+            match bindir() {
+                Some(b) if ok => b,
+                _ => bail!(
+                    "PostgreSQL is not installed and apt-get could not install it: install Debian's \
+                     `postgresql` package, or set BENCH_POSTGRES to a connection string"
+                ),
+            }
+        }
+    };
+    let root = is_root();
+    let data = target_dir().join("postgres-bench");
+    // A fresh cluster every run: no state from an earlier (maybe killed) run.
+    if data.exists() {
+        std::fs::remove_dir_all(&data).with_context(|| format!("removing {}", data.display()))?;
+    }
+    std::fs::create_dir_all(&data)?;
+    if root {
+        let ok = Command::new("chown").args(["-R", "postgres:postgres"]).arg(&data).status()?.success();
+        if !ok {
+            bail!("could not hand {} to the postgres user", data.display());
+        }
+    }
+    let out = as_server_user(&bin.join("initdb"), root)
+        .args(["-A", "trust", "-U", "bench", "-E", "UTF8", "--no-sync", "-D"])
+        .arg(&data)
+        .output()
+        .context("running initdb")?;
+    if !out.status.success() {
+        bail!("initdb failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let port = free_port()?;
+    let child = as_server_user(&bin.join("postgres"), root)
+        .arg("-D")
+        .arg(&data)
+        .args([
+            "-p",
+            &port.to_string(),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "max_connections=200",
+            "-k",
+        ])
+        .arg(&data)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting postgres")?;
+    let pg = Postgres {
+        child: Some(child),
+        data: data.clone(),
+        conninfo: format!("host=127.0.0.1 port={port} user=bench dbname=postgres"),
+    };
+    wait_for_port(port, "PostgreSQL")?;
+    // Listening is not accepting queries yet (recovery, start-up): ask until it is.
+    let ready = (0..100).any(|_| {
+        let ok = Command::new(bin.join("pg_isready"))
+            .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        ok
+    });
+    if !ready {
+        bail!("PostgreSQL on port {port} did not become ready within 10 s");
+    }
+    let version =
+        Command::new(bin.join("postgres")).arg("--version").output().map(|o| o.stdout).unwrap_or_default();
+    println!("{} listening on 127.0.0.1:{port}", String::from_utf8_lossy(&version).trim());
+    Ok(pg)
+}
