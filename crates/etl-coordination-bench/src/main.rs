@@ -385,7 +385,8 @@ async fn main() -> Result<()> {
                  the lane opened, so timer rounding does not add up). The makespan ends at the last record read, \
                  for every system; \"all workers complete\" adds the time until every worker of ours saw the \
                  job complete (P13) and stopped. \"ms per record\" is the lane time per \
-                 record each system actually got, its own overheads inside the lane included. Static \
+                 record each system got (a lane held up catches up in a burst, so overhead shows in the \
+                 makespan, not here). Static \
                  partitioning (replica r takes the splits whose id hashes to r mod N) is the no-coordination \
                  ideal; what it cannot do: a killed replica's share is never finished, and a replica added later \
                  changes every replica's share. On 2 cores, waiting (not CPU) is what each lane spends its time \
