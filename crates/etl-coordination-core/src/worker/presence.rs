@@ -166,7 +166,7 @@ impl Worker {
     /// `contested` path); every claim stays fenced by the lease and record CAS either way.
     fn observe(&mut self, now: Timestamp, rev: Revision, incarnation: u64, renewed: bool) {
         let hb = self.cfg.tuning.heartbeat_interval();
-        let margin = if renewed { hb / 2 } else { (hb / 2).min(FIRST_WINDOW_MARGIN) };
+        let margin = if !renewed { (hb / 2).min(FIRST_WINDOW_MARGIN) } else { hb / 2 };
         self.presence.join = Join::Observing { rev, incarnation, deadline: now + hb + margin, renewed };
     }
 
