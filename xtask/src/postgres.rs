@@ -80,7 +80,20 @@ pub fn start() -> Result<Postgres> {
                         .status()
                         .is_ok_and(|s| s.success()));
             match bindir() {
-                Some(b) if ok => b,
+                Some(b) if ok => {
+                    // Debian's package starts a `main` cluster on 5432 where it can; we installed
+                    // it only for our own server, so stop that one (errors: there was none).
+                    let major =
+                        b.parent().and_then(|v| v.file_name()).map(|v| v.to_string_lossy().into_owned());
+                    if let Some(major) = major {
+                        let _ = Command::new("pg_ctlcluster")
+                            .args([major.as_str(), "main", "stop"])
+                            .stdout(Stdio::null())
+                            .stderr(Stdio::null())
+                            .status();
+                    }
+                    b
+                }
                 _ => bail!(
                     "PostgreSQL is not installed and apt-get could not install it: install Debian's \
                      `postgresql` package, or set BENCH_POSTGRES to a connection string"
@@ -90,7 +103,20 @@ pub fn start() -> Result<Postgres> {
     };
     let root = is_root();
     let data = target_dir().join("postgres-bench");
-    // A fresh cluster every run: no state from an earlier (maybe killed) run.
+    // A fresh cluster every run: no state from an earlier (maybe killed) run, whose server may
+    // still be up: stop it before its directory goes.
+    if let Some(pid) = std::fs::read_to_string(data.join("postmaster.pid"))
+        .ok()
+        .and_then(|s| s.lines().next().map(str::to_owned))
+    {
+        let _ = Command::new("kill").args(["-INT", &pid]).stderr(Stdio::null()).status();
+        for _ in 0..100 {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
     if data.exists() {
         std::fs::remove_dir_all(&data).with_context(|| format!("removing {}", data.display()))?;
     }
@@ -110,6 +136,8 @@ pub fn start() -> Result<Postgres> {
         bail!("initdb failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     let port = free_port()?;
+    // The server's own messages, for when it does not come up.
+    let log = target_dir().join("postgres-bench.log");
     let child = as_server_user(&bin.join("postgres"), root)
         .arg("-D")
         .arg(&data)
@@ -124,7 +152,7 @@ pub fn start() -> Result<Postgres> {
         ])
         .arg(&data)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?)
         .spawn()
         .context("starting postgres")?;
     let pg = Postgres {
@@ -145,7 +173,7 @@ pub fn start() -> Result<Postgres> {
         ok
     });
     if !ready {
-        bail!("PostgreSQL on port {port} did not become ready within 10 s");
+        bail!("PostgreSQL on port {port} did not become ready within 10 s (its log: {})", log.display());
     }
     let version =
         Command::new(bin.join("postgres")).arg("--version").output().map(|o| o.stdout).unwrap_or_default();

@@ -438,52 +438,53 @@ async fn main() -> Result<()> {
         let mut takeovers = vec![Series::cdf("etl-coordination", &ours_takeover)];
         doc.push_str("### Handover latency\n\n");
         doc.push_str(DIST_HEAD);
-        doc.push_str(&dist_row("ours: release pickup (T1, lease delete -> lane open)", &ours_pickup, None));
-        let pickup_reps = reps.clamp(1, 25);
-        let takeover_reps = reps.clamp(1, 10);
-        let mut pg_pick_1s = f64::NAN;
-        let mut pg_take_1s = f64::NAN;
-        if let Some(pg) = &a.postgres {
-            for poll in [1000, 100] {
-                let v = bounded(
-                    "PostgreSQL pickup",
-                    limit,
-                    scenarios::pg_handover(pg, Duration::from_millis(poll), false, pickup_reps),
-                )
-                .await?;
-                doc.push_str(&dist_row(
-                    &format!("PostgreSQL, poll {poll} ms: release pickup (release committed -> lane open)"),
-                    &v,
-                    None,
-                ));
-                if poll == 1000 {
-                    pg_pick_1s = pct(&v, 50.0);
+        // (what, ours, kill?, repetitions, the percentile the headline quotes, what static does)
+        let rows = [
+            (
+                "release pickup",
+                &ours_pickup,
+                false,
+                reps.clamp(1, 25),
+                50.0,
+                "a drained replica's share waits for it",
+            ),
+            (
+                "takeover after a kill",
+                &ours_takeover,
+                true,
+                reps.clamp(1, 10),
+                99.0,
+                "a killed replica's share is never finished",
+            ),
+        ];
+        let mut pg_1s = [f64::NAN; 2];
+        for (i, (what, ours, kill, n, p, never)) in rows.into_iter().enumerate() {
+            let from = if kill { "kill" } else { "release committed" };
+            doc.push_str(&dist_row(&format!("ours: {what} (T{}, lease 3 s)", i + 1), ours, None));
+            if let Some(pg) = &a.postgres {
+                for poll in [1000, 100] {
+                    let v = bounded(
+                        what,
+                        limit,
+                        scenarios::pg_handover(pg, Duration::from_millis(poll), kill, n),
+                    )
+                    .await?;
+                    doc.push_str(&dist_row(
+                        &format!("PostgreSQL, poll {poll} ms: {what} ({from} -> lane open)"),
+                        &v,
+                        None,
+                    ));
+                    if poll == 1000 {
+                        pg_1s[i] = pct(&v, p);
+                    }
+                    let series = Series::cdf(&format!("PostgreSQL, poll {poll} ms"), &v);
+                    if kill { takeovers.push(series) } else { pickups.push(series) }
                 }
-                pickups.push(Series::cdf(&format!("PostgreSQL, poll {poll} ms"), &v));
             }
+            doc.push_str(&format!("| static partitioning: {what} | - | never | never | never | {never} |\n"));
         }
-        doc.push_str("| static partitioning: release pickup | - | never | never | never | a drained replica's share waits for it |\n");
-        doc.push_str(&dist_row("ours: takeover after a kill (T2, lease 3 s)", &ours_takeover, None));
-        if let Some(pg) = &a.postgres {
-            for poll in [1000, 100] {
-                let v = bounded(
-                    "PostgreSQL takeover",
-                    limit,
-                    scenarios::pg_handover(pg, Duration::from_millis(poll), true, takeover_reps),
-                )
-                .await?;
-                doc.push_str(&dist_row(
-                    &format!("PostgreSQL, poll {poll} ms: takeover after a kill (lease 3 s)"),
-                    &v,
-                    None,
-                ));
-                if poll == 1000 {
-                    pg_take_1s = pct(&v, 99.0);
-                }
-                takeovers.push(Series::cdf(&format!("PostgreSQL, poll {poll} ms"), &v));
-            }
-        }
-        doc.push_str("| static partitioning: takeover after a kill | - | never | never | never | a killed replica's share is never finished |\n\n");
+        doc.push('\n');
+        let (pg_pick_1s, pg_take_1s) = (pg_1s[0], pg_1s[1]);
         headlines.push(format!(
             "Release pickup p50: PostgreSQL SKIP LOCKED (1 s poll) / ours **{}** ({:.1} ms for ours).",
             ratio(pg_pick_1s, pct(&ours_pickup, 50.0)),
@@ -518,10 +519,10 @@ async fn main() -> Result<()> {
         )?;
 
         let (splits, records) = if a.quick { (8, 40) } else { (32, 400) };
-        let work = || world::Work::new(splits, records, cost);
+        let work = || world::Work::new(splits, records, cost).tracked();
         writeln!(
             doc,
-            "### A replica killed half way ({splits} splits x {records} records, 2 replicas of 4 lanes)\n\n\
+            "### A replica killed part way ({splits} splits x {records} records, 2 replicas of 4 lanes, killed at 45% of the records)\n\n\
              | system | makespan s | records emitted twice | records never emitted |\n|---|---|---|---|"
         )?;
         let ours = bounded("failure (ours)", limit, scenarios::failure_ours(t, work())).await?;

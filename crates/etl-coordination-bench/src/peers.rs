@@ -46,8 +46,9 @@ impl Static {
                     let (work, emitted) = (work.clone(), emitted.clone());
                     running.spawn(async move {
                         let mut reader = work.reader(&format!("r{r}"), &split, None, 0);
-                        while reader.read().await.is_some() {
+                        while let Some(record) = reader.read().await {
                             emitted.fetch_add(1, Ordering::Relaxed);
+                            work.emitted(&split, record);
                         }
                         drop(permit);
                     });
@@ -78,9 +79,10 @@ impl Static {
 /// What it needed to be written carefully: the table is created (and filled) once, by a
 /// migration step before any replica starts (replicas racing on `CREATE TABLE IF NOT EXISTS`
 /// fail with a unique violation on the catalog); the owner column carries a per-process
-/// incarnation so a restarted replica never mistakes an old claim for its own; every progress
-/// write is guarded by the owner, so a replica whose claim expired and was taken cannot
-/// overwrite the new owner's progress; the expiry is renewed by a heartbeat separate from the
+/// incarnation so a restarted replica never mistakes an old claim for its own, and a claim
+/// token per claim so two lanes of one replica never both pass the guard after an expiry;
+/// every progress write is guarded by owner and token, so a lane whose claim expired and was
+/// taken cannot overwrite the new owner's progress; the expiry is renewed by a heartbeat separate from the
 /// lanes, so a slow record does not lose the claim. What it does not have: no fencing beyond
 /// the owner guard (an expired owner's in-flight write that lands first still counts), no
 /// fair share (a replica claims as many splits as it has lanes), and pickup waits for a poll.
@@ -132,6 +134,7 @@ impl PgJob {
                     progress bigint NOT NULL DEFAULT 0,
                     done boolean NOT NULL DEFAULT false,
                     owner text,
+                    claim bigint,
                     expires_at timestamptz
                  )"
             ))
@@ -157,6 +160,16 @@ impl PgJob {
             queries: Arc::default(),
             released: Arc::default(),
         })
+    }
+
+    /// Drops the job's table (a job's last step, so a shared server keeps nothing).
+    pub async fn drop_table(&self) -> Result<()> {
+        let client = connect(&self.conn, None).await?;
+        client
+            .batch_execute(&format!("DROP TABLE {}", self.table))
+            .await
+            .context("dropping the splits table")?;
+        Ok(())
     }
 
     /// Starts a replica named `id` with `lanes` lanes.
@@ -209,10 +222,11 @@ impl PgReplica {
         let _ = self.drain.send(true);
     }
 
-    /// `kill -9`: every task and connection dropped, nothing released.
+    /// `kill -9`: every connection dropped (first, so nothing already queued reaches the
+    /// server after the kill), then every task; nothing released.
     pub fn kill(&mut self) {
-        self.lanes.abort_all();
         self.tasks.abort_all();
+        self.lanes.abort_all();
     }
 
     /// Waits until every lane ended (the job done, or drained); then stops the heartbeat.
@@ -251,25 +265,25 @@ impl Lane {
     async fn run(mut self) -> Result<()> {
         let t = self.job.table.clone();
         let claim = format!(
-            "UPDATE {t} SET owner = $1, expires_at = now() + make_interval(secs => $2) \
+            "UPDATE {t} SET owner = $1, claim = $3, expires_at = now() + make_interval(secs => $2) \
              WHERE id = (SELECT id FROM {t} WHERE NOT done AND (owner IS NULL OR expires_at < now()) \
                          ORDER BY records - progress DESC, id LIMIT 1 FOR UPDATE SKIP LOCKED) \
              RETURNING id, progress"
         );
         let remaining = format!("SELECT count(*) FROM {t} WHERE NOT done");
-        let commit = format!("UPDATE {t} SET progress = $3 WHERE id = $1 AND owner = $2");
-        let finish =
-            format!("UPDATE {t} SET progress = $3, done = true, owner = NULL WHERE id = $1 AND owner = $2");
-        let release = format!(
-            "UPDATE {t} SET progress = $3, owner = NULL, expires_at = NULL WHERE id = $1 AND owner = $2"
-        );
+        let guard = "WHERE id = $1 AND owner = $2 AND claim = $4";
+        let commit = format!("UPDATE {t} SET progress = $3 {guard}");
+        let finish = format!("UPDATE {t} SET progress = $3, done = true, owner = NULL {guard}");
+        let release = format!("UPDATE {t} SET progress = $3, owner = NULL, expires_at = NULL {guard}");
         let lease = self.job.lease.as_secs_f64();
         loop {
             if *self.drain.borrow() {
                 return Ok(());
             }
             self.job.queries.fetch_add(1, Ordering::Relaxed);
-            let row = self.client.query_opt(&claim, &[&self.owner, &lease]).await.context("claiming")?;
+            let token = OWNERS.fetch_add(1, Ordering::Relaxed) as i64;
+            let row =
+                self.client.query_opt(&claim, &[&self.owner, &lease, &token]).await.context("claiming")?;
             let Some(row) = row else {
                 self.job.queries.fetch_add(1, Ordering::Relaxed);
                 let left: i64 = self.client.query_one(&remaining, &[]).await?.get(0);
@@ -295,20 +309,21 @@ impl Lane {
                 match read {
                     // Draining: commit and release.
                     None => {
-                        self.query(&release, &[&split, &self.owner, &at]).await?;
+                        self.query(&release, &[&split, &self.owner, &at, &token]).await?;
                         self.job.released.lock().unwrap().push((Instant::now(), split.clone()));
                         return Ok(());
                     }
                     Some(None) => {
-                        self.query(&finish, &[&split, &self.owner, &at]).await?;
+                        self.query(&finish, &[&split, &self.owner, &at, &token]).await?;
                         break;
                     }
-                    Some(Some(_)) => {
+                    Some(Some(record)) => {
                         self.emitted.fetch_add(1, Ordering::Relaxed);
+                        self.job.work.emitted(&split, record);
                         since += 1;
                         if since >= COMMIT_RECORDS || last.elapsed() >= COMMIT_EVERY {
                             (since, last) = (0, Instant::now());
-                            if self.query(&commit, &[&split, &self.owner, &at]).await? == 0 {
+                            if self.query(&commit, &[&split, &self.owner, &at, &token]).await? == 0 {
                                 // Taken by another replica after our claim expired.
                                 break;
                             }

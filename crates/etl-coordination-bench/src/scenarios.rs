@@ -358,6 +358,7 @@ pub async fn pg_run(pg: &str, n: usize, work: Work, poll: Duration) -> Result<Ru
     let makespan = work.makespan_since(t0);
     anyhow::ensure!(emitted >= work.splits as u64 * work.records, "records lost: {emitted}");
     let queries = job.queries.load(std::sync::atomic::Ordering::Relaxed);
+    job.drop_table().await?;
     Ok(Run {
         complete,
         makespan,
@@ -413,13 +414,14 @@ pub async fn pg_handover(pg: &str, poll: Duration, kill: bool, reps: usize) -> R
         }
         b.kill();
         a.kill();
+        job.drop_table().await?;
     }
     Ok(out)
 }
 
-/// What a fleet of two did when one replica was killed half way through a finite backfill.
+/// What a fleet of two did when one replica was killed part way through a finite backfill.
 pub struct Failure {
-    /// Seconds from start to every record emitted, or `None` when it never completes.
+    /// Seconds from start to the last record read, or `None` when it never completes.
     pub makespan: Option<f64>,
     /// Records emitted more than once (re-read after the kill).
     pub duplicates: u64,
@@ -427,7 +429,27 @@ pub struct Failure {
     pub missing: u64,
 }
 
-/// Kills replica 1 of 2 once half the records are out; waits for the survivor.
+/// When a failure run kills its replica: 45% of the records out, so the kill does not fall on
+/// split boundaries (at exactly half, with splits of equal length started together, every lane
+/// has just finished and committed a split, and nothing would be read twice).
+fn kill_point(total: u64) -> u64 {
+    total * 9 / 20
+}
+
+impl Failure {
+    fn of(work: &Work, t0: Instant, emitted: u64, completes: bool) -> Failure {
+        let total = work.splits as u64 * work.records;
+        let distinct = work.distinct_emitted();
+        Failure {
+            makespan: completes.then(|| work.makespan_since(t0)),
+            duplicates: emitted - distinct,
+            missing: total - distinct,
+        }
+    }
+}
+
+/// Kills replica 1 of 2 part way (see `kill_point`); waits for the survivor. `work` must be
+/// [`Work::tracked`].
 pub async fn failure_ours(t: &Target, work: Work) -> Result<Failure> {
     let total = work.splits as u64 * work.records;
     let mut job = Job::new(&t.url, t.replicas, "fail", work);
@@ -436,16 +458,11 @@ pub async fn failure_ours(t: &Target, work: Work) -> Result<Failure> {
     let a = job.start("w0").await?;
     let b = job.start("w1").await?;
     let count = |w: &Worker| w.records.0.load(std::sync::atomic::Ordering::Relaxed);
-    until("half the records", Duration::from_secs(600), || count(&a) + count(&b) >= total / 2).await?;
+    until("the kill point", Duration::from_secs(600), || count(&a) + count(&b) >= kill_point(total)).await?;
     b.handle.kill();
     let outcome = a.handle.outcome().await?;
     anyhow::ensure!(outcome == JobOutcome::Complete, "the survivor ended {outcome:?}");
-    let emitted = count(&a) + count(&b);
-    Ok(Failure {
-        makespan: Some(job.work.makespan_since(t0)),
-        duplicates: emitted.saturating_sub(total),
-        missing: 0,
-    })
+    Ok(Failure::of(&job.work, t0, count(&a) + count(&b), true))
 }
 
 /// The same failure on the PostgreSQL peer.
@@ -456,27 +473,25 @@ pub async fn failure_pg(pg: &str, work: Work, poll: Duration) -> Result<Failure>
     let mut a = job.start("w0", 4).await?;
     let mut b = job.start("w1", 4).await?;
     let count = |r: &crate::peers::PgReplica| r.emitted.load(std::sync::atomic::Ordering::Relaxed);
-    until("half the records", Duration::from_secs(600), || count(&a) + count(&b) >= total / 2).await?;
+    until("the kill point", Duration::from_secs(600), || count(&a) + count(&b) >= kill_point(total)).await?;
     b.kill();
     a.finished().await?;
-    let emitted = count(&a) + count(&b);
-    anyhow::ensure!(emitted >= total, "records lost: {emitted} of {total}");
-    Ok(Failure { makespan: Some(job.work.makespan_since(t0)), duplicates: emitted - total, missing: 0 })
+    let failure = Failure::of(&job.work, t0, count(&a) + count(&b), true);
+    job.drop_table().await?;
+    Ok(failure)
 }
 
 /// The same failure under static partitioning: the killed replica's share is never finished.
 pub async fn failure_static(work: Work) -> Failure {
     let total = work.splits as u64 * work.records;
+    let t0 = Instant::now();
     let mut fleet = Static::start(&work, 2, 4);
     let emitted = fleet.emitted.clone();
-    let _ = until("half the records", Duration::from_secs(600), || {
-        emitted.load(std::sync::atomic::Ordering::Relaxed) >= total / 2
-    })
-    .await;
+    let count = || emitted.load(std::sync::atomic::Ordering::Relaxed);
+    let _ = until("the kill point", Duration::from_secs(600), || count() >= kill_point(total)).await;
     fleet.kill(1);
     fleet.finished().await;
-    let out = emitted.load(std::sync::atomic::Ordering::Relaxed);
-    Failure { makespan: None, duplicates: 0, missing: total.saturating_sub(out) }
+    Failure::of(&work, t0, count(), false)
 }
 
 /// One point of the cost curve.

@@ -63,6 +63,9 @@ impl Log {
     }
 }
 
+/// Every (split, record) a tracked run emitted.
+pub type Seen = Arc<Mutex<std::collections::HashSet<(String, u64)>>>;
+
 /// `splits` splits of `records` records; each record costs `cost` of waiting (an I/O-bound
 /// source: every system compared gets the same cost model, see [`WorkReader`]).
 #[derive(Clone)]
@@ -75,6 +78,8 @@ pub struct Work {
     pub paced: Arc<Mutex<(Duration, u64)>>,
     /// When the last record of any split was read (the data's makespan ends there).
     pub last_record: Arc<Mutex<Option<Instant>>>,
+    /// Every (split, record) emitted, when tracked (see [`Work::tracked`]).
+    pub seen: Option<Seen>,
 }
 
 impl Work {
@@ -86,7 +91,27 @@ impl Work {
             log: Log::default(),
             paced: Arc::default(),
             last_record: Arc::default(),
+            seen: None,
         }
+    }
+
+    /// The same work, remembering every record emitted, so a run can tell records emitted twice
+    /// from records never emitted (a count alone lets one hide the other).
+    pub fn tracked(mut self) -> Work {
+        self.seen = Some(Arc::default());
+        self
+    }
+
+    /// A sink (ours or a peer's) emitted `record` of `split`.
+    pub fn emitted(&self, split: &str, record: u64) {
+        if let Some(seen) = &self.seen {
+            seen.lock().unwrap().insert((split.to_owned(), record));
+        }
+    }
+
+    /// Distinct records emitted so far (tracked work only).
+    pub fn distinct_emitted(&self) -> u64 {
+        self.seen.as_ref().map_or(0, |s| s.lock().unwrap().len() as u64)
     }
 
     /// The split ids of this work, in plan order.
@@ -219,11 +244,14 @@ impl SplitReader for WorkReader {
 
 /// Counts records; nothing to make durable.
 #[derive(Clone, Default)]
-pub struct Count(pub Arc<AtomicU64>);
+pub struct Count(pub Arc<AtomicU64>, pub Option<Work>);
 
 impl Sink<u64> for Count {
-    async fn write(&self, _: &LaneInfo, _: u64) -> Result<(), SinkError> {
+    async fn write(&self, lane: &LaneInfo, record: u64) -> Result<(), SinkError> {
         self.0.fetch_add(1, Ordering::Relaxed);
+        if let Some(work) = &self.1 {
+            work.emitted(lane.split().as_str(), record);
+        }
         Ok(())
     }
 
@@ -369,7 +397,7 @@ impl Job {
         config.tuning.lease_duration = self.lease;
         config.tuning.max_in_flight = self.max_in_flight;
         config.tuning.drain_timeout = Duration::from_secs(5);
-        let records = Count::default();
+        let records = Count(Arc::default(), self.work.seen.is_some().then(|| self.work.clone()));
         let handle = Pipeline::new(stores, self.work.clone(), records.clone())
             .config(config)
             .commit_every(self.cadence)

@@ -1614,3 +1614,29 @@ fn retries_wait_a_third_of_a_heartbeat_plus_a_jitter_that_differs_between_proces
     sent_at.dedup();
     assert!(sent_at.len() > 1, "the same retry delay for every process: {sent_at:?}");
 }
+
+#[test]
+fn p3_a_running_twin_that_the_newcomers_window_missed_stops_on_the_newcomers_renewals() {
+    // The newcomer (incarnation 9) missed this worker's renewal (it came more than the margin
+    // late) and took the key over by CAS; no watch event reaches this worker.
+    let mut r = running(3);
+    let twin = PresenceRecord { incarnation: Incarnation(9), held: 0, capacity: 4 };
+    r.kv.put(Bucket::Lease, &presence_key("w1"), &twin);
+    r.take_log();
+    // Our next renewal loses its CAS; the read shows the other incarnation. One write could be
+    // a dead process's landing late: not fatal yet, and no ping-pong (we do not take it back).
+    r.advance(Duration::from_secs(1));
+    r.advance(Duration::from_millis(1400));
+    assert!(!r.log.iter().any(|a| matches!(a, Action::Fatal(_))), "one write is not proof: {:?}", r.log);
+    let holder = r.kv.get(Bucket::Lease, "worker.w1").expect("the key is there");
+    let holder = records::decode::<PresenceRecord>(&holder.value).unwrap();
+    assert_eq!(holder.incarnation, Incarnation(9), "the key was not taken back");
+    // The newcomer renews: a second write proves a live twin, and this worker stops.
+    r.kv.put(Bucket::Lease, &presence_key("w1"), &twin);
+    r.advance(Duration::from_millis(200));
+    let fatal = r.log.iter().find_map(|a| match a {
+        Action::Fatal(e @ FatalError::DuplicateInstance { .. }) => Some(e.clone()),
+        _ => None,
+    });
+    assert!(fatal.is_some(), "the running twin stops: {:?}", r.log);
+}
