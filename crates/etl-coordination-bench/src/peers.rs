@@ -102,6 +102,13 @@ pub struct PgJob {
 static TABLES: AtomicU64 = AtomicU64::new(0);
 static OWNERS: AtomicU64 = AtomicU64::new(0);
 
+/// The server's version string (`SHOW server_version`), for the report.
+pub async fn server_version(conn: &str) -> Result<String> {
+    let client = connect(conn, None).await?;
+    let row = client.query_one("SHOW server_version", &[]).await.context("asking the server its version")?;
+    Ok(row.get(0))
+}
+
 async fn connect(conn: &str, tasks: Option<&mut JoinSet<()>>) -> Result<Client> {
     let (client, connection) = tokio_postgres::connect(conn, NoTls)
         .await

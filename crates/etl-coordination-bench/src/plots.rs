@@ -38,6 +38,24 @@ pub fn lines(
     if all.is_empty() {
         return Ok(());
     }
+    // A log axis cannot show zero or negative values (a handover measured from two processes'
+    // clocks can come out a hair below zero): they are drawn at the axis' left end.
+    let floor = all.iter().map(|p| p.0).filter(|x| *x > 0.0).fold(f64::INFINITY, f64::min);
+    let floor = if floor.is_finite() { floor * 0.9 } else { 0.1 };
+    let clamped: Vec<Series>;
+    let series = if log_x {
+        clamped = series
+            .iter()
+            .map(|s| Series {
+                name: s.name.clone(),
+                points: s.points.iter().map(|&(x, y)| (x.max(floor), y)).collect(),
+            })
+            .collect();
+        &clamped[..]
+    } else {
+        series
+    };
+    let all: Vec<(f64, f64)> = series.iter().flat_map(|s| s.points.iter().copied()).collect();
     let fold =
         |f: fn(f64, f64) -> f64, init: f64, sel: fn(&(f64, f64)) -> f64| all.iter().map(sel).fold(init, f);
     let (x0, x1) = (fold(f64::min, f64::INFINITY, |p| p.0), fold(f64::max, f64::NEG_INFINITY, |p| p.0));
@@ -70,7 +88,7 @@ pub fn lines(
         }};
     }
     if log_x {
-        let lo = if x0 > 0.0 { x0 * 0.9 } else { 0.1 };
+        let lo = x0.min(floor);
         draw!(builder.build_cartesian_2d((lo..x1 * 1.1).log_scale(), 0.0..y1).map_err(|e| err(&e))?);
     } else {
         let lo = x0.min(0.0);

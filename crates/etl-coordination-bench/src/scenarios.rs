@@ -47,14 +47,14 @@ async fn stop_all(workers: &[Worker]) {
     }
 }
 
-/// T1: two workers hold 4 splits each; one drains. Per released split: from the lease delete
-/// to the peer's claim (its lease written) and to the peer's lane open (its first record is
-/// read right then).
+/// T1: two workers hold 4 splits each; one drains. Per released split: from the drainer's
+/// lease delete acknowledged to the peer's claim acknowledged, and to the peer's lane open (its
+/// first record is read right then). Both ends are store answers as the workers saw them, the
+/// same start point as the PostgreSQL peer's (its release committed).
 pub async fn release_pickup(t: &Target, reps: usize) -> Result<(Vec<f64>, Vec<f64>)> {
     let (mut claim, mut open) = (Vec::new(), Vec::new());
     for _ in 0..reps {
         let job = Job::new(&t.url, t.replicas, "t1", endless(8));
-        let leases = job.watch_leases().await?;
         let a = job.start("a").await?;
         let b = job.start("b").await?;
         let want = balanced(&["a".into(), "b".into()], 8);
@@ -70,36 +70,43 @@ pub async fn release_pickup(t: &Target, reps: usize) -> Result<(Vec<f64>, Vec<f6
             mine.is_subset(&taken)
         })
         .await?;
-        let events = leases.lock().unwrap().clone();
-        // Signed: the peer's lane may open before this process's watch delivers the delete.
+        let _ = a.handle.outcome().await;
+        let (released, claimed) = (a.acks.lock().unwrap().clone(), b.acks.lock().unwrap().clone());
+        // Signed: on a busy machine the peer's claim can be answered before the drainer reads
+        // the answer to its delete.
         let signed = |x: Instant, y: Instant| match x.checked_duration_since(y) {
             Some(d) => ms(d),
             None => -ms(y - x),
         };
         for s in &mine {
-            let deleted = events
+            let deleted = released
                 .iter()
                 .find(|e| e.0 > t0 && &e.1 == s && !e.2)
                 .map(|e| e.0)
-                .with_context(|| format!("no lease delete of {s} seen after the drain"))?;
-            let put = events
+                .with_context(|| format!("the drainer's delete of {s} was not acknowledged"))?;
+            let opened = log
+                .all()
+                .into_iter()
+                .find(|o| o.at > t0 && o.worker == "b" && &o.split == s)
+                .context("the peer never opened a released split")?
+                .at;
+            // The peer's claim: its first acknowledged write of the lease after the drain
+            // began (a lease it already held is not among the drainer's).
+            let put = claimed
                 .iter()
-                .find(|e| e.0 >= deleted && &e.1 == s && e.2)
-                .with_context(|| format!("no new lease of {s} seen after its delete"))?;
+                .find(|e| e.0 > t0 && &e.1 == s && e.2)
+                .with_context(|| format!("the peer's claim of {s} was not acknowledged"))?;
             claim.push(signed(put.0, deleted));
-            let opened =
-                job.work.log.all().into_iter().find(|o| o.at > t0 && o.worker == "b" && &o.split == s);
-            open.push(signed(opened.context("the peer never opened a released split")?.at, deleted));
+            open.push(signed(opened, deleted));
         }
-        let _ = a.handle.outcome().await;
         stop_all(&[b]).await;
     }
     Ok((claim, open))
 }
 
-/// T2: two workers hold 4 splits each; one is killed (nothing released). Per orphaned split:
-/// from the kill to the survivor's lane open, in milliseconds.
-pub async fn takeover(t: &Target, lease: Duration, reps: usize) -> Result<Vec<f64>> {
+/// T2: two workers hold 4 splits each; one is killed (nothing released). Per kill, per
+/// orphaned split: from the kill to the survivor's lane open, in milliseconds.
+pub async fn takeover(t: &Target, lease: Duration, reps: usize) -> Result<Vec<Vec<f64>>> {
     let mut out = Vec::new();
     for rep in 0..reps {
         let mut job = Job::new(&t.url, t.replicas, "t2", endless(8));
@@ -122,19 +129,21 @@ pub async fn takeover(t: &Target, lease: Duration, reps: usize) -> Result<Vec<f6
             mine.iter().all(|s| taken.contains(s))
         })
         .await?;
+        let mut kill = Vec::new();
         for s in &mine {
             if let Some(o) = log.all().iter().find(|o| o.at > t0 && o.worker == "b" && &o.split == s) {
-                out.push(ms(o.at - t0));
+                kill.push(ms(o.at - t0));
             }
         }
+        out.push(kill);
         stop_all(&[b]).await;
     }
     Ok(out)
 }
 
 /// T3: one worker holds 8 splits and is killed; a new process under the same instance id
-/// starts at once. Per split: from the kill to the restarted worker's lane open.
-pub async fn reclaim(t: &Target, lease: Duration, reps: usize) -> Result<Vec<f64>> {
+/// starts at once. Per kill, per split: from the kill to the restarted worker's lane open.
+pub async fn reclaim(t: &Target, lease: Duration, reps: usize) -> Result<Vec<Vec<f64>>> {
     let mut out = Vec::new();
     for _ in 0..reps {
         let mut job = Job::new(&t.url, t.replicas, "t3", endless(8));
@@ -150,7 +159,7 @@ pub async fn reclaim(t: &Target, lease: Duration, reps: usize) -> Result<Vec<f64
             log.all().iter().filter(|o| o.at > t0).map(|o| &o.split).collect::<BTreeSet<_>>().len() == 8
         })
         .await?;
-        out.extend(log.all().iter().filter(|o| o.at > t0).map(|o| ms(o.at - t0)));
+        out.push(log.all().iter().filter(|o| o.at > t0).map(|o| ms(o.at - t0)).collect());
         stop_all(&[again]).await;
     }
     Ok(out)
@@ -343,8 +352,11 @@ pub async fn static_run(n: usize, work: Work) -> Run {
 
 /// T7 on the PostgreSQL peer: the same work on `n` replicas of 4 lanes, polling every `poll`.
 pub async fn pg_run(pg: &str, n: usize, work: Work, poll: Duration) -> Result<Run> {
-    let job = PgJob::create(pg, work.clone(), Duration::from_secs(3), poll).await?;
+    // Both clocks start before any set-up: ours includes connecting, creating the buckets,
+    // electing a leader and publishing the plan; this one connecting, creating and filling the
+    // table.
     let t0 = Instant::now();
+    let job = PgJob::create(pg, work.clone(), Duration::from_secs(3), poll).await?;
     let mut replicas = Vec::new();
     for id in ids(n) {
         replicas.push(job.start(&id, 4).await?);
@@ -468,8 +480,8 @@ pub async fn failure_ours(t: &Target, work: Work) -> Result<Failure> {
 /// The same failure on the PostgreSQL peer.
 pub async fn failure_pg(pg: &str, work: Work, poll: Duration) -> Result<Failure> {
     let total = work.splits as u64 * work.records;
+    let t0 = Instant::now(); // before the set-up, as in pg_run
     let job = PgJob::create(pg, work, Duration::from_secs(3), poll).await?;
-    let t0 = Instant::now();
     let mut a = job.start("w0", 4).await?;
     let mut b = job.start("w1", 4).await?;
     let count = |r: &crate::peers::PgReplica| r.emitted.load(std::sync::atomic::Ordering::Relaxed);

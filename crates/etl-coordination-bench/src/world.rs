@@ -1,6 +1,6 @@
 //! What every measurement runs: a source of splits with a fixed cost per record, a sink that
-//! counts, a log of lane openings, a store wrapper that counts operations per worker, and a
-//! watcher of the lease bucket. Workers are in-process [`Pipeline`]s, each with a NATS
+//! counts, a log of lane openings, and a store wrapper that counts operations per worker and
+//! logs its acknowledged lease writes. Workers are in-process [`Pipeline`]s, each with a NATS
 //! connection of its own, so what the store sees is what separate pods would make it see.
 
 use std::collections::BTreeMap;
@@ -11,14 +11,13 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use etl_coordination_core::records::keys;
-use etl_coordination_core::{Entry, Key, Prefix, Revision, StoreError, WatchEvent};
+use etl_coordination_core::{Entry, Key, Prefix, Revision, StoreError};
 use etl_coordination_driver::{
     AcquisitionReason, CommitCadence, DriverConfig, DriverHandle, InstanceId, JobName, JobStores, LaneInfo,
     NatsConfig, NextRecord, Pipeline, Plan, PlanError, PlanKind, PlannedSplit, Planner, Sink, SinkError,
     Source, SourceError, SplitId, SplitReader,
 };
 use etl_coordination_store::{Store, WatchStream};
-use futures_util::StreamExt;
 use tokio::time::Instant;
 
 /// A lane opened: when, by which worker, which split, why.
@@ -301,11 +300,25 @@ impl std::ops::Sub for OpCounts {
     }
 }
 
-/// A store that counts what is asked of it.
+/// Acknowledged writes to split leases, as the writing worker saw them: (when the store
+/// answered, split, `true` for a claim or renewal, `false` for a release).
+pub type LeaseAcks = Arc<Mutex<Vec<(Instant, String, bool)>>>;
+
+/// A store that counts what is asked of it (and, on the lease bucket, logs when split-lease
+/// writes were acknowledged).
 #[derive(Clone)]
 pub struct Counted<S> {
     inner: S,
     ops: Arc<Ops>,
+    acks: Option<LeaseAcks>,
+}
+
+impl<S> Counted<S> {
+    fn ack<T, E>(&self, key: &Key, claim: bool, r: &Result<T, E>) {
+        if let (Some(acks), Ok(_), Some(split)) = (&self.acks, r, keys::parse_split(key)) {
+            acks.lock().unwrap().push((Instant::now(), split.to_string(), claim));
+        }
+    }
 }
 
 fn bump(a: &AtomicU64) {
@@ -315,7 +328,9 @@ fn bump(a: &AtomicU64) {
 impl<S: Store> Store for Counted<S> {
     async fn create(&self, key: &Key, value: Bytes, ttl: Option<Duration>) -> Result<Revision, StoreError> {
         bump(&self.ops.create);
-        self.inner.create(key, value, ttl).await
+        let r = self.inner.create(key, value, ttl).await;
+        self.ack(key, true, &r);
+        r
     }
 
     async fn compare_and_swap(
@@ -326,12 +341,16 @@ impl<S: Store> Store for Counted<S> {
         ttl: Option<Duration>,
     ) -> Result<Revision, StoreError> {
         bump(&self.ops.cas);
-        self.inner.compare_and_swap(key, expected, value, ttl).await
+        let r = self.inner.compare_and_swap(key, expected, value, ttl).await;
+        self.ack(key, true, &r);
+        r
     }
 
     async fn delete(&self, key: &Key, expected: Revision) -> Result<(), StoreError> {
         bump(&self.ops.delete);
-        self.inner.delete(key, expected).await
+        let r = self.inner.delete(key, expected).await;
+        self.ack(key, false, &r);
+        r
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
@@ -366,6 +385,8 @@ pub struct Worker {
     pub handle: DriverHandle,
     pub ops: Arc<Ops>,
     pub records: Count,
+    /// Its acknowledged split-lease writes.
+    pub acks: LeaseAcks,
 }
 
 static JOBS: AtomicU64 = AtomicU64::new(0);
@@ -390,8 +411,13 @@ impl Job {
     pub async fn start(&self, id: &str) -> Result<Worker> {
         let stores = JobStores::nats(&self.nats, &self.name).await.context("connecting to NATS")?;
         let ops = Arc::new(Ops::default());
-        let counted = |inner| Counted { inner, ops: ops.clone() };
-        let stores = JobStores::new(self.name.clone(), counted(stores.state), counted(stores.lease));
+        let acks = LeaseAcks::default();
+        let counted = |inner, acks| Counted { inner, ops: ops.clone(), acks };
+        let stores = JobStores::new(
+            self.name.clone(),
+            counted(stores.state, None),
+            counted(stores.lease, Some(acks.clone())),
+        );
         let mut config = DriverConfig::default();
         config.instance_id = Some(InstanceId::new(id)?);
         config.tuning.lease_duration = self.lease;
@@ -402,29 +428,7 @@ impl Job {
             .config(config)
             .commit_every(self.cadence)
             .start()?;
-        Ok(Worker { handle, ops, records })
-    }
-
-    /// Deletions and puts of split leases as this process sees them: (when, split, put).
-    pub async fn watch_leases(&self) -> Result<Arc<Mutex<Vec<(Instant, String, bool)>>>> {
-        let buckets = etl_coordination_nats::connect(&self.nats, &self.name).await?;
-        let mut events = buckets.lease.watch(&keys::split_prefix()).await?;
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let out = seen.clone();
-        tokio::spawn(async move {
-            let _keep = buckets;
-            while let Some(Ok(ev)) = events.next().await {
-                let (key, put) = match ev {
-                    WatchEvent::Put(e) => (e.key, true),
-                    WatchEvent::Delete { key, .. } => (key, false),
-                    WatchEvent::SnapshotComplete => continue,
-                };
-                if let Some(split) = keys::parse_split(&key) {
-                    out.lock().unwrap().push((Instant::now(), split.to_string(), put));
-                }
-            }
-        });
-        Ok(seen)
+        Ok(Worker { handle, ops, records, acks })
     }
 }
 
