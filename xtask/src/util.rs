@@ -45,3 +45,11 @@ pub fn pip_install(dir: &Path, spec: &str, instead: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// The repository's root (the workspace).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .canonicalize()
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+}

@@ -17,7 +17,7 @@ use std::time::Duration;
 use common::{dataset, job, records_in, status_json, wait_for_records, worker};
 use etl_coord::demo::input_keys;
 use etl_coord::sink::JsonlSink;
-use etl_coordination_testkit::{NatsCluster, NatsServer, Proxy};
+use etl_coordination_testkit::{Leaders, NatsCluster, NatsServer, Proxy};
 
 /// One test at a time: several clusters and their workers at once on a small machine stretch
 /// answers past the op timeout, and the faults are timed against the lease.

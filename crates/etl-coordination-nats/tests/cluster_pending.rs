@@ -13,7 +13,7 @@ use bytes::Bytes;
 use etl_coordination_core::{JobName, Key, StoreError};
 use etl_coordination_nats::NatsStore;
 use etl_coordination_store::Store;
-use etl_coordination_testkit::NatsCluster;
+use etl_coordination_testkit::{Leaders, NatsCluster};
 
 mod common;
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use etl_coordination_core::{JobName, StoreError};
 use etl_coordination_nats::{NatsConfig, connect};
-use etl_coordination_testkit::{NatsCluster, NatsServer};
+use etl_coordination_testkit::{Leaders, NatsCluster, NatsServer};
 
 fn env(name: &str) -> String {
     std::env::var(name)

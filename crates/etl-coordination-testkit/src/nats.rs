@@ -149,52 +149,62 @@ impl NatsServer {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
     }
 
-    /// One NATS request (core protocol, no client library): publishes `payload` on `subject`
-    /// and returns the first reply.
+    /// One NATS request to this server; see [`request_at`].
     pub fn request(&self, subject: &str, payload: &str) -> Option<String> {
-        let mut s = TcpStream::connect(loopback(self.port)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        let inbox = "_INBOX.testkit";
-        write!(
-            s,
-            "CONNECT {{\"verbose\":false,\"pedantic\":false}}\r\nSUB {inbox} 1\r\nPUB {subject} {inbox} {}\r\n{payload}\r\n",
-            payload.len()
-        )
-        .ok()?;
-        let mut text = String::new();
-        let mut buf = [0u8; 4096];
-        loop {
-            let n = s.read(&mut buf).ok()?;
-            if n == 0 {
-                return None;
-            }
-            text.push_str(&String::from_utf8_lossy(&buf[..n]));
-            if text.contains("PING\r\n") {
-                text = text.replace("PING\r\n", "");
-                s.write_all(b"PONG\r\n").ok()?;
-            }
-            if let Some(i) = text.find(&format!("MSG {inbox} 1 ")) {
-                let rest = &text[i..];
-                if let Some((header, body)) = rest.split_once("\r\n") {
-                    let len: usize = header.rsplit(' ').next()?.parse().ok()?;
-                    if body.len() >= len {
-                        return Some(body[..len].to_owned());
-                    }
-                }
-            }
-        }
+        request_at(loopback(self.port), subject, payload)
     }
 
     /// `GET path` on the monitoring port, as JSON.
     pub fn monitor(&self, path: &str) -> Option<serde_json::Value> {
-        let mut s = TcpStream::connect(loopback(self.monitor)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-        let mut body = String::new();
-        s.read_to_string(&mut body).ok()?;
-        let (_, json) = body.split_once("\r\n\r\n")?;
-        serde_json::from_str(json).ok()
+        monitor_at(loopback(self.monitor), path)
     }
+}
+
+/// One NATS request (core protocol, no client library) to the server at `addr`: publishes
+/// `payload` on `subject` and returns the first reply.
+pub fn request_at(addr: SocketAddr, subject: &str, payload: &str) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let inbox = "_INBOX.testkit";
+    write!(
+        s,
+        "CONNECT {{\"verbose\":false,\"pedantic\":false}}\r\nSUB {inbox} 1\r\nPUB {subject} {inbox} {}\r\n{payload}\r\n",
+        payload.len()
+    )
+    .ok()?;
+    let mut text = String::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s.read(&mut buf).ok()?;
+        if n == 0 {
+            return None;
+        }
+        text.push_str(&String::from_utf8_lossy(&buf[..n]));
+        if text.contains("PING\r\n") {
+            text = text.replace("PING\r\n", "");
+            s.write_all(b"PONG\r\n").ok()?;
+        }
+        if let Some(i) = text.find(&format!("MSG {inbox} 1 ")) {
+            let rest = &text[i..];
+            if let Some((header, body)) = rest.split_once("\r\n") {
+                let len: usize = header.rsplit(' ').next()?.parse().ok()?;
+                if body.len() >= len {
+                    return Some(body[..len].to_owned());
+                }
+            }
+        }
+    }
+}
+
+/// `GET path` on the monitoring port at `addr`, as JSON.
+pub fn monitor_at(addr: SocketAddr, path: &str) -> Option<serde_json::Value> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    let (_, json) = body.split_once("\r\n\r\n")?;
+    serde_json::from_str(json).ok()
 }
 
 impl Drop for NatsServer {
@@ -244,18 +254,10 @@ impl NatsCluster {
         c
     }
 
-    /// The JetStream meta leader node `k` knows of, if any.
-    pub fn meta_leader_seen_by(&self, k: usize) -> Option<String> {
-        self.nodes[k]
-            .monitor("/jsz")
-            .and_then(|j| j["meta_cluster"]["leader"].as_str().map(str::to_owned))
-            .filter(|l| !l.is_empty())
-    }
-
     fn wait_for_meta_leader(&self) {
         let t = Instant::now();
         loop {
-            if self.meta_leader_seen_by(0).is_some() {
+            if Leaders::meta_leader_seen_by(self, 0).is_some() {
                 return;
             }
             assert!(
@@ -270,47 +272,6 @@ impl NatsCluster {
     /// Every node's URL, comma-separated (what `--store` takes).
     pub fn urls(&self) -> String {
         self.nodes.iter().map(NatsServer::url).collect::<Vec<_>>().join(",")
-    }
-
-    /// The index of the node leading `stream`, as some live node reports it.
-    pub fn stream_leader(&self, stream: &str) -> Option<usize> {
-        for node in &self.nodes {
-            let Some(j) = node.monitor("/jsz?streams=true") else { continue };
-            let accounts = j["account_details"].as_array().cloned().unwrap_or_default();
-            for acc in accounts {
-                for s in acc["stream_detail"].as_array().cloned().unwrap_or_default() {
-                    if s["name"] == stream
-                        && let Some(leader) = s["cluster"]["leader"].as_str()
-                    {
-                        return self.nodes.iter().position(|n| n.name() == leader);
-                    }
-                }
-            }
-        }
-        None
-    }
-
-    /// Moves the leadership of `stream` to node `k` (leader stepdowns, preferring `k`), and
-    /// waits until that node leads it.
-    pub fn make_leader(&self, stream: &str, k: usize) {
-        let t = Instant::now();
-        let preferred = format!("{{\"placement\":{{\"preferred\":\"{}\"}}}}", self.nodes[k].name());
-        loop {
-            let leader = self.stream_leader(stream);
-            if leader == Some(k) {
-                return;
-            }
-            assert!(t.elapsed() < Duration::from_secs(60), "{stream} is still led by {leader:?}, not n{k}");
-            if let Some(l) = leader {
-                let subject = format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}");
-                let _ = self.nodes[l].request(&subject, &preferred);
-                let waited = Instant::now();
-                while self.stream_leader(stream) == Some(l) && waited.elapsed() < Duration::from_secs(10) {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
     }
 
     fn links_of(&self, k: usize) -> impl Iterator<Item = &Proxy> {
@@ -332,5 +293,80 @@ impl NatsCluster {
     /// Heals the route links of node `k`.
     pub fn heal_node(&self, k: usize) {
         self.links_of(k).for_each(Proxy::heal);
+    }
+}
+
+impl Leaders for NatsCluster {
+    fn node_names(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.name().to_owned()).collect()
+    }
+
+    fn monitor_node(&self, k: usize, path: &str) -> Option<serde_json::Value> {
+        self.nodes[k].monitor(path)
+    }
+
+    fn request_node(&self, k: usize, subject: &str, payload: &str) -> Option<String> {
+        self.nodes[k].request(subject, payload)
+    }
+}
+
+/// Finding and moving leaders on a JetStream cluster, whichever way its nodes run (processes
+/// here, containers in [`crate::docker`]): what a node's monitoring port and a request to it
+/// tell.
+pub trait Leaders {
+    /// The nodes' `server_name`s, in order.
+    fn node_names(&self) -> Vec<String>;
+    /// `GET path` on node `k`'s monitoring port, as JSON.
+    fn monitor_node(&self, k: usize, path: &str) -> Option<serde_json::Value>;
+    /// One request to node `k`; its first reply.
+    fn request_node(&self, k: usize, subject: &str, payload: &str) -> Option<String>;
+
+    /// The JetStream meta leader node `k` knows of, if any.
+    fn meta_leader_seen_by(&self, k: usize) -> Option<String> {
+        self.monitor_node(k, "/jsz")
+            .and_then(|j| j["meta_cluster"]["leader"].as_str().map(str::to_owned))
+            .filter(|l| !l.is_empty())
+    }
+
+    /// The index of the node leading `stream`, as some live node reports it.
+    fn stream_leader(&self, stream: &str) -> Option<usize> {
+        let names = self.node_names();
+        for k in 0..names.len() {
+            let Some(j) = self.monitor_node(k, "/jsz?streams=true") else { continue };
+            let accounts = j["account_details"].as_array().cloned().unwrap_or_default();
+            for acc in accounts {
+                for s in acc["stream_detail"].as_array().cloned().unwrap_or_default() {
+                    if s["name"] == stream
+                        && let Some(leader) = s["cluster"]["leader"].as_str()
+                    {
+                        return names.iter().position(|n| n == leader);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Moves the leadership of `stream` to node `k` (leader stepdowns, preferring `k`), and
+    /// waits until that node leads it.
+    fn make_leader(&self, stream: &str, k: usize) {
+        let t = Instant::now();
+        let preferred = format!("{{\"placement\":{{\"preferred\":\"{}\"}}}}", self.node_names()[k]);
+        loop {
+            let leader = self.stream_leader(stream);
+            if leader == Some(k) {
+                return;
+            }
+            assert!(t.elapsed() < Duration::from_secs(60), "{stream} is still led by {leader:?}, not n{k}");
+            if let Some(l) = leader {
+                let subject = format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}");
+                let _ = self.request_node(l, &subject, &preferred);
+                let waited = Instant::now();
+                while self.stream_leader(stream) == Some(l) && waited.elapsed() < Duration::from_secs(10) {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 }
