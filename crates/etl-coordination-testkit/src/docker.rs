@@ -75,8 +75,10 @@ impl Container {
     pub fn run(name: &str, args: &[&str]) -> Container {
         let mut all = vec!["run", "-d", "--name", name];
         all.extend(args);
+        // The guard first: `docker run` can create the container and then fail to start it.
+        let c = Container { name: name.to_owned() };
         docker(&all);
-        Container { name: name.to_owned() }
+        c
     }
 
     /// The host address a published container port is reachable at.
