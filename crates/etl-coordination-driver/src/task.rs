@@ -547,31 +547,37 @@ impl<S: Store, P: Planner> Task<S, P> {
     }
 
     /// The job ended while this worker stays after the end (`stay_after_end`): report it; a
-    /// stall that is fatal drains the worker after all.
+    /// stall that is fatal drains the worker after all. The state (and its gauge) is published
+    /// before the line is logged, so whoever reads the line finds the metric agreeing with it.
     fn job_ended(&mut self, outcome: Outcome) {
         match outcome {
             Outcome::Complete => {
+                self.ended = Some(JobState::Complete);
+                self.publish_state();
                 info!(
                     "job complete: every split is done; staying after the end for requeued work until drained"
                 );
-                self.ended = Some(JobState::Complete);
             }
             Outcome::Stalled { quarantined } => {
-                if self.on_stall == OnStall::Fatal {
+                let fatal = self.on_stall == OnStall::Fatal;
+                if fatal {
                     // The core leaves with the stall as its outcome, which is fatal then.
-                    warn!(splits = %describe(&quarantined), "job stalled on quarantined splits");
                     self.deferred.push(Input::Drain);
+                }
+                let splits = describe(&quarantined);
+                self.ended = Some(JobState::Stalled { quarantined });
+                self.publish_state();
+                if fatal {
+                    warn!(splits = %splits, "job stalled on quarantined splits");
                 } else {
                     warn!(
-                        splits = %describe(&quarantined),
+                        splits = %splits,
                         "job stalled on quarantined splits; staying after the end for requeued work until drained"
                     );
                 }
-                self.ended = Some(JobState::Stalled { quarantined });
             }
-            Outcome::Drained => {}
+            Outcome::Drained => self.publish_state(),
         }
-        self.publish_state();
     }
 
     /// Publishes the job state (and its `job_state` gauge) from what is known: the end while
