@@ -13,13 +13,12 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{dataset, job, records_in, status_json};
+use common::{dataset, job, reading_at, records_in, status_json};
 use etl_coord::demo::input_keys;
 use etl_coord::sink::{JsonlSink, unix_ms};
 use etl_coordination_testkit::Leaders;
@@ -262,11 +261,7 @@ fn partitioned(
     // `pb` resumed the splits `pa` was reading when the fault began; the takeover latency is
     // from the fault to `pb`'s first record of the last of them.
     let (a_lines, b_lines) = (JsonlSink::read(&sa).unwrap(), JsonlSink::read(&sb).unwrap());
-    let held: BTreeSet<&str> = a_lines
-        .iter()
-        .filter(|l| l.at_ms + 500 >= cut_ms && l.at_ms <= cut_ms)
-        .map(|l| l.split.as_str())
-        .collect();
+    let held = reading_at(&a_lines, cut_ms);
     assert!(!held.is_empty(), "pa was reading no split when the fault began");
     // A split `pa` finished just before the fault is not resumed by anyone: only some need be.
     let resumed =

@@ -10,11 +10,10 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::process::Child;
 use std::time::Duration;
 
-use common::{dataset, job, records_in, status_json, wait_for_records, worker};
+use common::{dataset, job, reading_at, records_in, status_json, wait_for_records, worker};
 use etl_coord::demo::input_keys;
 use etl_coord::sink::JsonlSink;
 use etl_coordination_testkit::{Leaders, NatsCluster, NatsServer, Proxy};
@@ -112,11 +111,7 @@ fn partitioned_job(
     assert!(a_out.1.contains("Starved"), "the partitioned worker self-fenced: {}", a_out.1);
     // The peer took over splits the partitioned worker was processing when the link broke.
     let (a_lines, b_lines) = (JsonlSink::read(&sa).unwrap(), JsonlSink::read(&sb).unwrap());
-    let held: BTreeSet<&str> = a_lines
-        .iter()
-        .filter(|l| l.at_ms + 500 >= cut_ms && l.at_ms <= cut_ms)
-        .map(|l| l.split.as_str())
-        .collect();
+    let held = reading_at(&a_lines, cut_ms);
     let taken = held.iter().filter(|s| b_lines.iter().any(|l| l.split == **s && l.at_ms > cut_ms)).count();
     assert!(taken > 0, "the peer took none of {held:?} over");
     (a_out.1, b_out.1)

@@ -96,6 +96,12 @@ pub fn records_in(sinks: &[&Path]) -> BTreeSet<String> {
     sinks.iter().flat_map(|p| JsonlSink::read(p).unwrap_or_default()).map(|l| l.record).collect()
 }
 
+/// The splits `lines` (a sink's) were being read in the half second up to `at_ms`: what a
+/// worker held when a fault began at `at_ms`.
+pub fn reading_at(lines: &[etl_coord::sink::SinkLine], at_ms: u64) -> BTreeSet<&str> {
+    lines.iter().filter(|l| l.at_ms + 500 >= at_ms && l.at_ms <= at_ms).map(|l| l.split.as_str()).collect()
+}
+
 /// Waits until `sink` holds `n` records, written by `writer`. Fails, with the writer's output,
 /// if the writer exits first or the records are not there within 60 s (a slow machine takes
 /// seconds; a worker that never started takes forever).
