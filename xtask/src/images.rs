@@ -318,6 +318,11 @@ fn debian_mirror() -> String {
             ["sources", "list"].contains(&ext).then(|| std::fs::read_to_string(path).ok())?
         }));
     }
+    mirror_in(&texts)
+}
+
+/// The first `.../debian` http(s) URI of uncommented apt source texts, else deb.debian.org.
+fn mirror_in(texts: &[String]) -> String {
     texts
         .iter()
         .flat_map(|t| t.lines())
@@ -439,4 +444,22 @@ fn build_toolchain_image(base: &str, tag: &str) -> Result<()> {
 /// FNV-1a: a stable tag suffix for a file's contents.
 fn fnv(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mirror_is_the_first_debian_uri_not_security_nor_a_third_party_repository() {
+        let deb822 = "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm\n\n\
+                      Types: deb\nURIs: http://mirror.example/debian-security\n";
+        let other = "deb [signed-by=x] https://deb.nodesource.com/node_20.x nodistro main\n".to_owned();
+        assert_eq!(mirror_in(&[other.clone(), deb822.to_owned()]), "http://mirror.example/debian");
+        assert_eq!(
+            mirror_in(&["# deb http://old.example/debian bookworm main\n".to_owned()]),
+            "http://deb.debian.org/debian"
+        );
+        assert_eq!(mirror_in(&[other]), "http://deb.debian.org/debian");
+    }
 }
