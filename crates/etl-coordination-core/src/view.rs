@@ -125,9 +125,11 @@ impl View {
         }
     }
 
-    /// Every manifest split has a terminal record.
+    /// Every manifest split has a terminal record, and the view holds as many manifest splits
+    /// as the manifest's head says it has (a partial manifest never completes, I6).
     pub fn all_terminal(&self) -> bool {
-        self.manifest.is_some() && self.done + self.quarantined == self.manifest_len
+        self.manifest.is_some_and(|m| m.split_count == self.manifest_len as u64)
+            && self.done + self.quarantined == self.manifest_len
     }
 
     pub fn put_record(&mut self, id: &SplitId, rev: Revision, record: SplitRecord) {

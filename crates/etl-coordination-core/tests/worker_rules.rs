@@ -1640,3 +1640,167 @@ fn p3_a_running_twin_that_the_newcomers_window_missed_stops_on_the_newcomers_ren
     });
     assert!(fatal.is_some(), "the running twin stops: {:?}", r.log);
 }
+
+fn is_manifest_read(_: Bucket, q: &StoreRequest) -> bool {
+    matches!(q, StoreRequest::Get { key } if key.as_str().starts_with("manifest."))
+}
+
+/// Applies every pending request that `hold` does not select (with its watch events), until
+/// only held ones are left; returns those, in the order they were sent.
+fn apply_all_but(r: &mut Rig, hold: impl Fn(Bucket, &StoreRequest) -> bool) -> Vec<(OpId, StoreRequest)> {
+    loop {
+        let Some(i) = r.pending.iter().position(|(_, b, q)| !hold(*b, q)) else {
+            return r.pending.iter().map(|(op, _, q)| (*op, q.clone())).collect();
+        };
+        r.apply_and_answer(i, None);
+    }
+}
+
+fn chunk_of(q: &StoreRequest) -> u32 {
+    match q {
+        StoreRequest::Get { key } => key.as_str().rsplit('.').next().unwrap().parse().unwrap(),
+        other => panic!("not a manifest read: {other:?}"),
+    }
+}
+
+/// A store holding a published Final plan of `n` splits (w1 its leader), every split Done but
+/// the ones `keep` selects; returns it with the manifest's chunks (split ids per chunk).
+fn all_done_but(n: usize, keep: impl Fn(&SplitId) -> bool) -> (Kv, Vec<Vec<SplitId>>) {
+    let mut r = running(n);
+    let head: records::PlanHead =
+        records::decode(&r.kv.get(Bucket::State, "plan.head").unwrap().value).unwrap();
+    let m = head.manifest.unwrap();
+    let mut chunks = Vec::new();
+    for c in 0..m.chunks {
+        let key = keys::manifest(m.term, m.version, c);
+        let chunk: records::ManifestChunk =
+            records::decode(&r.kv.get(Bucket::State, key.as_str()).unwrap().value).unwrap();
+        chunks.push(chunk.splits.into_iter().map(|(id, _)| id).collect::<Vec<_>>());
+    }
+    for id in chunks.iter().flatten().filter(|id| !keep(id)) {
+        let mut done = SplitRecord::new();
+        done.epoch = Epoch(1);
+        done.state = SplitState::Done;
+        r.kv.put(Bucket::State, &keys::split(id), &done);
+    }
+    let mut kv = std::mem::take(&mut r.kv);
+    kv.watches.clear();
+    (kv, chunks)
+}
+
+fn ended(r: &Rig) -> Vec<Action> {
+    r.log
+        .iter()
+        .filter(|a| matches!(a, Action::Finished(_)) || matches!(a, Action::Event(Event::JobEnded { .. })))
+        .cloned()
+        .collect()
+}
+
+/// A standby (answered by hand) loading a two-chunk manifest (1,025 splits, all Done but the one
+/// in the second chunk): its first load fails on chunk 1 (answered absent, as by a lagging
+/// replica) while chunk 0's read is still in flight, and the heartbeat starts a second load.
+/// Returns the rig, the first load's chunk-0 read, the second load's reads (op, chunk), and the
+/// split of chunk 1.
+fn second_manifest_load() -> (Rig, OpId, Vec<(OpId, u32)>, SplitId) {
+    let n = records::MANIFEST_CHUNK_LEN + 1;
+    let (mut kv, chunks) = all_done_but(n, |_| false);
+    assert_eq!(chunks.len(), 2);
+    let last = chunks[1][0].clone();
+    let mut open = SplitRecord::new();
+    open.epoch = Epoch(1);
+    open.state = SplitState::Unleased;
+    kv.put(Bucket::State, &keys::split(&last), &open);
+
+    let mut r = Rig::new(cfg("w2", 1));
+    r.kv = kv;
+    r.auto = false;
+    r.expire = false;
+    r.feed(Input::Start);
+    let reads = apply_all_but(&mut r, is_manifest_read);
+    assert_eq!(reads.iter().map(|(_, q)| chunk_of(q)).collect::<Vec<_>>(), vec![0, 1]);
+    let (first_load_chunk0, _) = reads[0].clone();
+    let (first_load_chunk1, _) = reads[1].clone();
+    r.answer(first_load_chunk1, Ok(StoreReply::Value(None)));
+    r.advance(Duration::from_secs(1));
+    let reads = apply_all_but(&mut r, is_manifest_read);
+    let second: Vec<(OpId, u32)> =
+        reads.iter().filter(|(op, _)| *op != first_load_chunk0).map(|(op, q)| (*op, chunk_of(q))).collect();
+    assert_eq!(second.iter().map(|(_, c)| *c).collect::<Vec<_>>(), vec![0, 1], "a second load");
+    (r, first_load_chunk0, second, last)
+}
+
+fn done_in_view(r: &Rig) -> Option<u32> {
+    r.last_gauges().map(|g| match g {
+        Event::Gauges { splits, .. } => splits.done,
+        _ => unreachable!(),
+    })
+}
+
+#[test]
+fn p13_a_chunk_answer_of_a_dropped_manifest_load_does_not_count_for_the_next() {
+    let (mut r, first_load_chunk0, second, last) = second_manifest_load();
+    // The first load's chunk-0 answer arrives, then the second load's own chunk 0.
+    r.apply(first_load_chunk0);
+    r.apply(second[0].0);
+    apply_all_but(&mut r, is_manifest_read);
+    assert_eq!(ended(&r), vec![], "chunk 1 was never read: the job must not end");
+    assert_eq!(undecodable_events(&r), 0, "the second load counted chunk 0 once and waits for chunk 1");
+    assert_eq!(done_in_view(&r), Some(0), "no manifest installed yet");
+    // Chunk 1 arrives: the whole manifest is in view, and its one open split is taken.
+    r.apply(second[1].0);
+    apply_all_but(&mut r, |_, _| false);
+    assert_eq!(ended(&r), vec![]);
+    assert_eq!(r.started().iter().map(|(s, _)| s.clone()).collect::<Vec<_>>(), vec![last]);
+}
+
+#[test]
+fn p13_an_absent_answer_of_a_dropped_manifest_load_does_not_fail_the_next() {
+    let (mut r, first_load_chunk0, second, last) = second_manifest_load();
+    // The first load's chunk-0 read comes back absent (a lagging replica, late): it belonged to
+    // the dropped load, so the second one installs the manifest as soon as its own reads land,
+    // without waiting for another heartbeat.
+    r.answer(first_load_chunk0, Ok(StoreReply::Value(None)));
+    r.apply(second[0].0);
+    r.apply(second[1].0);
+    apply_all_but(&mut r, |_, _| false);
+    assert_eq!(done_in_view(&r), Some(records::MANIFEST_CHUNK_LEN as u32));
+    assert_eq!(r.started().iter().map(|(s, _)| s.clone()).collect::<Vec<_>>(), vec![last]);
+    assert_eq!(ended(&r), vec![]);
+}
+
+#[test]
+fn p13_a_manifest_holding_fewer_splits_than_its_head_says_never_completes() {
+    // The head names a manifest of 3 splits; its only chunk is rewritten to list 2 (a partial
+    // manifest), and those 2 are Done.
+    let (mut kv, chunks) = all_done_but(3, |_| false);
+    let head_entry = kv.get(Bucket::State, "plan.head").unwrap();
+    let head: records::PlanHead = records::decode(&head_entry.value).unwrap();
+    let m = head.manifest.unwrap();
+    let partial =
+        records::ManifestChunk { splits: chunks[0].iter().take(2).map(|id| (id.clone(), 1)).collect() };
+    kv.put(Bucket::State, &keys::manifest(m.term, m.version, 0), &partial);
+    let mut r = Rig::new(cfg("w2", 1));
+    r.kv = kv;
+    r.expire = false;
+    r.feed(Input::Start);
+    for _ in 0..3 {
+        r.advance(Duration::from_secs(1));
+    }
+    assert_eq!(ended(&r), vec![], "{:?}", r.log);
+    // It is reported (once per value, however often it is read again), naming both counts.
+    let reported: Vec<String> = r
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Undecodable { key, error } => Some(format!("{key}: {error}")),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        reported,
+        vec![format!(
+            "manifest.{}.{}.0: manifest {}.{} lists 2 splits in 1 chunks, its plan head says 3",
+            m.term, m.version, m.term, m.version
+        )]
+    );
+}

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::ids::SplitId;
+use crate::ids::{OpId, SplitId};
 use crate::io::{Outcome, PlanKind};
 use crate::records::{self, ManifestChunk, ManifestRef, PlanStatus, SplitState, keys};
 use crate::store::{Bucket, StoreRequest, StoreResult};
@@ -15,6 +15,9 @@ use super::outbox::{Pending, Read};
 /// A manifest whose chunks are being read.
 #[derive(Debug)]
 pub(super) struct ManifestLoad {
+    /// This load's identity (the op id of its first read): a failed load is dropped and the
+    /// same manifest loaded again, and answers sent for the dropped one must not count.
+    pub(super) id: OpId,
     pub(super) manifest: ManifestRef,
     pub(super) chunks: BTreeMap<u32, Vec<(SplitId, u64)>>,
     pub(super) outstanding: usize,
@@ -34,7 +37,9 @@ impl Worker {
         {
             return;
         }
+        let id = self.next_op_id();
         self.manifest_load = Some(ManifestLoad {
+            id,
             manifest: m,
             chunks: BTreeMap::new(),
             outstanding: m.chunks as usize,
@@ -50,7 +55,7 @@ impl Worker {
             self.send(
                 Bucket::State,
                 StoreRequest::Get { key },
-                Pending::ManifestChunk { manifest: m, chunk },
+                Pending::ManifestChunk { manifest: m, chunk, load: id },
             );
         }
     }
@@ -60,17 +65,23 @@ impl Worker {
         now: Timestamp,
         manifest: ManifestRef,
         chunk: u32,
+        load_id: OpId,
         result: StoreResult,
     ) {
         let Some(load) = &mut self.manifest_load else { return };
-        if load.manifest != manifest || load.failed {
+        if load.id != load_id || load.manifest != manifest || load.failed {
             return;
         }
+        // The entry of the chunk read last (named if the manifest turns out partial).
+        let mut read = None;
         match Read::of(result) {
             Read::Found(entry) => match records::decode::<ManifestChunk>(&entry.value) {
                 Ok(c) => {
-                    load.chunks.insert(chunk, c.splits);
-                    load.outstanding -= 1;
+                    // A chunk counts once, whatever answers it twice.
+                    if load.chunks.insert(chunk, c.splits).is_none() {
+                        load.outstanding -= 1;
+                    }
+                    read = Some(entry);
                 }
                 Err(e) => {
                     // Read again at the next resync (someone may repair it); counted meanwhile.
@@ -86,15 +97,34 @@ impl Worker {
                     now,
                     Bucket::State,
                     StoreRequest::Get { key },
-                    Pending::ManifestChunk { manifest, chunk },
+                    Pending::ManifestChunk { manifest, chunk, load: load_id },
                 );
             }
         }
-        let Some(load) = &self.manifest_load else { return };
+        let Some(load) = &mut self.manifest_load else { return };
         if load.outstanding == 0 && !load.failed {
-            let load = self.manifest_load.take().expect("load");
-            let entries: Vec<(SplitId, u64)> = load.chunks.into_values().flatten().collect();
-            self.view.set_manifest(load.manifest, entries);
+            let entries: Vec<(SplitId, u64)> =
+                std::mem::take(&mut load.chunks).into_values().flatten().collect();
+            if entries.len() as u64 != manifest.split_count {
+                // A manifest whose chunks list another number of splits than its head says is
+                // never installed (a partial view must never complete, I6): read again at the
+                // next resync, reported once per value meanwhile.
+                load.failed = true;
+                if let Some(entry) = &read {
+                    let error = format!(
+                        "manifest {}.{} lists {} splits in {} chunks, its plan head says {}",
+                        manifest.term,
+                        manifest.version,
+                        entries.len(),
+                        manifest.chunks,
+                        manifest.split_count
+                    );
+                    self.note_bad_value(Bucket::State, entry, error);
+                }
+                return;
+            }
+            self.manifest_load = None;
+            self.view.set_manifest(manifest, entries);
             let prefix = keys::manifest_prefix();
             self.view.undecodable.retain(|(b, k), _| *b != Bucket::State || !prefix.matches(k));
         }

@@ -239,8 +239,8 @@ impl Worker {
             Pending::PlanTouchRead { round, key, value } => {
                 self.on_plan_touch_read(now, round, key, value, result)
             }
-            Pending::ManifestChunk { manifest, chunk } => {
-                self.on_manifest_chunk(now, manifest, chunk, result)
+            Pending::ManifestChunk { manifest, chunk, load } => {
+                self.on_manifest_chunk(now, manifest, chunk, load, result)
             }
             Pending::GcList => self.on_gc_list(result),
             Pending::Cleanup => {}

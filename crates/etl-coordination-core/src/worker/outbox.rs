@@ -48,8 +48,9 @@ pub(super) enum Pending {
     PlanWrite { round: u64, key: Key, value: Bytes },
     /// P4: read a split record a planning round found existing, to decide whether to touch it.
     PlanTouchRead { round: u64, key: Key, value: Bytes },
-    /// P13: read one chunk of the published manifest.
-    ManifestChunk { manifest: ManifestRef, chunk: u32 },
+    /// P13: read one chunk of the published manifest for load `load` (answers of a load that
+    /// was dropped meanwhile count for no other).
+    ManifestChunk { manifest: ManifestRef, chunk: u32, load: OpId },
     /// P4: list manifest chunks for garbage collection.
     GcList,
     /// A best-effort delete (garbage collection); its answer changes nothing.

@@ -110,12 +110,18 @@ impl Worker {
     /// A value that cannot be decoded: remembered until the key holds a value that decodes (or
     /// none), so that it is reported once per value and counted while it stays.
     pub(super) fn note_undecodable(&mut self, bucket: Bucket, entry: &Entry, err: &records::RecordError) {
+        self.note_bad_value(bucket, entry, err.to_string());
+    }
+
+    /// A value that decodes but cannot be used (a manifest listing fewer splits than its head
+    /// says): noted and reported like an undecodable one.
+    pub(super) fn note_bad_value(&mut self, bucket: Bucket, entry: &Entry, error: String) {
         let slot = (bucket, entry.key.clone());
         if self.view.undecodable.get(&slot).is_some_and(|r| *r >= entry.revision) {
             return;
         }
         self.view.undecodable.insert(slot, entry.revision);
-        self.event(Event::Undecodable { key: entry.key.to_string(), error: err.to_string() });
+        self.event(Event::Undecodable { key: entry.key.to_string(), error });
     }
 
     /// The key holds a value that decodes at `rev`, or none: no longer undecodable.
