@@ -86,12 +86,13 @@ fn sim(args: &[String]) -> Result<()> {
     let args: Vec<String> = args.iter().filter(|a| *a != "--stop-on-violation").cloned().collect();
     let args = args.as_slice();
     for pair in args.chunks(2) {
-        if !["--seed", "--seeds", "--start"].contains(&pair[0].as_str()) || pair.len() < 2 {
+        if !["--seed", "--seeds", "--start", "--hashes"].contains(&pair[0].as_str()) || pair.len() < 2 {
             bail!(
-                "usage: cargo xtask sim --seeds N [--start S] [--stop-on-violation] | --seed S (got {args:?})"
+                "usage: cargo xtask sim --seeds N [--start S] [--stop-on-violation] [--hashes FILE] | --seed S (got {args:?})"
             );
         }
     }
+    let hashes = args.chunks(2).find(|p| p[0] == "--hashes").map(|p| std::path::PathBuf::from(&p[1]));
     if let Some(seed) = flag(args, "--seed")? {
         let report = run(seed, &Options::for_seed(seed));
         print_one(&report);
@@ -102,7 +103,15 @@ fn sim(args: &[String]) -> Result<()> {
     }
     let seeds = flag(args, "--seeds")?.unwrap_or(200);
     let start = flag(args, "--start")?.unwrap_or(0);
-    sweep(start, seeds, stop_early).map(|_| ())
+    let agg = sweep_all(start, seeds, stop_early)?;
+    if let Some(path) = hashes {
+        // One line per seed, in seed order: two files from runs of the same seeds compare with
+        // `cmp` (a restructure that must not change behaviour keeps every hash).
+        let text: String = agg.hashes.iter().map(|(seed, h)| format!("{seed} {h:016x}\n")).collect();
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        println!("  trace hashes of {} seeds written to {}", agg.hashes.len(), path.display());
+    }
+    agg.verdict().map(|_| ())
 }
 
 fn print_one(r: &Report) {
@@ -131,7 +140,14 @@ fn print_one(r: &Report) {
 /// Runs `count` seeds on every core and prints one summary; returns the seeds that stalled
 /// without a poison split (healthy splits quarantined). With `stop_early`, the sweep ends at
 /// the first violation (the mutation runs only need to know whether one is caught).
+/// Runs seeds `start..start + count` on every core, prints the summary and fails on the first
+/// violation; returns the seeds that stalled without a poison split.
 pub fn sweep(start: u64, count: u64, stop_early: bool) -> Result<Vec<u64>> {
+    sweep_all(start, count, stop_early)?.verdict()
+}
+
+/// [`sweep`], returning the aggregate (with every seed's trace hash) instead of the verdict.
+fn sweep_all(start: u64, count: u64, stop_early: bool) -> Result<Agg> {
     let t0 = Instant::now();
     let next = AtomicU64::new(start);
     let stop = std::sync::atomic::AtomicBool::new(false);
@@ -185,15 +201,10 @@ pub fn sweep(start: u64, count: u64, stop_early: bool) -> Result<Vec<u64>> {
         let shown: Vec<u64> = agg.innocent.iter().take(20).copied().collect();
         println!("  stalled without poison (healthy splits quarantined), first seeds: {shown:?}");
     }
-    if agg.failures.is_empty() {
-        println!("  violations: none");
-        return Ok(agg.innocent);
-    }
-    for (seed, v) in &agg.failures {
-        println!("  VIOLATION seed {seed}: {v}");
-        println!("    reproduce: cargo xtask sim --seed {seed}");
-    }
-    bail!("{} of {count} seeds violated an invariant", agg.failures.len())
+    let mut agg = agg;
+    agg.hashes.sort();
+    agg.count = count;
+    Ok(agg)
 }
 
 #[derive(Default)]
@@ -207,10 +218,30 @@ struct Agg {
     failures: Vec<(u64, String)>,
     /// Seeds that stalled without a poison split (healthy splits quarantined).
     innocent: Vec<u64>,
+    /// Every seed run and its trace hash (in seed order once the sweep is over).
+    hashes: Vec<(u64, u64)>,
+    /// How many seeds were asked for.
+    count: u64,
+}
+
+impl Agg {
+    /// Prints the violations; the seeds that stalled without poison when there are none.
+    fn verdict(self) -> Result<Vec<u64>> {
+        if self.failures.is_empty() {
+            println!("  violations: none");
+            return Ok(self.innocent);
+        }
+        for (seed, v) in &self.failures {
+            println!("  VIOLATION seed {seed}: {v}");
+            println!("    reproduce: cargo xtask sim --seed {seed}");
+        }
+        bail!("{} of {} seeds violated an invariant", self.failures.len(), self.count)
+    }
 }
 
 impl Agg {
     fn add(&mut self, r: &Report) {
+        self.hashes.push((r.seed, r.trace_hash));
         self.events += r.events;
         for (k, v) in &r.faults {
             *self.faults.entry(k).or_default() += v;

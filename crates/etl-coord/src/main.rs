@@ -175,7 +175,8 @@ struct StoreArgs {
     /// implies --nats-tls (else NATS_CA).
     #[arg(long, env = "ETL_COORD_NATS_TLS_CA")]
     nats_tls_ca: Option<PathBuf>,
-    /// NATS: timeout of one request.
+    /// NATS: timeout of one request, for the NATS client and the worker alike (a write without
+    /// an answer within it is in doubt and resolved by reading).
     #[arg(long, default_value = "5s", value_parser = parse_duration, env = "ETL_COORD_NATS_OP_TIMEOUT")]
     nats_op_timeout: Duration,
 }

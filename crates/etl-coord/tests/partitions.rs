@@ -192,3 +192,56 @@ fn when_the_lease_streams_leader_node_is_cut_off_a_worker_on_it_self_fences_and_
     };
     partitioned_job(&name, &cluster.nodes[0].url(), &others, CLUSTER, faults);
 }
+
+/// How many store requests took longer than `secs` (a bucket boundary of the histogram), from
+/// the admin server at `addr`.
+fn requests_slower_than(addr: &str, secs: &str) -> f64 {
+    let text = common::http_get(addr, "/metrics").expect("the admin server answers");
+    let family = "etl_coordination_store_op_duration_seconds";
+    let sum = |suffix: &str, le: Option<&str>| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{family}{suffix}{{")))
+            .filter(|l| le.is_none_or(|b| l.contains(&format!(r#"le="{b}""#))))
+            .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+            .sum()
+    };
+    sum("_count", None) - sum("_bucket", Some(secs))
+}
+
+#[test]
+fn a_request_budget_above_five_seconds_is_honoured_by_the_worker() {
+    let _one = one_at_a_time();
+    let server = NatsServer::start();
+    let proxy = Proxy::start(server.addr());
+    let (tmp, data) = dataset(2, 400);
+    let expected = input_keys(&data).unwrap();
+    let sink = tmp.path().join("a.jsonl");
+    let admin = common::free_addr();
+    let args = [
+        "--record-delay-ms",
+        "25",
+        "--nats-op-timeout",
+        "30s",
+        "--lease-duration",
+        "60s",
+        "--on-complete",
+        "wait",
+        "--admin-addr",
+        &admin,
+    ];
+    let mut a = worker(&job("budget"), &proxy.url(), "pa", &data, &sink, &args);
+    wait_for_records(&sink, 50, &mut a);
+    // Every answer is held for 12 s: a worker that waits up to its 30 s budget gets them all
+    // (a 5 s cap would have timed each one out and never seen one take more than 10 s).
+    proxy.stall();
+    std::thread::sleep(Duration::from_secs(12));
+    proxy.heal();
+    common::wait_for_metric(&[&admin], "etl_coordination_job_state", r#"state="complete"}"#, 1.0);
+    let slow = requests_slower_than(&admin, "10");
+    let _ = std::process::Command::new("kill").args(["-TERM", &a.id().to_string()]).status();
+    let (code, err) = finish(a);
+    assert!(slow >= 1.0, "no request was waited for beyond 10 s: {err}");
+    assert_eq!(code, Some(0), "{err}");
+    let missing: Vec<_> = expected.difference(&records_in(&[&sink])).take(5).cloned().collect();
+    assert!(missing.is_empty(), "records never emitted: {missing:?}");
+}

@@ -367,6 +367,10 @@ impl<S: Store> Store for Counted<S> {
         bump(&self.ops.list);
         self.inner.list(prefix).await
     }
+
+    fn op_timeout(&self) -> Option<Duration> {
+        self.inner.op_timeout()
+    }
 }
 
 /// One benchmark job on one NATS deployment.

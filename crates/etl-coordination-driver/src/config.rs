@@ -43,8 +43,10 @@ pub struct DriverConfig {
     pub tuning: Tuning,
     /// Stalled jobs: fatal or warn.
     pub on_stall: OnStall,
-    /// Timeout of one store request; a timed-out write is treated as in doubt.
-    pub op_timeout: Duration,
+    /// Timeout of one store request; a timed-out write is treated as in doubt. `None` (the
+    /// default): the store's own budget ([`Store::op_timeout`](etl_coordination_store::Store::op_timeout),
+    /// for NATS `NatsConfig::op_timeout`), or [`DEFAULT_OP_TIMEOUT`] for a store without one.
+    pub op_timeout: Option<Duration>,
     /// After the job ends (complete, or stalled with [`OnStall::Warn`]), stay: keep the
     /// worker's presence and watches, report the end through
     /// [`DriverHandle::job_state`](crate::DriverHandle::job_state), and take up splits that
@@ -60,6 +62,10 @@ pub struct DriverConfig {
     pub on_lane_stall: OnLaneStall,
 }
 
+/// The request timeout for a store that has no budget of its own (see
+/// [`DriverConfig::op_timeout`]).
+pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Default of [`DriverConfig::lane_stall_timeout`].
 pub const DEFAULT_LANE_STALL_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -69,7 +75,7 @@ impl Default for DriverConfig {
             instance_id: None,
             tuning: Tuning::default(),
             on_stall: OnStall::Fatal,
-            op_timeout: Duration::from_secs(5),
+            op_timeout: None,
             stay_after_end: false,
             lane_stall_timeout: Some(DEFAULT_LANE_STALL_TIMEOUT),
             on_lane_stall: OnLaneStall::Warn,
@@ -89,7 +95,7 @@ impl DriverConfig {
         cfg.tuning = self.tuning.clone();
         cfg.stay_after_end = self.stay_after_end;
         cfg.validate()?;
-        if self.op_timeout.is_zero() {
+        if self.op_timeout.is_some_and(|t| t.is_zero()) {
             return Err(ConfigError { field: "op_timeout", value: "0s".into(), rule: "must be positive" });
         }
         if let Some(t) = self.lane_stall_timeout

@@ -62,7 +62,7 @@ mod planner;
 mod stores;
 mod task;
 
-pub use config::{DEFAULT_LANE_STALL_TIMEOUT, DriverConfig, OnLaneStall, OnStall};
+pub use config::{DEFAULT_LANE_STALL_TIMEOUT, DEFAULT_OP_TIMEOUT, DriverConfig, OnLaneStall, OnStall};
 pub use etl_coordination_core::{
     AcquisitionReason, CommitOutcome, Epoch, InstanceId, JobName, Plan, PlanKind, PlannedSplit, SplitId,
     StopReason, Tuning,

@@ -129,6 +129,10 @@ impl Store for AnyStore {
     async fn list(&self, prefix: &Prefix) -> Result<Vec<Entry>, StoreError> {
         each!(self, s => s.list(prefix).await)
     }
+
+    fn op_timeout(&self) -> Option<Duration> {
+        each!(self, s => s.op_timeout())
+    }
 }
 
 #[cfg(test)]

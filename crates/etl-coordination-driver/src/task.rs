@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, error, info, trace, warn};
 
-use crate::config::{DriverConfig, OnLaneStall, OnStall};
+use crate::config::{DEFAULT_OP_TIMEOUT, DriverConfig, OnLaneStall, OnStall};
 use crate::lane::{Lane, LaneMsg, Lanes, Stop};
 use crate::outcome::{DriverError, JobOutcome, JobState, describe};
 use crate::planner::Planner;
@@ -120,6 +120,8 @@ impl<S: Store, P: Planner> Task<S, P> {
         let (lane_tx, lane_rx) = mpsc::unbounded_channel();
         let (lanes_tx, lanes_rx) = mpsc::unbounded_channel();
         let metrics = Metrics::new(stores.job.to_string(), cfg.instance_id.to_string());
+        // One budget per worker: the configured one, else the store's own.
+        let op_timeout = config.op_timeout.or(stores.state.op_timeout()).unwrap_or(DEFAULT_OP_TIMEOUT);
         let task = Task {
             worker: Worker::new(cfg),
             state: Arc::new(stores.state),
@@ -134,7 +136,7 @@ impl<S: Store, P: Planner> Task<S, P> {
             outcome,
             job_state: state,
             on_stall: config.on_stall,
-            op_timeout: config.op_timeout,
+            op_timeout,
             lane_stall_timeout: config.lane_stall_timeout,
             on_lane_stall: config.on_lane_stall,
             origin: Instant::now(),

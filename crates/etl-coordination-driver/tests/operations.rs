@@ -11,9 +11,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::*;
 use etl_coordination_core::records::{self, LeaseRecord, SplitRecord, keys};
+use etl_coordination_core::{Entry, Key, Prefix, Revision, StoreError};
 use etl_coordination_driver::*;
 use etl_coordination_memory::{MemoryStore, Store};
 use etl_coordination_metrics::PrometheusHandle;
+use etl_coordination_store::WatchStream;
 
 /// One Prometheus recorder for the whole test binary; each test uses its own job name, so its
 /// series are its own.
@@ -255,4 +257,88 @@ async fn a_reset_of_a_split_in_work_fences_its_holder_and_the_split_starts_over(
         "record 0 emitted again by a tenancy after the reset"
     );
     assert!(s01.iter().all(|(_, epoch, _, _)| *epoch == before.epoch || *epoch > reset.epoch));
+}
+
+/// A store whose every request is answered after `delay` (a slow or far-away server), with a
+/// request budget of its own (`budget`), as the NATS backend has.
+#[derive(Clone)]
+struct Slow {
+    inner: MemoryStore,
+    delay: Duration,
+    budget: Duration,
+}
+
+impl Store for Slow {
+    async fn create(&self, key: &Key, value: Bytes, ttl: Option<Duration>) -> Result<Revision, StoreError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.create(key, value, ttl).await
+    }
+    async fn compare_and_swap(
+        &self,
+        key: &Key,
+        expected: Revision,
+        value: Bytes,
+        ttl: Option<Duration>,
+    ) -> Result<Revision, StoreError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.compare_and_swap(key, expected, value, ttl).await
+    }
+    async fn delete(&self, key: &Key, expected: Revision) -> Result<(), StoreError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.delete(key, expected).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.get(key).await
+    }
+    async fn watch(&self, prefix: &Prefix) -> Result<WatchStream, StoreError> {
+        self.inner.watch(prefix).await
+    }
+    async fn list(&self, prefix: &Prefix) -> Result<Vec<Entry>, StoreError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.list(prefix).await
+    }
+    fn op_timeout(&self) -> Option<Duration> {
+        Some(self.budget)
+    }
+}
+
+fn slow_stores(job: &str, delay: Duration, budget: Duration) -> JobStores<Slow> {
+    let s = job_stores(job);
+    let slow = |inner| Slow { inner, delay, budget };
+    JobStores::new(s.job.clone(), slow(s.state), slow(s.lease))
+}
+
+/// A worker on a store answering every request after 6 s, with a lease long enough for it.
+fn slow_worker(stores: JobStores<Slow>, op_timeout: Option<Duration>, oracle: &Oracle) -> DriverHandle {
+    let mut cfg = config("a");
+    cfg.tuning.lease_duration = Duration::from_secs(60);
+    cfg.op_timeout = op_timeout;
+    let (handle, lanes) = CoordinationDriver::start(stores, planner(2, 20), cfg).expect("valid config");
+    source(oracle).spawn(lanes, "a".into());
+    handle
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_are_timed_out_at_the_stores_own_budget_even_above_five_seconds() {
+    // The store gives each request 30 s (NatsConfig::op_timeout, `--nats-op-timeout 30s`) and
+    // answers every one after 6 s: the worker waits for the answers (a 5 s cap of the driver's
+    // own would time every request out, and the job would never start).
+    let oracle = Oracle::default();
+    let stores = slow_stores("slow-store-budget", Duration::from_secs(6), Duration::from_secs(30));
+    let a = slow_worker(stores, None, &oracle);
+    assert_eq!(outcome(&a).await.unwrap(), JobOutcome::Complete);
+    oracle.assert_complete(2, 20);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_configured_op_timeout_overrides_the_stores_budget() {
+    // The same store, the driver configured to give up after 2 s: no request is ever answered
+    // in time, so nothing is claimed (every write in doubt, every read unavailable).
+    let oracle = Oracle::default();
+    let stores = slow_stores("slow-store-override", Duration::from_secs(6), Duration::from_secs(30));
+    let a = slow_worker(stores, Some(Duration::from_secs(2)), &oracle);
+    assert!(tokio::time::timeout(Duration::from_secs(120), a.outcome()).await.is_err(), "no outcome");
+    assert_eq!(oracle.first_emit_by("a"), None);
+    a.kill();
 }

@@ -317,7 +317,10 @@ pub async fn connect(config: &NatsConfig, job: &JobName) -> Result<NatsJob, Stor
             )));
         }
     }
-    let js = jetstream::new(client.clone());
+    // The context's own wait for publish acknowledgements is 5 s unless set: without this, an
+    // op timeout above 5 s would be cut short at 5 s on every write (and its answer lost).
+    let mut js = jetstream::new(client.clone());
+    js.set_timeout(config.op_timeout);
     let account = refusals.guard(query_account(&js, config)).await?;
     if account.requests.level < 1 {
         return Err(setup(format!(
@@ -993,6 +996,10 @@ impl Store for NatsStore {
 
     async fn list(&self, prefix: &Prefix) -> Result<Vec<Entry>, StoreError> {
         self.refusals.guard(self.list_all(prefix)).await
+    }
+
+    fn op_timeout(&self) -> Option<Duration> {
+        Some(self.op_timeout)
     }
 }
 

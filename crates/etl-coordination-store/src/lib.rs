@@ -100,6 +100,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every live entry under the prefix, in key order.
     fn list(&self, prefix: &Prefix) -> impl Future<Output = Result<Vec<Entry>, StoreError>> + Send;
+
+    /// The time budget this store already gives each request, if it has one (the NATS backend:
+    /// `NatsConfig::op_timeout`). A driver times requests out at this budget unless configured
+    /// otherwise, so one setting governs a worker's requests end to end. Default: none.
+    fn op_timeout(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// A [`WatchStream`] fed by a channel: backends push events from their own task (or under
