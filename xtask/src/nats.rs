@@ -295,6 +295,34 @@ mod containers {
             .with_wait_for(WaitFor::message_on_either_std("Server is ready"))
     }
 
+    /// Runs `start` again (up to five times) when the engine could not bind the host port it
+    /// chose: it picks one from the ephemeral range without knowing what other programs hold,
+    /// and another one may take it first. A named container that was created but not started
+    /// is removed before the next try.
+    fn retry_on_taken_port<T>(
+        name: Option<&str>,
+        start: impl Fn() -> testcontainers::core::error::Result<T>,
+    ) -> testcontainers::core::error::Result<T> {
+        let mut attempt = 1;
+        loop {
+            match start() {
+                Err(e) if attempt < 5 && port_taken(&e.to_string()) => {
+                    println!("a host port was taken before the engine bound it ({e}); starting again");
+                    if let Some(name) = name {
+                        let _ = std::process::Command::new("docker").args(["rm", "-f", name]).output();
+                    }
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Whether an engine's error says a host port was taken.
+    fn port_taken(error: &str) -> bool {
+        error.contains("address already in use") || error.contains("port is already allocated")
+    }
+
     fn url(inner: &testcontainers::Container<GenericImage>) -> Result<String> {
         let host = inner.get_host()?;
         let port = inner.get_host_port_ipv4(4222.tcp())?;
@@ -305,9 +333,7 @@ mod containers {
     /// flags work on the public image (its entrypoint prefixes `nats-server` to arguments that
     /// start with `-`) and on the local one (whose entrypoint is `nats-server`).
     pub fn start(tag: &str) -> Result<Container> {
-        let inner = image(tag)
-            .with_cmd(["-js", "-sd", "/data"])
-            .start()
+        let inner = retry_on_taken_port(None, || image(tag).with_cmd(["-js", "-sd", "/data"]).start())
             .with_context(|| format!("starting container {tag}"))?;
         let url = url(&inner)?;
         println!("{tag} container listening on {url}");
@@ -324,25 +350,27 @@ mod containers {
         let routes = names.iter().map(|n| format!("nats://{n}:6222")).collect::<Vec<_>>().join(",");
         let mut nodes = Vec::new();
         for name in &names {
-            let inner = image(tag)
-                .with_network(network.clone())
-                .with_container_name(name.clone())
-                .with_cmd([
-                    "-js",
-                    "-sd",
-                    "/data",
-                    "-n",
-                    name,
-                    "--cluster_name",
-                    "etl-itest",
-                    "--cluster",
-                    "nats://0.0.0.0:6222",
-                    "--routes",
-                    &routes,
-                    "--no_advertise",
-                ])
-                .start()
-                .with_context(|| format!("starting cluster node {name} ({tag})"))?;
+            let inner = retry_on_taken_port(Some(name), || {
+                image(tag)
+                    .with_network(network.clone())
+                    .with_container_name(name.clone())
+                    .with_cmd([
+                        "-js",
+                        "-sd",
+                        "/data",
+                        "-n",
+                        name,
+                        "--cluster_name",
+                        "etl-itest",
+                        "--cluster",
+                        "nats://0.0.0.0:6222",
+                        "--routes",
+                        &routes,
+                        "--no_advertise",
+                    ])
+                    .start()
+            })
+            .with_context(|| format!("starting cluster node {name} ({tag})"))?;
             let url = url(&inner)?;
             println!("{tag} cluster node {name} on network {network}, listening on {url}");
             nodes.push(Container { _inner: inner, url });

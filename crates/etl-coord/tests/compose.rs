@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::free_addr;
-use etl_coordination_testkit::docker::{docker, image, unique};
+use etl_coordination_testkit::docker::{docker, image, port_taken, unique};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
@@ -86,28 +86,44 @@ fn status(p: &Project) -> Option<serde_json::Value> {
     out.status.success().then(|| serde_json::from_slice(&out.stdout).unwrap())
 }
 
+/// `up -d --no-build` (the images exist, built by xtask: `up` must not build or pull) of a
+/// project of its own on host ports chosen free. A port can be taken by another program between
+/// its choice and the engine's bind: then the project is taken down and started again on other
+/// ports (up to five times).
+fn up_on_free_ports() -> Project {
+    let port = |a: String| a.rsplit_once(':').unwrap().1.parse::<u16>().unwrap();
+    for attempt in 1.. {
+        let (nats_port, monitor_port) = (port(free_addr()), port(free_addr()));
+        let p = Project {
+            name: unique("etlcompose").replace('-', ""),
+            env: vec![
+                ("ETL_JOB_NATS_PASSWORD", "job-pass-1".into()),
+                ("ETL_SETUP_NATS_PASSWORD", "setup-pass-2".into()),
+                ("NATS_IMAGE", image("HOSTS_NATS_IMAGE")),
+                ("ETL_COORD_IMAGE", image("HOSTS_WORKER_IMAGE")),
+                ("NATS_PORT", nats_port.to_string()),
+                ("NATS_MONITOR_PORT", monitor_port.to_string()),
+            ],
+            nats_port,
+        };
+        let out = p.compose(&["up", "-d", "--no-build"]);
+        if out.status.success() {
+            return p;
+        }
+        let err = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(port_taken(&err) && attempt < 5, "compose up -d --no-build failed: {err}");
+        // Dropping the project takes it down.
+    }
+    unreachable!()
+}
+
 #[test]
 #[ignore = "needs a Docker engine, the compose tool and images: run by the container path of `cargo xtask itest`"]
 fn compose_up_runs_nats_and_two_replicas_to_completion_and_down_leaves_nothing() {
     // The development CA, as the README's first step (an existing CA is kept).
     let ca = Command::new("sh").arg("deploy/nats/dev-ca.sh").current_dir(repo()).status().unwrap();
     assert!(ca.success(), "deploy/nats/dev-ca.sh failed");
-    let port = |a: String| a.rsplit_once(':').unwrap().1.parse::<u16>().unwrap();
-    let (nats_port, monitor_port) = (port(free_addr()), port(free_addr()));
-    let p = Project {
-        name: unique("etlcompose").replace('-', ""),
-        env: vec![
-            ("ETL_JOB_NATS_PASSWORD", "job-pass-1".into()),
-            ("ETL_SETUP_NATS_PASSWORD", "setup-pass-2".into()),
-            ("NATS_IMAGE", image("HOSTS_NATS_IMAGE")),
-            ("ETL_COORD_IMAGE", image("HOSTS_WORKER_IMAGE")),
-            ("NATS_PORT", nats_port.to_string()),
-            ("NATS_MONITOR_PORT", monitor_port.to_string()),
-        ],
-        nats_port,
-    };
-    // The images exist (built by xtask): `up` must not build or pull.
-    p.compose_ok(&["up", "-d", "--no-build"]);
+    let p = up_on_free_ports();
 
     let nats = p.compose_ok(&["ps", "-q", "nats"]).trim().to_owned();
     let t = Instant::now();

@@ -31,6 +31,12 @@ fn docker_output(args: &[&str]) -> Output {
     Command::new("docker").args(args).output().expect("the docker CLI runs")
 }
 
+/// Whether a docker (or compose) failure says a host port was taken: what happens when another
+/// program binds a port between its choice and the engine's bind.
+pub fn port_taken(stderr: &str) -> bool {
+    stderr.contains("address already in use") || stderr.contains("port is already allocated")
+}
+
 /// The image named by `var` (set by `cargo xtask itest` on its container path).
 pub fn image(var: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| {
@@ -71,13 +77,24 @@ pub struct Container {
 }
 
 impl Container {
-    /// `docker run -d --name NAME ARGS`.
+    /// `docker run -d --name NAME ARGS`. Published ports should leave the host port to the
+    /// engine (`-p 127.0.0.1::PORT`, read back with [`Container::published`]); the engine picks
+    /// it from the ephemeral range without knowing what other programs hold, so a start that
+    /// fails on a host port taken meanwhile is run again (up to five times).
     pub fn run(name: &str, args: &[&str]) -> Container {
         let mut all = vec!["run", "-d", "--name", name];
         all.extend(args);
         // The guard first: `docker run` can create the container and then fail to start it.
         let c = Container { name: name.to_owned() };
-        docker(&all);
+        for attempt in 1.. {
+            let out = docker_output(&all);
+            if out.status.success() {
+                break;
+            }
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(port_taken(&err) && attempt < 5, "docker {} failed: {}", all.join(" "), err.trim());
+            let _ = docker_output(&["rm", "-f", name]);
+        }
         c
     }
 
@@ -272,5 +289,22 @@ impl Leaders for DockerCluster {
 
     fn request_node(&self, k: usize, subject: &str, payload: &str) -> Option<String> {
         request_at(self.nodes[k].client, subject, payload)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::port_taken;
+
+    #[test]
+    fn the_engines_taken_port_errors_are_recognised_and_nothing_else() {
+        // What `docker run -p` printed in CI, and what the engine says when its own allocator
+        // collides.
+        assert!(port_taken(
+            "docker: Error response from daemon: failed to set up container networking: driver failed programming external connectivity on endpoint x: failed to bind host port for 127.0.0.1:32777:172.18.0.2:4222/tcp: address already in use"
+        ));
+        assert!(port_taken("Bind for 127.0.0.1:4222 failed: port is already allocated"));
+        assert!(!port_taken("Unable to find image 'nats:2.11-alpine' locally"));
+        assert!(!port_taken("Conflict. The container name \"/n0\" is already in use"));
     }
 }
