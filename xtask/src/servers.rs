@@ -5,9 +5,9 @@
 use anyhow::Result;
 
 use crate::nats::{
-    Guard, NATS_IMAGE, NATS_OLD_IMAGE, NATS_OLD_VERSION, NATS_VERSION, Provisioned, cluster, nats_server_bin,
-    single,
+    Guard, NATS_IMAGE, NATS_OLD_IMAGE, NATS_OLD_VERSION, NATS_VERSION, Provisioned, cluster, single,
 };
+use crate::nats_bin::nats_server_bin;
 
 /// Every NATS server (and tool) the integration tests need; servers stop when dropped.
 pub struct Servers {

@@ -43,6 +43,7 @@
 mod config;
 mod ids;
 mod io;
+mod plan;
 pub mod records;
 mod store;
 mod time;
@@ -54,9 +55,10 @@ pub use ids::{
     Epoch, Incarnation, InstanceId, JobName, MAX_NAME_LEN, NameError, OpId, Owner, Revision, SplitId,
 };
 pub use io::{
-    AcquisitionReason, Action, CommitOutcome, Event, FatalError, Input, Outcome, Plan, PlanKind,
-    PlannedSplit, SplitCounts, StopReason, WatchId,
+    AcquisitionReason, Action, CommitOutcome, Event, FatalError, Input, Outcome, SplitCounts, StopReason,
+    WatchId,
 };
+pub use plan::{Plan, PlanKind, PlannedSplit};
 pub use store::{
     Bucket, DeleteCause, Entry, Key, KeyError, MAX_KEY_LEN, Prefix, StoreError, StoreReply, StoreRequest,
     StoreResult, WatchEvent,

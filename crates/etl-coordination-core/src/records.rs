@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{Epoch, Incarnation, InstanceId, Owner, Revision, SplitId};
-use crate::io::PlanKind;
+use crate::plan::PlanKind;
 use crate::store::{Key, Prefix};
 
 /// The format-version byte in front of every stored record. Version 2 added

@@ -97,8 +97,11 @@ impl Worker {
         }
         let base_rev = sv.record_rev;
         let epoch = base.epoch.next();
-        let value =
-            records::encode(&LeaseRecord { owner: self.me.clone(), epoch, write: self.next_op_id().0 });
+        let value = records::encode(&LeaseRecord {
+            owner: self.me.clone(),
+            epoch,
+            write: self.outbox.next_op_id().0,
+        });
         let key = keys::split(id);
         let request = match (&sv.lease, reason) {
             (Some(l), AcquisitionReason::Stolen) => {
@@ -151,7 +154,8 @@ impl Worker {
                 record_in_doubt: false,
             },
         );
-        let op = self.send(Bucket::Lease, request, Pending::LeaseAcquire { split: id.clone(), sent: now });
+        let op =
+            self.outbox.send(Bucket::Lease, request, Pending::LeaseAcquire { split: id.clone(), sent: now });
         self.held.get_mut(id).expect("held").op = Some(op);
     }
 
@@ -170,7 +174,7 @@ impl Worker {
             // In doubt: the read decides.
             Written::InDoubt => {
                 let request = StoreRequest::Get { key: keys::split(&id) };
-                let op = self.send(
+                let op = self.outbox.send(
                     Bucket::Lease,
                     request,
                     Pending::LeaseAcquireResolve { split: id.clone(), sent, write: op },
@@ -215,7 +219,7 @@ impl Worker {
             // A lagging replica (a resume knows the lease's revision): read again.
             let pending = Pending::LeaseAcquireResolve { split: id.clone(), sent, write };
             self.held.get_mut(&id).expect("held").op = None;
-            return self.retry_later(
+            return self.outbox.retry_later(
                 now,
                 Bucket::Lease,
                 StoreRequest::Get { key: keys::split(&id) },
@@ -316,7 +320,7 @@ impl Worker {
     /// P5: the fenced record CAS against the revision the acquisition was based on.
     fn write_claim(&mut self, id: &SplitId) {
         let (request, record) = self.claim_request(id);
-        let op = self.send(Bucket::State, request, Pending::RecordClaim { split: id.clone() });
+        let op = self.outbox.send(Bucket::State, request, Pending::RecordClaim { split: id.clone() });
         let h = self.held.get_mut(id).expect("held");
         h.record = record;
         h.stage = Stage::WritingRecord;
@@ -333,7 +337,7 @@ impl Worker {
         h.record = record;
         h.stage = Stage::WritingRecord;
         h.op = None;
-        self.retry_later(now, Bucket::State, request, Pending::RecordClaim { split: id.clone() });
+        self.outbox.retry_later(now, Bucket::State, request, Pending::RecordClaim { split: id.clone() });
     }
 
     pub(super) fn claim_request(&self, id: &SplitId) -> (StoreRequest, SplitRecord) {
@@ -356,7 +360,7 @@ impl Worker {
         match answer {
             Written::Applied(rev) => self.claim_written(now, &id, rev),
             Written::Conflict | Written::InDoubt => {
-                let op = self.send(
+                let op = self.outbox.send(
                     Bucket::State,
                     StoreRequest::Get { key: keys::split(&id) },
                     Pending::RecordClaimRead { split: id.clone() },
@@ -367,7 +371,7 @@ impl Worker {
             Written::Unavailable => {
                 let request = StoreRequest::Get { key: keys::split(&id) };
                 self.held.get_mut(&id).expect("held").op = None;
-                self.retry_later(now, Bucket::State, request, Pending::RecordClaimRead { split: id });
+                self.outbox.retry_later(now, Bucket::State, request, Pending::RecordClaimRead { split: id });
             }
         }
     }
@@ -389,7 +393,7 @@ impl Worker {
             Read::Absent => return self.abandon(&id),
             Read::Failed(_) => {
                 self.held.get_mut(&id).expect("held").op = None;
-                return self.retry_later(
+                return self.outbox.retry_later(
                     now,
                     Bucket::State,
                     StoreRequest::Get { key: keys::split(&id) },
@@ -401,7 +405,12 @@ impl Worker {
             // A lagging replica: never adopt a record older than one we know; read again.
             self.held.get_mut(&id).expect("held").op = None;
             let request = StoreRequest::Get { key: keys::split(&id) };
-            return self.retry_later(now, Bucket::State, request, Pending::RecordClaimRead { split: id });
+            return self.outbox.retry_later(
+                now,
+                Bucket::State,
+                request,
+                Pending::RecordClaimRead { split: id },
+            );
         }
         let Ok(rec) = records::decode::<SplitRecord>(&entry.value) else { return self.abandon(&id) };
         let h = self.held.get_mut(&id).expect("held");
@@ -447,7 +456,7 @@ impl Worker {
 
     /// Reads the descriptor of a split whose lease was just acquired (before the record).
     pub(super) fn read_descriptor(&mut self, id: &SplitId) {
-        let op = self.send(
+        let op = self.outbox.send(
             Bucket::State,
             StoreRequest::Get { key: keys::desc(id) },
             Pending::DescRead { split: id.clone() },
@@ -481,7 +490,7 @@ impl Worker {
                     self.write_claim(&id);
                 }
                 Err(err) => {
-                    self.event(Event::Undecodable { key: e.key.to_string(), error: err.to_string() });
+                    self.outbox.event(Event::Undecodable { key: e.key.to_string(), error: err.to_string() });
                     if lapsed(&self.held[&id]) {
                         return self.abandon(&id);
                     }
@@ -509,7 +518,7 @@ impl Worker {
                     h.desc_first_miss.get_or_insert(now);
                 }
                 h.op = None;
-                self.retry_later(
+                self.outbox.retry_later(
                     now,
                     Bucket::State,
                     StoreRequest::Get { key: keys::desc(&id) },
@@ -537,7 +546,7 @@ impl Worker {
         let record = h.record.clone();
         self.view.put_record(id, rev, record.clone());
         if record.state == SplitState::Quarantined {
-            self.event(Event::Quarantined {
+            self.outbox.event(Event::Quarantined {
                 split: id.clone(),
                 attempts: record.attempts,
                 last_error: record.last_error,
@@ -547,7 +556,7 @@ impl Worker {
         let h = &self.held[id];
         let (reason, epoch) = (h.reason, h.epoch);
         if !h.resuming {
-            self.event(Event::Acquired { split: id.clone(), reason, epoch });
+            self.outbox.event(Event::Acquired { split: id.clone(), reason, epoch });
         }
         if let Some(end) = self.held.get_mut(id).expect("held").end.take() {
             return self.begin_end(id, end);

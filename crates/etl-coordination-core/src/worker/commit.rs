@@ -36,7 +36,7 @@ impl Worker {
     /// a commit of a stopped (starved) lane or an older epoch is answered `Lost`.
     pub(super) fn on_commit(&mut self, id: SplitId, epoch: Epoch, progress: Bytes, terminal: bool) {
         let reply =
-            |w: &mut Self, outcome| w.out.push(Action::CommitDone { split: id.clone(), epoch, outcome });
+            |w: &mut Self, outcome| w.outbox.push(Action::CommitDone { split: id.clone(), epoch, outcome });
         let Some(h) = self.held.get(&id) else { return reply(self, CommitOutcome::Lost) };
         if h.epoch != epoch {
             return reply(self, CommitOutcome::Lost);
@@ -55,7 +55,7 @@ impl Worker {
             value: records::encode(&record),
             ttl: None,
         };
-        let op = self.send(Bucket::State, request, Pending::RecordCommit { split: id.clone() });
+        let op = self.outbox.send(Bucket::State, request, Pending::RecordCommit { split: id.clone() });
         self.held.get_mut(&id).expect("held").commit = Some(CommitInFlight { op, progress, terminal });
     }
 
@@ -70,7 +70,7 @@ impl Worker {
             Written::Conflict if !self.held[&id].record_in_doubt => self.commit_lost(&id),
             // P8: otherwise the outcome is decided by re-reading, never assumed.
             Written::Conflict | Written::InDoubt => {
-                let op = self.send(
+                let op = self.outbox.send(
                     Bucket::State,
                     StoreRequest::Get { key: keys::split(&id) },
                     Pending::RecordCommitRead { split: id.clone() },
@@ -135,8 +135,8 @@ impl Worker {
         if c.terminal {
             let epoch = h.epoch;
             h.commit = None;
-            self.out.push(Action::CommitDone { split: id.clone(), epoch, outcome: CommitOutcome::Ok });
-            self.event(Event::Finished { split: id.clone() });
+            self.outbox.push(Action::CommitDone { split: id.clone(), epoch, outcome: CommitOutcome::Ok });
+            self.outbox.event(Event::Finished { split: id.clone() });
             return self.delete_lease(id);
         }
         self.finish_commit(id, CommitOutcome::Ok);
@@ -152,7 +152,7 @@ impl Worker {
         let Some(h) = self.held.get_mut(id) else { return };
         h.commit = None;
         let epoch = h.epoch;
-        self.out.push(Action::CommitDone { split: id.clone(), epoch, outcome });
+        self.outbox.push(Action::CommitDone { split: id.clone(), epoch, outcome });
         if let Some(end) = self.held.get_mut(id).and_then(|h| h.end.take()) {
             self.begin_end(id, end);
         }

@@ -59,7 +59,7 @@ impl Worker {
                 Stage::Running => {
                     h.stage = Stage::Stopping { deadline };
                     let epoch = h.epoch;
-                    self.out.push(Action::StopLane {
+                    self.outbox.push(Action::StopLane {
                         split: id,
                         epoch,
                         reason: StopReason::Draining,
@@ -91,7 +91,7 @@ impl Worker {
             if let Some(lead) = self.leader.take() {
                 self.retire(keys::leader(), lead.rev);
                 let term = lead.head.as_ref().map_or(0, |(_, h)| h.term);
-                self.event(Event::Leadership { leader: false, term });
+                self.outbox.event(Event::Leadership { leader: false, term });
             } else if let Some((rev, l)) = &self.view.leader
                 && l.owner == self.me
             {
@@ -101,7 +101,7 @@ impl Worker {
             self.leaving.as_mut().expect("leaving").cleanup_sent = true;
             return;
         }
-        let settling = self.pending.values().chain(self.retries.iter().map(|r| &r.pending)).any(|p| {
+        let settling = self.outbox.in_flight().any(|p| {
             matches!(
                 p,
                 Pending::Retire { .. }
@@ -117,10 +117,9 @@ impl Worker {
         });
         if !settling || give_up {
             let outcome = self.leaving.take().expect("leaving").outcome;
-            self.out.push(Action::Finished(outcome));
+            self.outbox.push(Action::Finished(outcome));
             self.phase = Phase::Stopped;
-            self.pending.clear();
-            self.retries.clear();
+            self.outbox.clear();
         }
     }
 
@@ -129,7 +128,7 @@ impl Worker {
     /// and deleted again while it is still ours.
     pub(super) fn retire(&mut self, key: Key, rev: Revision) {
         let request = StoreRequest::Delete { key: key.clone(), expected: rev };
-        self.send(Bucket::Lease, request, Pending::Retire { key });
+        self.outbox.send(Bucket::Lease, request, Pending::Retire { key });
     }
 
     pub(super) fn on_retire(&mut self, now: Timestamp, key: Key, result: StoreResult) {
@@ -137,10 +136,14 @@ impl Worker {
             Ok(_) | Err(StoreError::InvalidKey(_) | StoreError::InvalidValue(_) | StoreError::Setup(_)) => {}
             Err(StoreError::Unavailable(_)) => {
                 let request = StoreRequest::Get { key: key.clone() };
-                self.retry_later(now, Bucket::Lease, request, Pending::RetireRead { key });
+                self.outbox.retry_later(now, Bucket::Lease, request, Pending::RetireRead { key });
             }
             Err(_) => {
-                self.send(Bucket::Lease, StoreRequest::Get { key: key.clone() }, Pending::RetireRead { key });
+                self.outbox.send(
+                    Bucket::Lease,
+                    StoreRequest::Get { key: key.clone() },
+                    Pending::RetireRead { key },
+                );
             }
         }
     }
@@ -153,7 +156,7 @@ impl Worker {
             Read::Found(_) | Read::Absent => {}
             Read::Failed(_) => {
                 let request = StoreRequest::Get { key: key.clone() };
-                self.retry_later(now, Bucket::Lease, request, Pending::RetireRead { key });
+                self.outbox.retry_later(now, Bucket::Lease, request, Pending::RetireRead { key });
             }
         }
     }
@@ -186,7 +189,7 @@ impl Worker {
         if due {
             // The lane had its time: it stops now (a later commit of it is not written).
             let epoch = self.held[id].epoch;
-            self.out.push(Action::StopLane {
+            self.outbox.push(Action::StopLane {
                 split: id.clone(),
                 epoch,
                 reason: StopReason::Draining,
@@ -217,7 +220,7 @@ impl Worker {
                 for (id, h) in std::mem::take(&mut self.held) {
                     if matches!(h.stage, Stage::Running | Stage::Stopping { .. }) {
                         let stop = StopReason::Draining;
-                        self.out.push(Action::StopLane {
+                        self.outbox.push(Action::StopLane {
                             split: id,
                             epoch: h.epoch,
                             reason: stop,

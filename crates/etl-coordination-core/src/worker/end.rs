@@ -45,7 +45,7 @@ impl Worker {
         h.end = Some(end.clone());
         h.end_write = Some(record);
         if was_running && matches!(end, End::Release) {
-            self.out.push(Action::StopLane {
+            self.outbox.push(Action::StopLane {
                 split: id.clone(),
                 epoch,
                 reason: StopReason::Draining,
@@ -64,7 +64,7 @@ impl Worker {
             value: records::encode(h.end_write.as_ref().expect("an end record")),
             ttl: None,
         };
-        let op = self.send(Bucket::State, request, Pending::RecordEnd { split: id.clone() });
+        let op = self.outbox.send(Bucket::State, request, Pending::RecordEnd { split: id.clone() });
         self.held.get_mut(id).expect("held").op = Some(op);
     }
 
@@ -78,7 +78,7 @@ impl Worker {
             // No write of ours is in doubt: someone else wrote the record; the tenancy is over.
             Written::Conflict if !self.held[&id].record_in_doubt => self.delete_lease(&id),
             Written::Conflict | Written::InDoubt => {
-                let op = self.send(
+                let op = self.outbox.send(
                     Bucket::State,
                     StoreRequest::Get { key: keys::split(&id) },
                     Pending::RecordEndRead { split: id.clone() },
@@ -88,7 +88,7 @@ impl Worker {
             Written::Fatal(e) => self.fatal_store(e),
             Written::Unavailable => {
                 // Nothing applied: try again shortly (the lease keeps being renewed meanwhile).
-                let at = now + self.retry_backoff();
+                let at = now + self.outbox.retry_backoff();
                 let h = self.held.get_mut(&id).expect("held");
                 h.stage = Stage::EndRetry { at };
                 h.op = None;
@@ -106,7 +106,7 @@ impl Worker {
             Read::Found(e) => e,
             Read::Absent => return self.delete_lease(&id),
             Read::Failed(_) => {
-                let at = now + self.retry_backoff();
+                let at = now + self.outbox.retry_backoff();
                 let h = self.held.get_mut(&id).expect("held");
                 h.stage = Stage::EndRetry { at };
                 h.op = None;
@@ -115,14 +115,14 @@ impl Worker {
         };
         if entry.revision < self.held[&id].record_rev {
             // A lagging replica: never adopt a record older than one we know; try again shortly.
-            let at = now + self.retry_backoff();
+            let at = now + self.outbox.retry_backoff();
             let h = self.held.get_mut(&id).expect("held");
             h.stage = Stage::EndRetry { at };
             h.op = None;
             return;
         }
         let Ok(rec) = records::decode::<SplitRecord>(&entry.value) else { return self.delete_lease(&id) };
-        let backoff = self.retry_backoff();
+        let backoff = self.outbox.retry_backoff();
         let h = self.held.get_mut(&id).expect("held");
         if Some(&rec) == h.end_write.as_ref() {
             return self.end_written(&id, entry.revision);
@@ -158,12 +158,12 @@ impl Worker {
         h.record = record.clone();
         self.view.put_record(id, rev, record.clone());
         match record.state {
-            SplitState::Quarantined => self.event(Event::Quarantined {
+            SplitState::Quarantined => self.outbox.event(Event::Quarantined {
                 split: id.clone(),
                 attempts: record.attempts,
                 last_error: record.last_error,
             }),
-            _ => self.event(Event::Released { split: id.clone() }),
+            _ => self.outbox.event(Event::Released { split: id.clone() }),
         }
         self.delete_lease(id);
     }

@@ -40,11 +40,12 @@ impl Worker {
         let value = records::encode(&LeaseRecord {
             owner: self.me.clone(),
             epoch: h.epoch,
-            write: self.next_op_id().0,
+            write: self.outbox.next_op_id().0,
         });
         let request =
             StoreRequest::CompareAndSwap { key: keys::split(id), expected: rev, value, ttl: self.ttl() };
-        let op = self.send(Bucket::Lease, request, Pending::LeaseRenew { split: id.clone(), sent: now });
+        let op =
+            self.outbox.send(Bucket::Lease, request, Pending::LeaseRenew { split: id.clone(), sent: now });
         self.held.get_mut(id).expect("held").renewing = Some(op);
     }
 
@@ -58,7 +59,7 @@ impl Worker {
         {
             return;
         }
-        let op = self.send(
+        let op = self.outbox.send(
             Bucket::Lease,
             StoreRequest::Get { key: keys::split(id) },
             Pending::LeaseRenewResolve { split: id.clone(), write: None },
@@ -89,7 +90,7 @@ impl Worker {
         match Written::of(result) {
             Written::Applied(rev) => self.lease_renewed(now, &id, rev, sent),
             Written::Conflict | Written::InDoubt => {
-                let op = self.send(
+                let op = self.outbox.send(
                     Bucket::Lease,
                     StoreRequest::Get { key: keys::split(&id) },
                     Pending::LeaseRenewResolve { split: id.clone(), write: Some((op, sent)) },
@@ -172,13 +173,13 @@ impl Worker {
         }
         h.stage = Stage::Starved;
         let epoch = h.epoch;
-        self.out.push(Action::StopLane {
+        self.outbox.push(Action::StopLane {
             split: id.clone(),
             epoch,
             reason: StopReason::Starved,
             deadline: None,
         });
-        self.event(Event::Revoked { split: id.clone(), reason: StopReason::Starved });
+        self.outbox.event(Event::Revoked { split: id.clone(), reason: StopReason::Starved });
         if draining || self.phase == Phase::Leaving {
             let end = self.held.get_mut(id).and_then(|h| h.end.take()).unwrap_or(End::Release);
             self.begin_end(id, end);
@@ -195,10 +196,10 @@ impl Worker {
         let h = self.held.get_mut(id).expect("held");
         let (Some(lease_rev), old_epoch) = (h.lease_rev, h.epoch) else { return };
         if let Some(c) = h.commit.take() {
-            self.pending.remove(&c.op);
+            self.outbox.forget(c.op);
             let reply =
                 Action::CommitDone { split: id.clone(), epoch: old_epoch, outcome: CommitOutcome::Lost };
-            self.out.push(reply);
+            self.outbox.push(reply);
         }
         let h = self.held.get_mut(id).expect("held");
         h.epoch = old_epoch.next();
@@ -208,15 +209,19 @@ impl Worker {
         h.end = None;
         h.stage = Stage::AcquiringLease;
         let epoch = h.epoch;
-        let value =
-            records::encode(&LeaseRecord { owner: self.me.clone(), epoch, write: self.next_op_id().0 });
+        let value = records::encode(&LeaseRecord {
+            owner: self.me.clone(),
+            epoch,
+            write: self.outbox.next_op_id().0,
+        });
         let request = StoreRequest::CompareAndSwap {
             key: keys::split(id),
             expected: lease_rev,
             value,
             ttl: self.ttl(),
         };
-        let op = self.send(Bucket::Lease, request, Pending::LeaseAcquire { split: id.clone(), sent: now });
+        let op =
+            self.outbox.send(Bucket::Lease, request, Pending::LeaseAcquire { split: id.clone(), sent: now });
         self.held.get_mut(id).expect("held").op = Some(op);
     }
 }

@@ -2,7 +2,8 @@
 //! plan head that fences a deposed leader's writes (I9), and stepping down.
 
 use crate::ids::{OpId, Owner, Revision};
-use crate::io::{Event, PlanKind};
+use crate::io::Event;
+use crate::plan::PlanKind;
 use crate::records::{self, LeaderRecord, ManifestRef, PlanHead, PlanStatus, keys};
 use crate::store::{Bucket, StoreError, StoreRequest, StoreResult};
 use crate::time::Timestamp;
@@ -61,13 +62,13 @@ impl Worker {
                     value,
                     ttl: self.ttl(),
                 };
-                let op = self.send(Bucket::Lease, request, Pending::LeaderCreate { sent: now });
+                let op = self.outbox.send(Bucket::Lease, request, Pending::LeaderCreate { sent: now });
                 self.leader_attempt = Some(op);
             }
             return;
         }
         let value = records::encode(&LeaderRecord { owner: self.me.clone(), term: 0 });
-        let op = self.send(
+        let op = self.outbox.send(
             Bucket::Lease,
             StoreRequest::Create { key: keys::leader(), value, ttl: self.ttl() },
             Pending::LeaderCreate { sent: now },
@@ -90,7 +91,7 @@ impl Worker {
         match Written::of(result) {
             Written::Applied(rev) => self.become_leader(rev, sent),
             Written::InDoubt => {
-                let op = self.send(
+                let op = self.outbox.send(
                     Bucket::Lease,
                     StoreRequest::Get { key: keys::leader() },
                     Pending::LeaderResolve { sent },
@@ -100,7 +101,7 @@ impl Worker {
             // Someone else leads (the watch will show it), or a write to the key is in process
             // at the stream leader, or the store is unavailable: try again after the backoff.
             Written::Conflict | Written::Unavailable => {
-                self.leader_retry_at = Some(now + self.retry_backoff());
+                self.leader_retry_at = Some(now + self.outbox.retry_backoff());
             }
             Written::Fatal(_) => {}
         }
@@ -194,7 +195,7 @@ impl Worker {
         });
         let request =
             StoreRequest::CompareAndSwap { key: keys::leader(), expected: l.rev, value, ttl: self.ttl() };
-        let op = self.send(Bucket::Lease, request, Pending::LeaderRenew { sent: now });
+        let op = self.outbox.send(Bucket::Lease, request, Pending::LeaderRenew { sent: now });
         let l = self.leader.as_mut().expect("leader");
         l.renewing = Some(op);
         l.unacked_since.get_or_insert(now);
@@ -213,7 +214,7 @@ impl Worker {
                 l.unacked_since = None;
             }
             Written::Conflict | Written::InDoubt => {
-                let op = self.send(
+                let op = self.outbox.send(
                     Bucket::Lease,
                     StoreRequest::Get { key: keys::leader() },
                     Pending::LeaderResolve { sent },
@@ -240,7 +241,7 @@ impl Worker {
     pub(super) fn step_down(&mut self) {
         if let Some(l) = self.leader.take() {
             let term = l.head.as_ref().map_or(0, |(_, h)| h.term);
-            self.event(Event::Leadership { leader: false, term });
+            self.outbox.event(Event::Leadership { leader: false, term });
         }
     }
 
@@ -248,7 +249,7 @@ impl Worker {
     /// swap.
     pub(super) fn bump_term(&mut self, current: Option<(Revision, PlanHead)>) {
         let (request, head) = Self::term_bump(&self.me, current);
-        self.send(Bucket::State, request, Pending::HeadWrite { stint: self.stint(), head });
+        self.outbox.send(Bucket::State, request, Pending::HeadWrite { stint: self.stint(), head });
     }
 
     /// The head write that bumps the term over `current`.
@@ -294,7 +295,7 @@ impl Worker {
             Written::Fatal(e) => self.fatal_store(e),
             // Mismatch, in doubt or unavailable: the read decides what happened (P8-style).
             Written::Conflict | Written::InDoubt | Written::Unavailable => {
-                self.send(
+                self.outbox.send(
                     Bucket::State,
                     StoreRequest::Get { key: keys::plan_head() },
                     Pending::HeadRead { stint: self.stint(), attempted: head },
@@ -313,7 +314,7 @@ impl Worker {
         }
         if first {
             l.term_rev = Some(rev);
-            self.event(Event::Leadership { leader: true, term: head.term });
+            self.outbox.event(Event::Leadership { leader: true, term: head.term });
         }
         let l = self.leader.as_mut().expect("leader");
         if publishing {
@@ -323,7 +324,11 @@ impl Worker {
             if m.kind == PlanKind::Open {
                 l.replan_at = Some(now + self.cfg.tuning.replan_interval);
             }
-            self.event(Event::PlanPublished { term: m.term, version: m.version, splits: m.split_count });
+            self.outbox.event(Event::PlanPublished {
+                term: m.term,
+                version: m.version,
+                splits: m.split_count,
+            });
         } else {
             l.stage =
                 if head.status == PlanStatus::Planning { PlanStage::WaitManifest } else { PlanStage::Idle };
@@ -388,15 +393,15 @@ impl Worker {
     fn send_head_write(&mut self, now: Timestamp, request: StoreRequest, head: PlanHead, later: bool) {
         let pending = Pending::HeadWrite { stint: self.stint(), head };
         if later {
-            self.retry_later(now, Bucket::State, request, pending);
+            self.outbox.retry_later(now, Bucket::State, request, pending);
         } else {
-            self.send(Bucket::State, request, pending);
+            self.outbox.send(Bucket::State, request, pending);
         }
     }
 
     /// P4: reads the plan head again after a while (its last read decided nothing).
     fn read_head_again(&mut self, now: Timestamp, attempted: PlanHead) {
         let pending = Pending::HeadRead { stint: self.stint(), attempted };
-        self.retry_later(now, Bucket::State, StoreRequest::Get { key: keys::plan_head() }, pending);
+        self.outbox.retry_later(now, Bucket::State, StoreRequest::Get { key: keys::plan_head() }, pending);
     }
 }

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use crate::ids::{OpId, SplitId};
-use crate::io::{Outcome, PlanKind};
+use crate::io::Outcome;
+use crate::plan::PlanKind;
 use crate::records::{self, ManifestChunk, ManifestRef, PlanStatus, SplitState, keys};
 use crate::store::{Bucket, StoreRequest, StoreResult};
 use crate::time::Timestamp;
@@ -37,7 +38,7 @@ impl Worker {
         {
             return;
         }
-        let id = self.next_op_id();
+        let id = self.outbox.next_op_id();
         self.manifest_load = Some(ManifestLoad {
             id,
             manifest: m,
@@ -52,7 +53,7 @@ impl Worker {
         }
         for chunk in 0..m.chunks {
             let key = keys::manifest(m.term, m.version, chunk);
-            self.send(
+            self.outbox.send(
                 Bucket::State,
                 StoreRequest::Get { key },
                 Pending::ManifestChunk { manifest: m, chunk, load: id },
@@ -93,7 +94,7 @@ impl Worker {
             Read::Absent => load.failed = true,
             Read::Failed(_) => {
                 let key = keys::manifest(manifest.term, manifest.version, chunk);
-                self.retry_later(
+                self.outbox.retry_later(
                     now,
                     Bucket::State,
                     StoreRequest::Get { key },

@@ -41,7 +41,7 @@ mod watches;
 use drain::Leaving;
 use leader::Leading;
 use manifest::ManifestLoad;
-use outbox::{Gauges, Pending, Retry};
+use outbox::{Gauges, Outbox, Pending};
 use presence::{Join, Presence};
 use tenancy::Held;
 use watches::WatchState;
@@ -52,14 +52,10 @@ pub struct Worker {
     cfg: Config,
     me: Owner,
     phase: Phase,
-    /// The next [`OpId`].
-    next_op: u64,
     /// The next planner request id (also numbers leadership stints).
     next_plan_request: u64,
-    /// What each store request in flight is for.
-    pending: BTreeMap<OpId, Pending>,
-    /// Actions produced by the current input.
-    out: Vec<Action>,
+    /// Requests in flight, delayed retries and the actions of the current input.
+    outbox: Outbox,
     /// The cached store (S6: it triggers attempts, never decides them).
     view: View,
     watches: BTreeMap<WatchId, WatchState>,
@@ -76,7 +72,6 @@ pub struct Worker {
     held: BTreeMap<SplitId, Held>,
     /// Splits not to attempt again until the next heartbeat or a watch event about them.
     blocked: BTreeSet<SplitId>,
-    retries: Vec<Retry>,
     heartbeat_at: Option<Timestamp>,
     resync_at: Option<Timestamp>,
     last_steal_at: Option<Timestamp>,
@@ -111,14 +106,13 @@ impl Worker {
         debug_assert!(cfg.validate().is_ok(), "config must be validated first");
         let me = Owner { instance: cfg.instance_id.clone(), incarnation: cfg.incarnation };
         let view = View::new(cfg.instance_id.clone(), cfg.incarnation);
+        let outbox = Outbox::new(cfg.tuning.heartbeat_interval(), cfg.incarnation.0);
         Worker {
             cfg,
             me,
             phase: Phase::Idle,
-            next_op: 1,
             next_plan_request: 1,
-            pending: BTreeMap::new(),
-            out: Vec::new(),
+            outbox,
             view,
             watches: BTreeMap::new(),
             presence: Presence::default(),
@@ -127,7 +121,6 @@ impl Worker {
             leader_retry_at: None,
             held: BTreeMap::new(),
             blocked: BTreeSet::new(),
-            retries: Vec::new(),
             heartbeat_at: None,
             resync_at: None,
             last_steal_at: None,
@@ -194,7 +187,7 @@ impl Worker {
             self.evaluate(now);
         }
         self.emit_gauges();
-        std::mem::take(&mut self.out)
+        self.outbox.take_actions()
     }
 
     /// The earliest time at which [`Input::Tick`] must be delivered, if any (the earliest
@@ -212,7 +205,7 @@ impl Worker {
 
     /// Routes a store answer to the rule that sent the request.
     fn on_store_result(&mut self, now: Timestamp, op: OpId, result: StoreResult) {
-        let Some(pending) = self.pending.remove(&op) else { return };
+        let Some(pending) = self.outbox.answered(op) else { return };
         match pending {
             Pending::MetaCreate => self.on_meta_create(now, result),
             Pending::MetaGet => self.on_meta_get(now, result),
@@ -287,12 +280,12 @@ impl Worker {
             Some(outcome) => {
                 if self.ended.as_ref() != Some(&outcome) {
                     self.ended = Some(outcome.clone());
-                    self.event(Event::JobEnded { outcome });
+                    self.outbox.event(Event::JobEnded { outcome });
                 }
             }
             None => {
                 if self.ended.take().is_some() {
-                    self.event(Event::JobReopened);
+                    self.outbox.event(Event::JobReopened);
                 }
             }
         }

@@ -2,6 +2,7 @@
 //! answer is for), delayed retries, events, fatal stops, and the classification of store
 //! answers that every handler shares.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::ids::{OpId, Revision, SplitId};
@@ -147,7 +148,37 @@ impl Read {
     }
 }
 
-impl Worker {
+/// Everything the worker sends, grouped: op ids, the table of requests in flight (what each
+/// answer is for), delayed retries, and the actions produced by the current input. Rules send
+/// through it; [`Worker::handle`] takes its actions at the end of each input.
+#[derive(Debug)]
+pub(super) struct Outbox {
+    /// The next [`OpId`].
+    next_op: u64,
+    /// What each store request in flight is for.
+    pending: BTreeMap<OpId, Pending>,
+    /// Actions produced by the current input.
+    out: Vec<Action>,
+    /// Requests to send again once due.
+    retries: Vec<Retry>,
+    /// The retry backoff before jitter (a third of a heartbeat, 50 ms to 2 s).
+    backoff_base: Duration,
+    /// The jitter's seed (this process's incarnation).
+    jitter_seed: u64,
+}
+
+impl Outbox {
+    pub(super) fn new(heartbeat_interval: Duration, jitter_seed: u64) -> Self {
+        Outbox {
+            next_op: 1,
+            pending: BTreeMap::new(),
+            out: Vec::new(),
+            retries: Vec::new(),
+            backoff_base: (heartbeat_interval / 3).clamp(Duration::from_millis(50), Duration::from_secs(2)),
+            jitter_seed,
+        }
+    }
+
     /// The op id the next request will get (to tag a value with the write that carries it).
     pub(super) fn next_op_id(&self) -> OpId {
         OpId(self.next_op)
@@ -162,7 +193,7 @@ impl Worker {
         op
     }
 
-    /// Sends a request after [`Worker::retry_backoff`].
+    /// Sends a request after [`Outbox::retry_backoff`].
     pub(super) fn retry_later(
         &mut self,
         now: Timestamp,
@@ -179,9 +210,8 @@ impl Worker {
     /// this process's incarnation and its next op id: no clock, no randomness of its own, so a
     /// run stays a replayable function of its inputs.
     pub(super) fn retry_backoff(&self) -> Duration {
-        let base = (self.cfg.tuning.heartbeat_interval() / 3)
-            .clamp(Duration::from_millis(50), Duration::from_secs(2));
-        let mut h = self.me.incarnation.0 ^ self.next_op.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let base = self.backoff_base;
+        let mut h = self.jitter_seed ^ self.next_op.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         // splitmix64's finalizer.
         h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -189,30 +219,73 @@ impl Worker {
         base + base * (h % 1024) as u32 / 1024
     }
 
-    /// Sends the delayed retries that are due and still wanted.
-    pub(super) fn send_due_retries(&mut self, now: Timestamp) {
+    /// The delayed retries that are due, taken out of the queue (in the order they were queued).
+    pub(super) fn take_due(&mut self, now: Timestamp) -> Vec<Retry> {
         let (due, keep): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.retries).into_iter().partition(|r| r.at <= now);
         self.retries = keep;
-        for r in due {
-            if !self.retry_wanted(&r.pending, &r.request) {
-                continue;
-            }
-            let op = self.send(r.bucket, r.request, r.pending.clone());
-            self.rebind_retry(op, &r.pending);
-        }
+        due
     }
 
+    /// When the earliest delayed retry is due.
+    pub(super) fn next_retry_at(&self) -> Option<Timestamp> {
+        self.retries.iter().map(|r| r.at).min()
+    }
+
+    /// What the answer to `op` is for, taken out of the table (`None`: not ours, or forgotten).
+    pub(super) fn answered(&mut self, op: OpId) -> Option<Pending> {
+        self.pending.remove(&op)
+    }
+
+    /// Forgets a request in flight: its answer, when it comes, is ignored.
+    pub(super) fn forget(&mut self, op: OpId) {
+        self.pending.remove(&op);
+    }
+
+    /// Every request in flight or waiting to be sent again.
+    pub(super) fn in_flight(&self) -> impl Iterator<Item = &Pending> {
+        self.pending.values().chain(self.retries.iter().map(|r| &r.pending))
+    }
+
+    /// Forgets every request in flight and every retry (nothing follows).
+    pub(super) fn clear(&mut self) {
+        self.pending.clear();
+        self.retries.clear();
+    }
+
+    /// Queues one action.
+    pub(super) fn push(&mut self, action: Action) {
+        self.out.push(action);
+    }
+
+    /// Queues one event.
     pub(super) fn event(&mut self, e: Event) {
         self.out.push(Action::Event(e));
     }
 
+    /// The actions of the current input, taken.
+    pub(super) fn take_actions(&mut self) -> Vec<Action> {
+        std::mem::take(&mut self.out)
+    }
+}
+
+impl Worker {
+    /// Sends the delayed retries that are due and still wanted.
+    pub(super) fn send_due_retries(&mut self, now: Timestamp) {
+        for r in self.outbox.take_due(now) {
+            if !self.retry_wanted(&r.pending, &r.request) {
+                continue;
+            }
+            let op = self.outbox.send(r.bucket, r.request, r.pending.clone());
+            self.rebind_retry(op, &r.pending);
+        }
+    }
+
     /// Stops the worker on a condition it cannot continue from; nothing follows.
     pub(super) fn fatal(&mut self, e: FatalError) {
-        self.out.push(Action::Fatal(e));
+        self.outbox.push(Action::Fatal(e));
         self.phase = Phase::Stopped;
-        self.pending.clear();
-        self.retries.clear();
+        self.outbox.clear();
     }
 
     /// A store error that needs operator action.
@@ -235,7 +308,7 @@ impl Worker {
         };
         if self.gauges != Some(g) {
             self.gauges = Some(g);
-            self.event(Event::Gauges {
+            self.outbox.event(Event::Gauges {
                 owned: g.owned,
                 live_workers: g.live_workers,
                 splits: g.splits,

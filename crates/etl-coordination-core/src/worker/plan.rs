@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use bytes::Bytes;
 
 use crate::ids::{Epoch, Revision, SplitId};
-use crate::io::{Action, Event, Plan, PlanKind};
+use crate::io::{Action, Event};
+use crate::plan::{Plan, PlanKind};
 use crate::records::{self, Descriptor, ManifestChunk, ManifestRef, PlanHead, PlanStatus, SplitRecord, keys};
 use crate::store::{Bucket, Key, StoreReply, StoreRequest, StoreResult};
 use crate::time::Timestamp;
@@ -78,7 +79,7 @@ impl Worker {
                 let request = self.next_plan_request;
                 self.next_plan_request += 1;
                 l.stage = PlanStage::Requested { request, deadline: now + self.cfg.tuning.plan_timeout };
-                self.out.push(Action::Plan { request });
+                self.outbox.push(Action::Plan { request });
             }
             PlanStage::Writing(_) => self.pump_plan_writes(now),
             PlanStage::Idle => {
@@ -87,7 +88,7 @@ impl Worker {
                 {
                     l.gc_for = None;
                     let term_rev = l.term_rev.unwrap_or(Revision(0));
-                    self.send(
+                    self.outbox.send(
                         Bucket::State,
                         StoreRequest::List { prefix: keys::manifest_prefix() },
                         Pending::GcList,
@@ -106,7 +107,7 @@ impl Worker {
                         .map(|(id, sv)| (id.clone(), sv.record_rev))
                         .collect();
                     for (id, rev) in orphans {
-                        self.send(
+                        self.outbox.send(
                             Bucket::State,
                             StoreRequest::Delete { key: keys::split(&id), expected: rev },
                             Pending::Cleanup,
@@ -127,7 +128,7 @@ impl Worker {
         let backoff = hb * 2u32.pow(l.plan_failures.min(5));
         l.plan_failures += 1;
         l.stage = PlanStage::RetryAt(now + backoff);
-        self.event(Event::PlanFailed { error });
+        self.outbox.event(Event::PlanFailed { error });
     }
 
     /// P4: the planner did not answer in time; its late answer will be ignored.
@@ -279,7 +280,7 @@ impl Worker {
         let round = w.round;
         for (key, value) in sends {
             let request = StoreRequest::Create { key: key.clone(), value: value.clone(), ttl: None };
-            self.send(Bucket::State, request, Pending::PlanWrite { round, key, value });
+            self.outbox.send(Bucket::State, request, Pending::PlanWrite { round, key, value });
         }
         if publish {
             let l = self.leader.as_mut().expect("leader");
@@ -297,7 +298,7 @@ impl Worker {
                 value: records::encode(&new),
                 ttl: None,
             };
-            self.send(Bucket::State, request, Pending::HeadWrite { stint: self.stint(), head: new });
+            self.outbox.send(Bucket::State, request, Pending::HeadWrite { stint: self.stint(), head: new });
         }
     }
 
@@ -311,7 +312,7 @@ impl Worker {
         value: Bytes,
         result: StoreResult,
     ) {
-        let backoff = self.retry_backoff();
+        let backoff = self.outbox.retry_backoff();
         let Some(l) = self.leader.as_mut() else { return };
         let PlanStage::Writing(w) = &mut l.stage else { return };
         if w.round != round {
@@ -329,7 +330,7 @@ impl Worker {
             // carry a revision of our term before we publish it: read it to decide (P4).
             Written::Conflict if keys::parse_split(&key).is_some() => {
                 w.splits_in_flight += 1;
-                self.send(
+                self.outbox.send(
                     Bucket::State,
                     StoreRequest::Get { key: key.clone() },
                     Pending::PlanTouchRead { round, key, value },
@@ -362,7 +363,7 @@ impl Worker {
         value: Bytes,
         result: StoreResult,
     ) {
-        let backoff = self.retry_backoff();
+        let backoff = self.outbox.retry_backoff();
         let Some(l) = self.leader.as_mut() else { return };
         let term_rev = l.term_rev.unwrap_or(Revision(0));
         let PlanStage::Writing(w) = &mut l.stage else { return };
@@ -381,7 +382,7 @@ impl Worker {
                         value: e.value,
                         ttl: None,
                     };
-                    self.send(Bucket::State, request, Pending::PlanWrite { round, key, value });
+                    self.outbox.send(Bucket::State, request, Pending::PlanWrite { round, key, value });
                 }
             }
             Read::Absent => w.splits.push_front((key, value)),
@@ -402,7 +403,7 @@ impl Worker {
                 && (term, version) != (current.term, current.version)
                 && version <= current.version
             {
-                self.send(
+                self.outbox.send(
                     Bucket::State,
                     StoreRequest::Delete { key: e.key, expected: e.revision },
                     Pending::Cleanup,

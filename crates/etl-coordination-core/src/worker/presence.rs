@@ -72,7 +72,7 @@ impl Worker {
 
     fn presence_read(&mut self, pending: Pending) -> OpId {
         let key = keys::worker(&self.me.instance);
-        self.send(Bucket::Lease, StoreRequest::Get { key }, pending)
+        self.outbox.send(Bucket::Lease, StoreRequest::Get { key }, pending)
     }
 
     fn duplicate(&mut self, other: u64) {
@@ -83,7 +83,7 @@ impl Worker {
     pub(super) fn create_presence(&mut self) {
         self.presence.join = Join::Creating;
         let request = self.presence_create();
-        self.send(Bucket::Lease, request, Pending::PresenceCreate);
+        self.outbox.send(Bucket::Lease, request, Pending::PresenceCreate);
     }
 
     fn presence_joined(&mut self, now: Timestamp, rev: Revision) {
@@ -108,7 +108,7 @@ impl Worker {
             Written::Fatal(e) => self.fatal_store(e),
             Written::Unavailable => {
                 let request = self.presence_create();
-                self.retry_later(now, Bucket::Lease, request, Pending::PresenceCreate);
+                self.outbox.retry_later(now, Bucket::Lease, request, Pending::PresenceCreate);
             }
         }
     }
@@ -124,7 +124,12 @@ impl Worker {
             Read::Failed(e) if e.is_fatal() => return self.fatal_store(e),
             Read::Failed(_) => {
                 let key = keys::worker(&self.me.instance);
-                return self.retry_later(now, Bucket::Lease, StoreRequest::Get { key }, Pending::PresenceGet);
+                return self.outbox.retry_later(
+                    now,
+                    Bucket::Lease,
+                    StoreRequest::Get { key },
+                    Pending::PresenceGet,
+                );
             }
         };
         let Ok(mut rec) = records::decode::<PresenceRecord>(&entry.value) else {
@@ -194,7 +199,7 @@ impl Worker {
     fn takeover_presence(&mut self, rev: Revision) {
         self.presence.join = Join::TakingOver;
         let request = self.presence_cas(rev);
-        self.send(Bucket::Lease, request, Pending::PresenceTakeover);
+        self.outbox.send(Bucket::Lease, request, Pending::PresenceTakeover);
     }
 
     pub(super) fn on_presence_takeover(&mut self, now: Timestamp, result: StoreResult) {
@@ -209,7 +214,7 @@ impl Worker {
             Written::Unavailable => {
                 self.presence.join = Join::Creating;
                 let key = keys::worker(&self.me.instance);
-                self.retry_later(now, Bucket::Lease, StoreRequest::Get { key }, Pending::PresenceGet);
+                self.outbox.retry_later(now, Bucket::Lease, StoreRequest::Get { key }, Pending::PresenceGet);
             }
         }
     }
@@ -221,7 +226,7 @@ impl Worker {
             return;
         }
         let request = self.presence_cas(rev);
-        let op = self.send(Bucket::Lease, request, Pending::PresenceRenew);
+        let op = self.outbox.send(Bucket::Lease, request, Pending::PresenceRenew);
         self.presence.renewing = Some(op);
     }
 
@@ -255,7 +260,7 @@ impl Worker {
             Read::Absent => {
                 self.presence.rev = None;
                 let request = self.presence_create();
-                let op = self.send(Bucket::Lease, request, Pending::PresenceCreate);
+                let op = self.outbox.send(Bucket::Lease, request, Pending::PresenceCreate);
                 self.presence.renewing = Some(op);
             }
             Read::Failed(_) => {}

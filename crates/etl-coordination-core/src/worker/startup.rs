@@ -31,7 +31,7 @@ impl Worker {
         }
         self.phase = Phase::Meta;
         let request = self.meta_create();
-        self.send(Bucket::State, request, Pending::MetaCreate);
+        self.outbox.send(Bucket::State, request, Pending::MetaCreate);
     }
 
     /// P2: `meta` created (join), or it exists (read it and compare).
@@ -39,12 +39,12 @@ impl Worker {
         match Written::of(result) {
             Written::Applied(_) => self.join(),
             Written::Conflict | Written::InDoubt => {
-                self.send(Bucket::State, StoreRequest::Get { key: keys::meta() }, Pending::MetaGet);
+                self.outbox.send(Bucket::State, StoreRequest::Get { key: keys::meta() }, Pending::MetaGet);
             }
             Written::Fatal(e) => self.fatal_store(e),
             Written::Unavailable => {
                 let request = self.meta_create();
-                self.retry_later(now, Bucket::State, request, Pending::MetaCreate);
+                self.outbox.retry_later(now, Bucket::State, request, Pending::MetaCreate);
             }
         }
     }
@@ -63,15 +63,15 @@ impl Worker {
             // Gone again after a conflicting or in-doubt create: create again.
             Read::Absent => {
                 let request = self.meta_create();
-                self.retry_later(now, Bucket::State, request, Pending::MetaCreate);
+                self.outbox.retry_later(now, Bucket::State, request, Pending::MetaCreate);
             }
             Read::Failed(StoreError::Indeterminate(_)) => {
-                self.send(Bucket::State, StoreRequest::Get { key: keys::meta() }, Pending::MetaGet);
+                self.outbox.send(Bucket::State, StoreRequest::Get { key: keys::meta() }, Pending::MetaGet);
             }
             Read::Failed(e) if e.is_fatal() => self.fatal_store(e),
             Read::Failed(_) => {
                 let request = StoreRequest::Get { key: keys::meta() };
-                self.retry_later(now, Bucket::State, request, Pending::MetaGet);
+                self.outbox.retry_later(now, Bucket::State, request, Pending::MetaGet);
             }
         }
     }
@@ -84,7 +84,7 @@ impl Worker {
         self.phase = Phase::Joining;
         for w in WatchId::ALL {
             self.watches.insert(w, WatchState { ready: false, snapshot: Some(Vec::new()) });
-            self.out.push(Action::Watch { watch: w });
+            self.outbox.push(Action::Watch { watch: w });
         }
         self.create_presence();
     }

@@ -125,18 +125,18 @@ impl Worker {
         let Some(h) = self.held.remove(id) else { return };
         let lane_running = matches!(h.stage, Stage::Running | Stage::Stopping { .. });
         if lane_running {
-            self.out.push(Action::StopLane { split: id.clone(), epoch: h.epoch, reason, deadline: None });
+            self.outbox.push(Action::StopLane { split: id.clone(), epoch: h.epoch, reason, deadline: None });
         }
         if let Some(c) = h.commit {
-            self.pending.remove(&c.op);
-            self.out.push(Action::CommitDone {
+            self.outbox.forget(c.op);
+            self.outbox.push(Action::CommitDone {
                 split: id.clone(),
                 epoch: h.epoch,
                 outcome: CommitOutcome::Lost,
             });
         }
         if lane_running || h.stage == Stage::Starved {
-            self.event(Event::Revoked { split: id.clone(), reason });
+            self.outbox.event(Event::Revoked { split: id.clone(), reason });
             // Our tenancy is over, but we are alive: end it gracefully if the record still
             // says it is ours (a store outage outlived our lease, say). The CAS against our last
             // write does nothing if someone else moved the record; a claimer racing it re-bases
@@ -235,7 +235,7 @@ impl Worker {
             value: records::encode(&self.release_record(record)),
             ttl: None,
         };
-        self.send(Bucket::State, request, Pending::Cleanup);
+        self.outbox.send(Bucket::State, request, Pending::Cleanup);
     }
 
     /// Starts the lane of a tenancy whose lease and record are ours, unless trust lapsed
@@ -257,7 +257,7 @@ impl Worker {
             reason: (!h.resuming).then_some(h.reason),
         };
         h.resuming = false;
-        self.out.push(action);
+        self.outbox.push(action);
     }
 
     /// Ends the tenancy by deleting its lease (after a renewal in flight, so the expected
@@ -274,7 +274,7 @@ impl Worker {
             self.held.remove(id);
             return;
         };
-        let op = self.send(
+        let op = self.outbox.send(
             Bucket::Lease,
             StoreRequest::Delete { key: keys::split(id), expected: rev },
             Pending::LeaseDelete { split: id.clone() },

@@ -49,7 +49,7 @@ impl Worker {
         if self.phase == Phase::Stopped {
             return;
         }
-        if let Some(at) = self.retries.iter().map(|r| r.at).min() {
+        if let Some(at) = self.outbox.next_retry_at() {
             f(Timer::Retry, at);
         }
         if let Join::Observing { deadline, .. } = self.presence.join {

@@ -28,7 +28,7 @@ impl Worker {
         if let Some(w) = self.watches.get_mut(&watch) {
             w.ready = false;
             w.snapshot = Some(Vec::new());
-            self.out.push(Action::Watch { watch });
+            self.outbox.push(Action::Watch { watch });
         }
     }
 
@@ -121,7 +121,7 @@ impl Worker {
             return;
         }
         self.view.undecodable.insert(slot, entry.revision);
-        self.event(Event::Undecodable { key: entry.key.to_string(), error });
+        self.outbox.event(Event::Undecodable { key: entry.key.to_string(), error });
     }
 
     /// The key holds a value that decodes at `rev`, or none: no longer undecodable.
@@ -326,7 +326,7 @@ impl Worker {
         }
         for w in WatchId::ALL {
             let request = StoreRequest::List { prefix: w.prefix() };
-            self.send(w.bucket(), request, Pending::Resync { watch: w });
+            self.outbox.send(w.bucket(), request, Pending::Resync { watch: w });
         }
     }
 }
