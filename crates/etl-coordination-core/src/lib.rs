@@ -43,6 +43,7 @@
 mod config;
 mod ids;
 mod io;
+mod lifecycle;
 mod plan;
 pub mod records;
 mod store;

@@ -3,12 +3,13 @@
 
 use crate::ids::{Epoch, OpId, Revision, SplitId};
 use crate::io::{AcquisitionReason, Event};
-use crate::records::{self, Descriptor, EndReason, LeaseRecord, SplitRecord, SplitState, keys};
+use crate::records::{self, Descriptor, LeaseRecord, SplitRecord, SplitState, keys};
 use crate::store::{Bucket, StoreReply, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 
 use super::outbox::{Pending, Read, Written};
-use super::tenancy::{End, Held, Stage};
+use super::resolve::{RecordRead, still_ours};
+use super::tenancy::{Acquisition, End, Ending, Held, OurLease, OurRecord, Stage};
 use super::{Phase, Worker};
 
 /// Reads of an absent descriptor before the split is called unprocessable; they must also span
@@ -27,24 +28,24 @@ impl Worker {
             .view
             .old_incarnation
             .iter()
-            .filter(|id| !self.held.contains_key(*id) && !self.blocked.contains(*id))
-            .take(max.saturating_sub(self.held.len()))
+            .filter(|id| !self.tenancies.contains(id) && !self.tenancies.is_blocked(id))
+            .take(max.saturating_sub(self.tenancies.len()))
             .cloned()
             .collect();
         for id in reclaim {
             self.start_acquire(now, &id, AcquisitionReason::Reclaimed);
         }
         let target = self.fair_target();
-        if self.held.len() >= target {
+        if self.tenancies.len() >= target {
             return;
         }
-        let mut want = target - self.held.len();
+        let mut want = target - self.tenancies.len();
         let mut picks = Vec::new();
         for (_, id) in &self.view.claimable {
             if want == 0 {
                 break;
             }
-            if self.held.contains_key(id) || self.blocked.contains(id) {
+            if self.tenancies.contains(id) || self.tenancies.is_blocked(id) {
                 continue;
             }
             picks.push(id.clone());
@@ -55,7 +56,7 @@ impl Worker {
             let reason = self.claim_reason(&id);
             self.start_acquire(now, &id, reason);
         }
-        let nothing_unclaimed = self.view.claimable.iter().all(|(_, id)| self.held.contains_key(id));
+        let nothing_unclaimed = self.view.claimable.iter().all(|(_, id)| self.tenancies.contains(id));
         if !claimed_any && want > 0 && nothing_unclaimed {
             self.maybe_steal(now);
         }
@@ -129,34 +130,35 @@ impl Worker {
             AcquisitionReason::Reclaimed => true,
             _ => false,
         };
-        self.held.insert(
+        self.tenancies.insert(
             id.clone(),
             Held {
                 epoch,
                 weight,
-                reason,
-                consumes_attempt,
                 base: base.clone(),
-                record: base,
-                record_rev: base_rev,
-                lease_rev: None,
-                trusted_until: now + self.cfg.tuning.lease_trust(),
-                renewing: None,
+                acquisition: Acquisition {
+                    reason,
+                    consumes_attempt,
+                    resuming: false,
+                    desc_misses: 0,
+                    desc_first_miss: None,
+                    descriptor: None,
+                },
+                written: OurRecord { record: base, rev: base_rev, in_doubt: false },
+                lease: OurLease {
+                    rev: None,
+                    trusted_until: now + self.cfg.tuning.lease_trust(),
+                    renewing: None,
+                },
                 stage: Stage::AcquiringLease,
                 op: None,
                 commit: None,
-                end: None,
-                end_write: None,
-                resuming: false,
-                desc_misses: 0,
-                desc_first_miss: None,
-                descriptor: None,
-                record_in_doubt: false,
+                ending: Ending::default(),
             },
         );
         let op =
             self.outbox.send(Bucket::Lease, request, Pending::LeaseAcquire { split: id.clone(), sent: now });
-        self.held.get_mut(id).expect("held").op = Some(op);
+        self.tenancies[id].op = Some(op);
     }
 
     /// P5: the lease is ours (go on to the record), in doubt (read it), or lost (not an error).
@@ -179,7 +181,7 @@ impl Worker {
                     request,
                     Pending::LeaseAcquireResolve { split: id.clone(), sent, write: op },
                 );
-                self.held.get_mut(&id).expect("held").op = Some(op);
+                self.tenancies[&id].op = Some(op);
             }
             // Lost the race or the store is down: not an error.
             Written::Conflict | Written::Unavailable => self.give_up_acquire(&id),
@@ -204,21 +206,21 @@ impl Worker {
             // lease back.
             if let Ok(StoreReply::Value(Some(e))) = &result
                 && self.names_me(&e.key, &e.value)
-                && !self.held.contains_key(&id)
+                && !self.tenancies.contains(&id)
             {
                 self.retire(e.key.clone(), e.revision);
             }
             return;
         }
-        let h = &self.held[&id];
+        let h = &self.tenancies[&id];
         let epoch = h.epoch;
         let read = Read::of(result);
         if let Read::Found(e) = &read
-            && h.lease_rev.is_some_and(|known| e.revision < known)
+            && h.lease.rev.is_some_and(|known| e.revision < known)
         {
             // A lagging replica (a resume knows the lease's revision): read again.
             let pending = Pending::LeaseAcquireResolve { split: id.clone(), sent, write };
-            self.held.get_mut(&id).expect("held").op = None;
+            self.tenancies[&id].op = None;
             return self.outbox.retry_later(
                 now,
                 Bucket::Lease,
@@ -237,7 +239,7 @@ impl Worker {
             Some((rev, true)) => self.lease_acquired(&id, rev, sent),
             // An earlier attempt of the same resume: the same tenancy, so keep it, but earn
             // trust by a renewal.
-            Some((rev, false)) if self.held[&id].resuming => {
+            Some((rev, false)) if self.tenancies[&id].acquisition.resuming => {
                 self.lease_acquired(&id, rev, Timestamp::ZERO);
                 self.renew_lease(now, &id);
             }
@@ -256,16 +258,16 @@ impl Worker {
 
     fn lease_acquired(&mut self, id: &SplitId, rev: Revision, sent: Timestamp) {
         let me = self.me.clone();
-        let h = self.held.get_mut(id).expect("held");
-        h.lease_rev = Some(rev);
-        h.trusted_until = sent + self.cfg.tuning.lease_trust();
+        let h = &mut self.tenancies[id];
+        h.lease.rev = Some(rev);
+        h.lease.trusted_until = sent + self.cfg.tuning.lease_trust();
         let epoch = h.epoch;
         self.view.put_lease(id, rev, LeaseRecord { owner: me, epoch, write: 0 });
-        if self.phase == Phase::Leaving && !self.held[id].displaced() {
+        if self.phase == Phase::Leaving && !self.tenancies[id].displaced() {
             // Draining meanwhile: nobody held this lease, so give it back untouched.
             return self.abandon(id);
         }
-        if self.held[id].resuming && self.held[id].descriptor.is_some() {
+        if self.tenancies[id].acquisition.resuming && self.tenancies[id].acquisition.descriptor.is_some() {
             // A resume moves the same tenancy to a new epoch: nothing to read (P11).
             return self.write_claim(id);
         }
@@ -279,50 +281,19 @@ impl Worker {
     /// attempt it charges reaches `max_attempts`. The previous tenancy is charged an attempt if
     /// it ended without a release (expired, reclaimed) and committed no progress.
     fn claim_record(&self, h: &Held) -> SplitRecord {
-        if h.resuming {
-            // P11: the same tenancy goes on under a new epoch; nothing ended.
-            return SplitRecord {
-                epoch: h.epoch,
-                owner: Some(self.me.clone()),
-                progressed: false,
-                ..h.base.clone()
-            };
+        let a = &h.acquisition;
+        if a.resuming {
+            return h.base.resumed(&self.me, h.epoch);
         }
-        let base = &h.base;
-        let charged = h.consumes_attempt && !base.progressed;
-        let attempts = base.attempts + u32::from(charged);
-        let last_end = match h.reason {
-            AcquisitionReason::Expired if h.consumes_attempt => Some(EndReason::Expired),
-            AcquisitionReason::Reclaimed => Some(EndReason::Reclaimed),
-            AcquisitionReason::Stolen => Some(EndReason::Stolen),
-            _ => base.last_end,
-        };
-        let last_error = if charged {
-            let who = base.owner.as_ref().map_or_else(|| "unknown owner".to_owned(), |o| o.to_string());
-            Some(format!("tenancy of {who} ended without a release ({})", h.reason.label()))
-        } else {
-            base.last_error.clone()
-        };
-        let quarantine = charged && attempts >= self.cfg.tuning.max_attempts;
-        SplitRecord {
-            epoch: h.epoch,
-            // P12: quarantine instead of claiming.
-            owner: (!quarantine).then(|| self.me.clone()),
-            state: if quarantine { SplitState::Quarantined } else { SplitState::Owned },
-            progress: base.progress.clone(),
-            attempts,
-            last_end,
-            last_error,
-            progressed: false,
-        }
+        h.base.claimed(&self.me, h.epoch, a.reason, a.consumes_attempt, self.cfg.tuning.max_attempts)
     }
 
     /// P5: the fenced record CAS against the revision the acquisition was based on.
     fn write_claim(&mut self, id: &SplitId) {
         let (request, record) = self.claim_request(id);
         let op = self.outbox.send(Bucket::State, request, Pending::RecordClaim { split: id.clone() });
-        let h = self.held.get_mut(id).expect("held");
-        h.record = record;
+        let h = &mut self.tenancies[id];
+        h.written.record = record;
         h.stage = Stage::WritingRecord;
         h.op = Some(op);
     }
@@ -333,19 +304,19 @@ impl Worker {
     /// decided.
     fn write_claim_later(&mut self, now: Timestamp, id: &SplitId) {
         let (request, record) = self.claim_request(id);
-        let h = self.held.get_mut(id).expect("held");
-        h.record = record;
+        let h = &mut self.tenancies[id];
+        h.written.record = record;
         h.stage = Stage::WritingRecord;
         h.op = None;
         self.outbox.retry_later(now, Bucket::State, request, Pending::RecordClaim { split: id.clone() });
     }
 
     pub(super) fn claim_request(&self, id: &SplitId) -> (StoreRequest, SplitRecord) {
-        let h = &self.held[id];
+        let h = &self.tenancies[id];
         let record = self.claim_record(h);
         let request = StoreRequest::CompareAndSwap {
             key: keys::split(id),
-            expected: h.record_rev,
+            expected: h.written.rev,
             value: records::encode(&record),
             ttl: None,
         };
@@ -365,12 +336,12 @@ impl Worker {
                     StoreRequest::Get { key: keys::split(&id) },
                     Pending::RecordClaimRead { split: id.clone() },
                 );
-                self.held.get_mut(&id).expect("held").op = Some(op);
+                self.tenancies[&id].op = Some(op);
             }
             Written::Fatal(e) => self.fatal_store(e),
             Written::Unavailable => {
                 let request = StoreRequest::Get { key: keys::split(&id) };
-                self.held.get_mut(&id).expect("held").op = None;
+                self.tenancies[&id].op = None;
                 self.outbox.retry_later(now, Bucket::State, request, Pending::RecordClaimRead { split: id });
             }
         }
@@ -388,11 +359,17 @@ impl Worker {
         if !self.is_current(&id, op) {
             return;
         }
-        let entry = match Read::of(result) {
-            Read::Found(e) => e,
-            Read::Absent => return self.abandon(&id),
-            Read::Failed(_) => {
-                self.held.get_mut(&id).expect("held").op = None;
+        let h = &self.tenancies[&id];
+        let (rev, rec) = match RecordRead::of(result, h.written.rev, Some(&h.written.record)) {
+            RecordRead::Landed(rev) => {
+                self.tenancies[&id].written.in_doubt = false;
+                return self.claim_written(now, &id, rev);
+            }
+            RecordRead::Other(rev, rec) => (rev, rec),
+            RecordRead::Gone => return self.abandon(&id),
+            // Decides nothing: read again.
+            RecordRead::Lagging | RecordRead::Unavailable => {
+                self.tenancies[&id].op = None;
                 return self.outbox.retry_later(
                     now,
                     Bucket::State,
@@ -401,56 +378,39 @@ impl Worker {
                 );
             }
         };
-        if entry.revision < self.held[&id].record_rev {
-            // A lagging replica: never adopt a record older than one we know; read again.
-            self.held.get_mut(&id).expect("held").op = None;
-            let request = StoreRequest::Get { key: keys::split(&id) };
-            return self.outbox.retry_later(
-                now,
-                Bucket::State,
-                request,
-                Pending::RecordClaimRead { split: id },
-            );
-        }
-        let Ok(rec) = records::decode::<SplitRecord>(&entry.value) else { return self.abandon(&id) };
-        let h = self.held.get_mut(&id).expect("held");
-        if rec == h.record {
-            // Our own write landed.
-            h.record_in_doubt = false;
-            return self.claim_written(now, &id, entry.revision);
-        }
+        let h = &mut self.tenancies[&id];
         // Still at the epoch we set out to replace: the previous owner committed (or ended its
         // tenancy) meanwhile, which moves the revision but not the epoch. We hold the lease, so
         // nobody else can bump the epoch: retry against the fresh revision, from the fresh record
         // (its progress is the latest durable one). The CAS still fences.
         if rec.epoch == h.base.epoch && !rec.is_terminal() {
-            let unmoved = entry.revision == h.record_rev;
+            let unmoved = rev == h.written.rev;
             if rec.state == SplitState::Unleased {
                 // The previous owner released (or failed) it gracefully after all (also when we
                 // set out to steal it: the victim let go first).
-                h.consumes_attempt = false;
+                h.acquisition.consumes_attempt = false;
                 if rec.epoch != Epoch(0) {
-                    h.reason = AcquisitionReason::Released;
+                    h.acquisition.reason = AcquisitionReason::Released;
                 }
             }
             h.base = rec;
-            h.record_rev = entry.revision;
+            h.written.rev = rev;
             if unmoved {
                 return self.write_claim_later(now, &id);
             }
             return self.write_claim(&id);
         }
-        if rec.epoch == h.epoch && rec.owner.as_ref() == Some(&self.me) && rec.state == SplitState::Owned {
+        if still_ours(&rec, &self.me, h.epoch) {
             // A claim of an earlier acquisition of ours (given up while its write was in doubt)
             // landed late: that tenancy never ran. It is released (no attempt: nothing ran, no
             // evidence against the data), not adopted (its reason and attempts were decided for
             // a lease we no longer hold), and this acquisition gives its lease back.
-            let (rev, record) = (entry.revision, rec.clone());
-            self.view.put_record(&id, entry.revision, rec);
+            let record = rec.clone();
+            self.view.put_record(&id, rev, rec);
             self.release_if_unmoved(&id, rev, &record);
             return self.abandon(&id);
         }
-        self.view.put_record(&id, entry.revision, rec);
+        self.view.put_record(&id, rev, rec);
         self.abandon(&id);
     }
 
@@ -461,7 +421,7 @@ impl Worker {
             StoreRequest::Get { key: keys::desc(id) },
             Pending::DescRead { split: id.clone() },
         );
-        let h = self.held.get_mut(id).expect("held");
+        let h = &mut self.tenancies[id];
         h.stage = Stage::ReadingDesc;
         h.op = Some(op);
     }
@@ -476,13 +436,13 @@ impl Worker {
         let unusable = |error: String| End::Fail { error, unprocessable: true };
         // Whether trust lapsed meanwhile (we were paused or cut off) on a plain claim: it gives
         // the lease back rather than record a tenancy (see above).
-        let lapsed = |h: &Held| h.trusted_until <= now && !h.displaced();
+        let lapsed = |h: &Held| h.lease.trusted_until <= now && !h.displaced();
         let read = Read::of(result);
         match read {
             Read::Found(ref e) => match records::decode::<Descriptor>(&e.value) {
                 Ok(d) => {
-                    let h = self.held.get_mut(&id).expect("held");
-                    h.descriptor = Some(d.descriptor);
+                    let h = &mut self.tenancies[&id];
+                    h.acquisition.descriptor = Some(d.descriptor);
                     h.op = None;
                     if lapsed(h) {
                         return self.abandon(&id);
@@ -491,11 +451,10 @@ impl Worker {
                 }
                 Err(err) => {
                     self.outbox.event(Event::Undecodable { key: e.key.to_string(), error: err.to_string() });
-                    if lapsed(&self.held[&id]) {
+                    if lapsed(&self.tenancies[&id]) {
                         return self.abandon(&id);
                     }
-                    self.held.get_mut(&id).expect("held").end =
-                        Some(unusable(format!("undecodable descriptor: {err}")));
+                    self.tenancies[&id].ending.how = Some(unusable(format!("undecodable descriptor: {err}")));
                     self.write_claim(&id);
                 }
             },
@@ -504,18 +463,17 @@ impl Worker {
             // least a lease duration, before calling the split unprocessable (P12: a stale read
             // is no poison).
             Read::Absent if self.descriptor_gone(now, &id) => {
-                if lapsed(&self.held[&id]) {
+                if lapsed(&self.tenancies[&id]) {
                     return self.abandon(&id);
                 }
-                self.held.get_mut(&id).expect("held").end =
-                    Some(unusable("descriptor missing from the store".into()));
+                self.tenancies[&id].ending.how = Some(unusable("descriptor missing from the store".into()));
                 self.write_claim(&id);
             }
             Read::Absent | Read::Failed(_) => {
-                let h = self.held.get_mut(&id).expect("held");
+                let h = &mut self.tenancies[&id];
                 if matches!(read, Read::Absent) {
-                    h.desc_misses += 1;
-                    h.desc_first_miss.get_or_insert(now);
+                    h.acquisition.desc_misses += 1;
+                    h.acquisition.desc_first_miss.get_or_insert(now);
                 }
                 h.op = None;
                 self.outbox.retry_later(
@@ -533,17 +491,18 @@ impl Worker {
     /// re-reads are paced by the short retry backoff, and all of them could be answered by a
     /// replica lagging behind the descriptor's write (seeds 104120 and 201380).
     fn descriptor_gone(&self, now: Timestamp, id: &SplitId) -> bool {
-        let h = &self.held[id];
-        let since = h.desc_first_miss.unwrap_or(now);
-        h.desc_misses + 1 >= DESC_MISSES_MAX && now.saturating_since(since) >= self.cfg.tuning.lease_duration
+        let h = &self.tenancies[id];
+        let since = h.acquisition.desc_first_miss.unwrap_or(now);
+        h.acquisition.desc_misses + 1 >= DESC_MISSES_MAX
+            && now.saturating_since(since) >= self.cfg.tuning.lease_duration
     }
 
     /// Lease and record are ours: start the lane, or (quarantined by this claim, or the
     /// descriptor unusable, or leaving) end at once.
     fn claim_written(&mut self, now: Timestamp, id: &SplitId, rev: Revision) {
-        let h = self.held.get_mut(id).expect("held");
-        h.record_rev = rev;
-        let record = h.record.clone();
+        let h = &mut self.tenancies[id];
+        h.written.rev = rev;
+        let record = h.written.record.clone();
         self.view.put_record(id, rev, record.clone());
         if record.state == SplitState::Quarantined {
             self.outbox.event(Event::Quarantined {
@@ -553,12 +512,12 @@ impl Worker {
             });
             return self.delete_lease(id);
         }
-        let h = &self.held[id];
-        let (reason, epoch) = (h.reason, h.epoch);
-        if !h.resuming {
+        let h = &self.tenancies[id];
+        let (reason, epoch) = (h.acquisition.reason, h.epoch);
+        if !h.acquisition.resuming {
             self.outbox.event(Event::Acquired { split: id.clone(), reason, epoch });
         }
-        if let Some(end) = self.held.get_mut(id).expect("held").end.take() {
+        if let Some(end) = self.tenancies[id].ending.how.take() {
             return self.begin_end(id, end);
         }
         if self.phase == Phase::Leaving {

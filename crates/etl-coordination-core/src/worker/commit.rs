@@ -6,30 +6,13 @@ use bytes::Bytes;
 
 use crate::ids::{Epoch, OpId, Revision, SplitId};
 use crate::io::{Action, CommitOutcome, Event, StopReason};
-use crate::records::{self, EndReason, SplitRecord, SplitState, keys};
+use crate::records::{self, keys};
 use crate::store::{Bucket, StoreRequest, StoreResult};
 
 use super::Worker;
-use super::outbox::{Pending, Read, Written};
+use super::outbox::{Pending, Written};
+use super::resolve::{RecordRead, still_ours};
 use super::tenancy::{CommitInFlight, Stage};
-
-/// The record a commit writes: `current` with the new progress; a terminal commit marks it
-/// Done and clears the owner at the same epoch (P8). Progress beyond `base` (where the tenancy
-/// started) resets the attempt count (P12): a tenancy that advances is no evidence of poison.
-fn committed(current: &SplitRecord, base: &Option<Bytes>, progress: &Bytes, terminal: bool) -> SplitRecord {
-    let mut record = current.clone();
-    record.progress = Some(progress.clone());
-    if base.as_ref() != Some(progress) {
-        record.progressed = true;
-        record.attempts = 0;
-    }
-    if terminal {
-        record.state = SplitState::Done;
-        record.owner = None;
-        record.last_end = Some(EndReason::Finished);
-    }
-    record
-}
 
 impl Worker {
     /// P8: a lane's commit (or terminal commit). One commit per tenancy is in flight at a time;
@@ -37,7 +20,7 @@ impl Worker {
     pub(super) fn on_commit(&mut self, id: SplitId, epoch: Epoch, progress: Bytes, terminal: bool) {
         let reply =
             |w: &mut Self, outcome| w.outbox.push(Action::CommitDone { split: id.clone(), epoch, outcome });
-        let Some(h) = self.held.get(&id) else { return reply(self, CommitOutcome::Lost) };
+        let Some(h) = self.tenancies.get(&id) else { return reply(self, CommitOutcome::Lost) };
         if h.epoch != epoch {
             return reply(self, CommitOutcome::Lost);
         }
@@ -48,26 +31,26 @@ impl Worker {
         if !matches!(h.stage, Stage::Running | Stage::Stopping { .. }) || h.commit.is_some() {
             return reply(self, CommitOutcome::Retryable);
         }
-        let record = committed(&h.record, &h.base.progress, &progress, terminal);
+        let record = h.written.record.committed(&h.base.progress, &progress, terminal);
         let request = StoreRequest::CompareAndSwap {
             key: keys::split(&id),
-            expected: h.record_rev,
+            expected: h.written.rev,
             value: records::encode(&record),
             ttl: None,
         };
         let op = self.outbox.send(Bucket::State, request, Pending::RecordCommit { split: id.clone() });
-        self.held.get_mut(&id).expect("held").commit = Some(CommitInFlight { op, progress, terminal });
+        self.tenancies[&id].commit = Some(CommitInFlight { op, progress, terminal });
     }
 
     pub(super) fn on_record_commit(&mut self, op: OpId, id: SplitId, result: StoreResult) {
-        let Some(h) = self.held.get(&id) else { return };
+        let Some(h) = self.tenancies.get(&id) else { return };
         let Some(c) = h.commit.clone().filter(|c| c.op == op) else { return };
         let answer = self.record_answer(&id, result);
         match answer {
             Written::Applied(rev) => self.commit_applied(&id, rev),
             // P8: the fence said no and none of our writes to the record is in doubt: someone
             // else wrote it, the split is lost (no read needed, a lagging replica cannot delay it).
-            Written::Conflict if !self.held[&id].record_in_doubt => self.commit_lost(&id),
+            Written::Conflict if !self.tenancies[&id].written.in_doubt => self.commit_lost(&id),
             // P8: otherwise the outcome is decided by re-reading, never assumed.
             Written::Conflict | Written::InDoubt => {
                 let op = self.outbox.send(
@@ -75,7 +58,7 @@ impl Worker {
                     StoreRequest::Get { key: keys::split(&id) },
                     Pending::RecordCommitRead { split: id.clone() },
                 );
-                self.held.get_mut(&id).expect("held").commit = Some(CommitInFlight { op, ..c });
+                self.tenancies[&id].commit = Some(CommitInFlight { op, ..c });
             }
             Written::Unavailable => self.finish_commit(&id, CommitOutcome::Retryable),
             Written::Fatal(e) => {
@@ -89,36 +72,32 @@ impl Worker {
     /// names us at our epoch (our earlier in-doubt write moved the revision: adopt it whole and
     /// answer `Retryable`); or the split is lost.
     pub(super) fn on_record_commit_read(&mut self, op: OpId, id: SplitId, result: StoreResult) {
-        let Some(h) = self.held.get(&id) else { return };
+        let Some(h) = self.tenancies.get(&id) else { return };
         let Some(c) = h.commit.clone().filter(|c| c.op == op) else { return };
-        let entry = match Read::of(result) {
-            Read::Found(e) => e,
-            Read::Absent => return self.commit_lost(&id),
-            Read::Failed(_) => return self.finish_commit(&id, CommitOutcome::Retryable),
+        let ours = h.written.record.committed(&h.base.progress, &c.progress, c.terminal);
+        let (rev, rec) = match RecordRead::of(result, h.written.rev, Some(&ours)) {
+            RecordRead::Landed(rev) => {
+                self.tenancies[&id].written.in_doubt = false;
+                return self.commit_applied(&id, rev);
+            }
+            RecordRead::Other(rev, rec) => (rev, rec),
+            RecordRead::Gone => return self.commit_lost(&id),
+            // Decides nothing (the lane commits again later).
+            RecordRead::Lagging | RecordRead::Unavailable => {
+                return self.finish_commit(&id, CommitOutcome::Retryable);
+            }
         };
-        if entry.revision < self.held[&id].record_rev {
-            // A lagging replica: decides nothing (the lane commits again later).
-            return self.finish_commit(&id, CommitOutcome::Retryable);
-        }
-        let Ok(rec) = records::decode::<SplitRecord>(&entry.value) else { return self.commit_lost(&id) };
-        let h = &self.held[&id];
-        if rec == committed(&h.record, &h.base.progress, &c.progress, c.terminal) {
-            // Our write landed.
-            self.held.get_mut(&id).expect("held").record_in_doubt = false;
-            return self.commit_applied(&id, entry.revision);
-        }
-        // Only the owner of this epoch writes a record without bumping the epoch, so an unchanged
-        // owner and epoch prove nobody else wrote: our earlier in-doubt write moved the revision,
-        // or (the revision we know) it has not landed yet. Not landed yet is not never: a write
-        // past its timeout can still land, and a stream leader refuses a CAS against the old
-        // revision while it holds our earlier write unreplicated. So it stays in doubt, and a
-        // conflict on the retry is read again instead of taken as a loss.
-        if rec.epoch == h.epoch && rec.owner.as_ref() == Some(&self.me) && rec.state == SplitState::Owned {
-            let h = self.held.get_mut(&id).expect("held");
-            if entry.revision > h.record_rev {
-                h.record_rev = entry.revision;
-                h.record = rec;
-                h.record_in_doubt = false;
+        // Still ours: our earlier in-doubt write moved the revision, or (the revision we know)
+        // it has not landed yet. Not landed yet is not never: a write past its timeout can still
+        // land, and a stream leader refuses a CAS against the old revision while it holds our
+        // earlier write unreplicated. So it stays in doubt, and a conflict on the retry is read
+        // again instead of taken as a loss.
+        if still_ours(&rec, &self.me, h.epoch) {
+            let h = &mut self.tenancies[&id];
+            if rev > h.written.rev {
+                h.written.rev = rev;
+                h.written.record = rec;
+                h.written.in_doubt = false;
             }
             return self.finish_commit(&id, CommitOutcome::Retryable);
         }
@@ -126,11 +105,11 @@ impl Worker {
     }
 
     fn commit_applied(&mut self, id: &SplitId, rev: Revision) {
-        let h = self.held.get_mut(id).expect("held");
+        let h = &mut self.tenancies[id];
         let c = h.commit.clone().expect("commit in flight");
-        let record = committed(&h.record, &h.base.progress, &c.progress, c.terminal);
-        h.record = record.clone();
-        h.record_rev = rev;
+        let record = h.written.record.committed(&h.base.progress, &c.progress, c.terminal);
+        h.written.record = record.clone();
+        h.written.rev = rev;
         self.view.put_record(id, rev, record);
         if c.terminal {
             let epoch = h.epoch;
@@ -149,11 +128,11 @@ impl Worker {
 
     /// Answers the lane, then runs an end that waited for the commit.
     fn finish_commit(&mut self, id: &SplitId, outcome: CommitOutcome) {
-        let Some(h) = self.held.get_mut(id) else { return };
+        let Some(h) = self.tenancies.get_mut(id) else { return };
         h.commit = None;
         let epoch = h.epoch;
         self.outbox.push(Action::CommitDone { split: id.clone(), epoch, outcome });
-        if let Some(end) = self.held.get_mut(id).and_then(|h| h.end.take()) {
+        if let Some(end) = self.tenancies.get_mut(id).and_then(|h| h.ending.how.take()) {
             self.begin_end(id, end);
         }
     }

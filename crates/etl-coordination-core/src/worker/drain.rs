@@ -52,9 +52,9 @@ impl Worker {
         self.phase = Phase::Leaving;
         let deadline = now + self.cfg.tuning.drain_timeout;
         self.leaving = Some(Leaving { outcome, deadline, cleanup_sent: false, deadline_passed: false });
-        let ids: Vec<SplitId> = self.held.keys().cloned().collect();
+        let ids: Vec<SplitId> = self.tenancies.ids().cloned().collect();
         for id in ids {
-            let h = self.held.get_mut(&id).expect("held");
+            let h = &mut self.tenancies[&id];
             match h.stage {
                 Stage::Running => {
                     h.stage = Stage::Stopping { deadline };
@@ -76,7 +76,7 @@ impl Worker {
     /// every lease-bucket write still in flight is settled (or a lease after the deadline).
     pub(super) fn progress_leaving(&mut self, now: Timestamp) {
         let Some(l) = &self.leaving else { return };
-        if !self.held.is_empty() {
+        if !self.tenancies.is_empty() {
             return;
         }
         let give_up = now >= l.deadline + self.cfg.tuning.lease_duration;
@@ -164,7 +164,7 @@ impl Worker {
     /// Whether `key` is the lease of a split this worker holds (a newer tenancy of ours: never
     /// retire it).
     fn holds(&self, key: &Key) -> bool {
-        keys::parse_split(key).is_some_and(|id| self.held.contains_key(&id))
+        keys::parse_split(key).is_some_and(|id| self.tenancies.contains(&id))
     }
 
     /// Whether a lease-bucket value was written by this process.
@@ -183,28 +183,29 @@ impl Worker {
     /// P10: a stopping lane did not acknowledge by its deadline (or an end write is due for
     /// another try): end the tenancy as planned, by default a release.
     pub(super) fn stop_deadline_passed(&mut self, now: Timestamp, id: &SplitId) {
-        let due = self.held.get(id).is_some_and(|h| {
+        let due = self.tenancies.get(id).is_some_and(|h| {
             h.commit.is_none() && matches!(h.stage, Stage::Stopping { deadline } if deadline <= now)
         });
         if due {
             // The lane had its time: it stops now (a later commit of it is not written).
-            let epoch = self.held[id].epoch;
+            let epoch = self.tenancies[id].epoch;
             self.outbox.push(Action::StopLane {
                 split: id.clone(),
                 epoch,
                 reason: StopReason::Draining,
                 deadline: None,
             });
-            let end = self.held.get_mut(id).and_then(|h| h.end.take()).unwrap_or(End::Release);
+            let end = self.tenancies.get_mut(id).and_then(|h| h.ending.how.take()).unwrap_or(End::Release);
             self.begin_end(id, end);
         }
     }
 
     /// P10, P12: write the end record again after a failed attempt.
     pub(super) fn end_retry_due(&mut self, now: Timestamp, id: &SplitId) {
-        let due = self.held.get(id).is_some_and(|h| matches!(h.stage, Stage::EndRetry { at } if at <= now));
+        let due =
+            self.tenancies.get(id).is_some_and(|h| matches!(h.stage, Stage::EndRetry { at } if at <= now));
         if due {
-            let end = self.held.get_mut(id).and_then(|h| h.end.take()).unwrap_or(End::Release);
+            let end = self.tenancies.get_mut(id).and_then(|h| h.ending.how.take()).unwrap_or(End::Release);
             self.begin_end(id, end);
         }
     }
@@ -217,7 +218,7 @@ impl Worker {
         {
             l.deadline_passed = true;
             if now >= l.deadline + self.cfg.tuning.lease_duration {
-                for (id, h) in std::mem::take(&mut self.held) {
+                for (id, h) in self.tenancies.take_all() {
                     if matches!(h.stage, Stage::Running | Stage::Stopping { .. }) {
                         let stop = StopReason::Draining;
                         self.outbox.push(Action::StopLane {

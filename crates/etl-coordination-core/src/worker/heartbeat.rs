@@ -16,7 +16,7 @@ impl Worker {
     /// P7: every heartbeat interval, renew everything this worker holds.
     pub(super) fn heartbeat(&mut self, now: Timestamp) {
         // Blocked claims and failed manifest loads get another chance every cycle.
-        self.blocked.clear();
+        self.tenancies.unblock_all();
         if self.manifest_load.as_ref().is_some_and(|l| l.failed) {
             self.manifest_load = None;
         }
@@ -24,7 +24,7 @@ impl Worker {
             self.renew_presence();
         }
         self.renew_leader(now);
-        let ids: Vec<SplitId> = self.held.keys().cloned().collect();
+        let ids: Vec<SplitId> = self.tenancies.ids().cloned().collect();
         for id in ids {
             self.renew_lease(now, &id);
         }
@@ -32,9 +32,9 @@ impl Worker {
 
     /// P7: renew one held lease by CAS with the TTL.
     pub(super) fn renew_lease(&mut self, now: Timestamp, id: &SplitId) {
-        let Some(h) = self.held.get(id) else { return };
-        let Some(rev) = h.lease_rev else { return };
-        if h.renewing.is_some() || matches!(h.stage, Stage::DeletingLease | Stage::AcquiringLease) {
+        let Some(h) = self.tenancies.get(id) else { return };
+        let Some(rev) = h.lease.rev else { return };
+        if h.lease.renewing.is_some() || matches!(h.stage, Stage::DeletingLease | Stage::AcquiringLease) {
             return;
         }
         let value = records::encode(&LeaseRecord {
@@ -46,15 +46,15 @@ impl Worker {
             StoreRequest::CompareAndSwap { key: keys::split(id), expected: rev, value, ttl: self.ttl() };
         let op =
             self.outbox.send(Bucket::Lease, request, Pending::LeaseRenew { split: id.clone(), sent: now });
-        self.held.get_mut(id).expect("held").renewing = Some(op);
+        self.tenancies[id].lease.renewing = Some(op);
     }
 
     /// Reads a held lease whose presence is in question (a listing did not show it); the read
     /// decides like a renewal's (absent: fenced).
     pub(super) fn check_lease(&mut self, id: &SplitId) {
-        let Some(h) = self.held.get(id) else { return };
-        if h.renewing.is_some()
-            || h.lease_rev.is_none()
+        let Some(h) = self.tenancies.get(id) else { return };
+        if h.lease.renewing.is_some()
+            || h.lease.rev.is_none()
             || matches!(h.stage, Stage::DeletingLease | Stage::AcquiringLease)
         {
             return;
@@ -64,7 +64,7 @@ impl Worker {
             StoreRequest::Get { key: keys::split(id) },
             Pending::LeaseRenewResolve { split: id.clone(), write: None },
         );
-        self.held.get_mut(id).expect("held").renewing = Some(op);
+        self.tenancies[id].lease.renewing = Some(op);
     }
 
     /// P7: a renewal that lost its swap or its answer is resolved by reading the lease.
@@ -76,17 +76,17 @@ impl Worker {
         sent: Timestamp,
         result: StoreResult,
     ) {
-        let Some(h) = self.held.get_mut(&id) else {
+        let Some(h) = self.tenancies.get_mut(&id) else {
             // A late success for a tenancy that is over: give the lease back.
             if let Ok(StoreReply::Written(rev)) = result {
                 self.retire(keys::split(&id), rev);
             }
             return;
         };
-        if h.renewing != Some(op) {
+        if h.lease.renewing != Some(op) {
             return;
         }
-        h.renewing = None;
+        h.lease.renewing = None;
         match Written::of(result) {
             Written::Applied(rev) => self.lease_renewed(now, &id, rev, sent),
             Written::Conflict | Written::InDoubt => {
@@ -95,7 +95,7 @@ impl Worker {
                     StoreRequest::Get { key: keys::split(&id) },
                     Pending::LeaseRenewResolve { split: id.clone(), write: Some((op, sent)) },
                 );
-                self.held.get_mut(&id).expect("held").renewing = Some(op);
+                self.tenancies[&id].lease.renewing = Some(op);
             }
             Written::Fatal(e) => self.fatal_store(e),
             Written::Unavailable => self.after_renewal(&id),
@@ -114,13 +114,13 @@ impl Worker {
         write: Option<(OpId, Timestamp)>,
         result: StoreResult,
     ) {
-        let Some(h) = self.held.get_mut(&id) else { return };
-        if h.renewing != Some(op) {
+        let Some(h) = self.tenancies.get_mut(&id) else { return };
+        if h.lease.renewing != Some(op) {
             return;
         }
-        h.renewing = None;
+        h.lease.renewing = None;
         let epoch = h.epoch;
-        let known = h.lease_rev;
+        let known = h.lease.rev;
         match Read::of(result) {
             Read::Found(e) if known.is_some_and(|k| e.revision < k) => self.after_renewal(&id),
             Read::Found(e) => match records::decode::<LeaseRecord>(&e.value) {
@@ -142,14 +142,18 @@ impl Worker {
     /// P11: trust is measured from the renewal's send time; a starved lane may resume.
     fn lease_renewed(&mut self, now: Timestamp, id: &SplitId, rev: Revision, sent: Timestamp) {
         let me = self.me.clone();
-        let h = self.held.get_mut(id).expect("held");
-        h.lease_rev = Some(rev);
-        h.trusted_until = h.trusted_until.max(sent + self.cfg.tuning.lease_trust());
+        let h = &mut self.tenancies[id];
+        h.lease.rev = Some(rev);
+        h.lease.trusted_until = h.lease.trusted_until.max(sent + self.cfg.tuning.lease_trust());
         let epoch = h.epoch;
         self.view.put_lease(id, rev, LeaseRecord { owner: me, epoch, write: 0 });
-        let h = self.held.get_mut(id).expect("held");
+        let h = &mut self.tenancies[id];
         // A starved tenancy resumes, unless it is on its way out (its end waits for a commit).
-        if h.stage == Stage::Starved && h.trusted_until > now && h.op.is_none() && h.end.is_none() {
+        if h.stage == Stage::Starved
+            && h.lease.trusted_until > now
+            && h.op.is_none()
+            && h.ending.how.is_none()
+        {
             return self.resume(now, id);
         }
         self.after_renewal(id);
@@ -157,7 +161,7 @@ impl Worker {
 
     /// Work that waited for an in-flight renewal.
     fn after_renewal(&mut self, id: &SplitId) {
-        if self.held.get(id).is_some_and(|h| h.stage == Stage::DeletingLease && h.op.is_none()) {
+        if self.tenancies.get(id).is_some_and(|h| h.stage == Stage::DeletingLease && h.op.is_none()) {
             self.delete_lease(id);
         }
     }
@@ -166,9 +170,9 @@ impl Worker {
     /// lane is stopped too (it would otherwise run until the drain deadline on a lease that
     /// may be gone) and its split released at once: the release is fenced like any end.
     pub(super) fn starve(&mut self, now: Timestamp, id: &SplitId) {
-        let Some(h) = self.held.get_mut(id) else { return };
+        let Some(h) = self.tenancies.get_mut(id) else { return };
         let draining = matches!(h.stage, Stage::Stopping { .. });
-        if !(h.stage == Stage::Running || draining) || h.trusted_until > now || h.lease_rev.is_none() {
+        if !(h.stage == Stage::Running || draining) || h.lease.trusted_until > now || h.lease.rev.is_none() {
             return;
         }
         h.stage = Stage::Starved;
@@ -181,7 +185,7 @@ impl Worker {
         });
         self.outbox.event(Event::Revoked { split: id.clone(), reason: StopReason::Starved });
         if draining || self.phase == Phase::Leaving {
-            let end = self.held.get_mut(id).and_then(|h| h.end.take()).unwrap_or(End::Release);
+            let end = self.tenancies.get_mut(id).and_then(|h| h.ending.how.take()).unwrap_or(End::Release);
             self.begin_end(id, end);
         }
     }
@@ -193,20 +197,20 @@ impl Worker {
     /// starts from what is durable. A stale read cannot mislead it, because nothing is read. No
     /// attempt is consumed and no acquisition is announced.
     fn resume(&mut self, now: Timestamp, id: &SplitId) {
-        let h = self.held.get_mut(id).expect("held");
-        let (Some(lease_rev), old_epoch) = (h.lease_rev, h.epoch) else { return };
+        let h = &mut self.tenancies[id];
+        let (Some(lease_rev), old_epoch) = (h.lease.rev, h.epoch) else { return };
         if let Some(c) = h.commit.take() {
             self.outbox.forget(c.op);
             let reply =
                 Action::CommitDone { split: id.clone(), epoch: old_epoch, outcome: CommitOutcome::Lost };
             self.outbox.push(reply);
         }
-        let h = self.held.get_mut(id).expect("held");
+        let h = &mut self.tenancies[id];
         h.epoch = old_epoch.next();
-        h.base = h.record.clone();
-        h.consumes_attempt = false;
-        h.resuming = true;
-        h.end = None;
+        h.base = h.written.record.clone();
+        h.acquisition.consumes_attempt = false;
+        h.acquisition.resuming = true;
+        h.ending.how = None;
         h.stage = Stage::AcquiringLease;
         let epoch = h.epoch;
         let value = records::encode(&LeaseRecord {
@@ -222,6 +226,6 @@ impl Worker {
         };
         let op =
             self.outbox.send(Bucket::Lease, request, Pending::LeaseAcquire { split: id.clone(), sent: now });
-        self.held.get_mut(id).expect("held").op = Some(op);
+        self.tenancies[id].op = Some(op);
     }
 }

@@ -12,7 +12,7 @@
 //! `tenancy` holds the per-split state they share, `outbox` the requests in flight and
 //! `timers` every deadline.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::config::Config;
@@ -32,6 +32,7 @@ mod manifest;
 mod outbox;
 mod plan;
 mod presence;
+mod resolve;
 mod startup;
 mod steal;
 mod tenancy;
@@ -43,7 +44,7 @@ use leader::Leading;
 use manifest::ManifestLoad;
 use outbox::{Gauges, Outbox, Pending};
 use presence::{Join, Presence};
-use tenancy::Held;
+use tenancy::Tenancies;
 use watches::WatchState;
 
 /// The protocol state machine of one worker.
@@ -68,10 +69,8 @@ pub struct Worker {
     /// then (a stream leader holding someone's write refuses every attempt until its fate is
     /// decided; every input would otherwise send another).
     leader_retry_at: Option<Timestamp>,
-    /// Splits this worker holds or is acquiring or ending.
-    held: BTreeMap<SplitId, Held>,
-    /// Splits not to attempt again until the next heartbeat or a watch event about them.
-    blocked: BTreeSet<SplitId>,
+    /// Splits this worker holds or is acquiring or ending, and splits not to attempt for now.
+    tenancies: Tenancies,
     heartbeat_at: Option<Timestamp>,
     resync_at: Option<Timestamp>,
     last_steal_at: Option<Timestamp>,
@@ -119,8 +118,7 @@ impl Worker {
             leader: None,
             leader_attempt: None,
             leader_retry_at: None,
-            held: BTreeMap::new(),
-            blocked: BTreeSet::new(),
+            tenancies: Tenancies::default(),
             heartbeat_at: None,
             resync_at: None,
             last_steal_at: None,
@@ -154,7 +152,7 @@ impl Worker {
 
     /// The splits this worker holds (including ones being acquired or released), with epochs.
     pub fn held(&self) -> impl Iterator<Item = (&SplitId, Epoch)> {
-        self.held.iter().map(|(id, h)| (id, h.epoch))
+        self.tenancies.iter().map(|(id, h)| (id, h.epoch))
     }
 
     /// Feeds one input at time `now`; returns the actions to execute, in order.

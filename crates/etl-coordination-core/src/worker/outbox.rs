@@ -300,7 +300,7 @@ impl Worker {
         }
         let undecodable = |bucket| self.view.undecodable.keys().filter(|(b, _)| *b == bucket).count() as u32;
         let g = Gauges {
-            owned: self.held.len() as u32,
+            owned: self.tenancies.len() as u32,
             live_workers: self.view.live_workers() as u32,
             splits: self.view.split_counts(),
             undecodable_state: undecodable(Bucket::State),

@@ -50,7 +50,7 @@ impl Worker {
     fn presence_record(&self) -> PresenceRecord {
         PresenceRecord {
             incarnation: self.me.incarnation,
-            held: self.held.len() as u32,
+            held: self.tenancies.len() as u32,
             capacity: self.cfg.tuning.max_in_flight,
         }
     }

@@ -16,15 +16,17 @@ impl Worker {
     /// P9: one steal per cycle from the most-loaded owner, only if it holds >= 2 more. Only a
     /// steal on a consistent view is attempted (see `claim::start_acquire`).
     pub(super) fn maybe_steal(&mut self, now: Timestamp) {
-        if self.held.values().any(|h| {
-            h.reason == AcquisitionReason::Stolen && h.stage != Stage::Running && h.stage != Stage::Starved
+        if self.tenancies.values().any(|h| {
+            h.acquisition.reason == AcquisitionReason::Stolen
+                && h.stage != Stage::Running
+                && h.stage != Stage::Starved
         }) {
             return;
         }
         if self.last_steal_at.is_some_and(|t| now < t + self.cfg.tuning.heartbeat_interval()) {
             return;
         }
-        let mine = self.held.len() as u32;
+        let mine = self.tenancies.len() as u32;
         let victim = self
             .view
             .lease_counts
@@ -43,7 +45,7 @@ impl Worker {
             .iter()
             .filter(|(id, sv)| {
                 sv.weight.is_some()
-                    && !self.blocked.contains(*id)
+                    && !self.tenancies.is_blocked(id)
                     && sv.lease.as_ref().is_some_and(|l| l.owner.instance == victim)
                     && sv.record.as_ref().is_some_and(|r| r.state == SplitState::Owned)
             })

@@ -1,6 +1,8 @@
 //! Held splits: the state of one tenancy (acquiring, running, starved, stopping, ending), the
 //! lane start, revocation, and the lease delete that ends every tenancy.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use bytes::Bytes;
 
 use crate::ids::{Epoch, OpId, Revision, SplitId};
@@ -12,34 +14,32 @@ use crate::time::Timestamp;
 use super::Worker;
 use super::outbox::{Pending, Written};
 
-/// One split this worker holds, is acquiring, or is ending.
+/// One split this worker holds, is acquiring, or is ending. What belongs to one concern is
+/// grouped: how the tenancy was (re)acquired, our last write to the record, our lease, how it
+/// ends.
 #[derive(Debug, Clone)]
 pub(super) struct Held {
     /// The epoch of this tenancy (the record's epoch once the claim landed).
     pub(super) epoch: Epoch,
     pub(super) weight: u64,
-    pub(super) reason: AcquisitionReason,
-    /// Whether the claim charges an attempt for the previous tenancy (P12).
-    pub(super) consumes_attempt: bool,
-    /// The record this tenancy was acquired from (acquisition only).
+    /// The record this tenancy was acquired from (its progress is where the tenancy started).
     pub(super) base: SplitRecord,
-    /// The record as this worker last wrote it, and that write's revision (P8).
-    pub(super) record: SplitRecord,
-    pub(super) record_rev: Revision,
-    /// The revision of our last write to the lease (none until the acquisition landed).
-    pub(super) lease_rev: Option<Revision>,
-    /// P11: until when the lease is trusted (send time of the last acknowledged renewal).
-    pub(super) trusted_until: Timestamp,
-    /// A renewal (or its resolving read) in flight.
-    pub(super) renewing: Option<OpId>,
+    pub(super) acquisition: Acquisition,
+    pub(super) written: OurRecord,
+    pub(super) lease: OurLease,
     pub(super) stage: Stage,
     /// The op of the current stage (acquisition steps, end write, lease delete).
     pub(super) op: Option<OpId>,
     pub(super) commit: Option<CommitInFlight>,
-    /// What to do once the in-flight commit resolves.
-    pub(super) end: Option<End>,
-    /// The record that ends the tenancy, being written (stage Ending).
-    pub(super) end_write: Option<SplitRecord>,
+    pub(super) ending: Ending,
+}
+
+/// How a tenancy was acquired, and what its acquisition (or a resume, P11) still needs.
+#[derive(Debug, Clone)]
+pub(super) struct Acquisition {
+    pub(super) reason: AcquisitionReason,
+    /// Whether the claim charges an attempt for the previous tenancy (P12).
+    pub(super) consumes_attempt: bool,
     /// A starved tenancy resuming under a new epoch (P11): no attempt, no acquisition event.
     pub(super) resuming: bool,
     /// Reads that found no descriptor (possibly from a lagging replica), and when the first
@@ -48,9 +48,126 @@ pub(super) struct Held {
     pub(super) desc_first_miss: Option<Timestamp>,
     /// The split's descriptor, read before the claim.
     pub(super) descriptor: Option<Bytes>,
+}
+
+/// The record as this worker last wrote it (P8).
+#[derive(Debug, Clone)]
+pub(super) struct OurRecord {
+    pub(super) record: SplitRecord,
+    /// That write's revision: the fence of our next write.
+    pub(super) rev: Revision,
     /// A write of ours to the record may still land (its answer was in doubt): a conflict may
     /// then be our own doing, and only a read can tell (P8).
-    pub(super) record_in_doubt: bool,
+    pub(super) in_doubt: bool,
+}
+
+/// Our lease of the split (P7, P11).
+#[derive(Debug, Clone)]
+pub(super) struct OurLease {
+    /// The revision of our last write to the lease (none until the acquisition landed).
+    pub(super) rev: Option<Revision>,
+    /// P11: until when the lease is trusted (send time of the last acknowledged renewal).
+    pub(super) trusted_until: Timestamp,
+    /// A renewal (or its resolving read) in flight.
+    pub(super) renewing: Option<OpId>,
+}
+
+/// How the tenancy ends, once it does.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Ending {
+    /// What to do once the in-flight commit resolves, or what is being done (P10, P12).
+    pub(super) how: Option<End>,
+    /// The record that ends the tenancy, being written (stages Ending and EndRetry).
+    pub(super) record: Option<SplitRecord>,
+}
+
+/// Every tenancy of this worker (held, being acquired or ending), by split, and the splits
+/// not to attempt again until the next heartbeat or a watch event about them. Indexing by a
+/// split id panics when the split has no tenancy: the rules index only splits they know they
+/// hold (the answer's dispatch checked it), so a miss is a bug in the core.
+#[derive(Debug, Default)]
+pub(super) struct Tenancies {
+    held: BTreeMap<SplitId, Held>,
+    blocked: BTreeSet<SplitId>,
+}
+
+impl Tenancies {
+    pub(super) fn get(&self, id: &SplitId) -> Option<&Held> {
+        self.held.get(id)
+    }
+
+    pub(super) fn get_mut(&mut self, id: &SplitId) -> Option<&mut Held> {
+        self.held.get_mut(id)
+    }
+
+    pub(super) fn contains(&self, id: &SplitId) -> bool {
+        self.held.contains_key(id)
+    }
+
+    pub(super) fn insert(&mut self, id: SplitId, h: Held) {
+        self.held.insert(id, h);
+    }
+
+    pub(super) fn remove(&mut self, id: &SplitId) -> Option<Held> {
+        self.held.remove(id)
+    }
+
+    /// Every tenancy, taken (the worker keeps none).
+    pub(super) fn take_all(&mut self) -> BTreeMap<SplitId, Held> {
+        std::mem::take(&mut self.held)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    pub(super) fn ids(&self) -> impl Iterator<Item = &SplitId> {
+        self.held.keys()
+    }
+
+    pub(super) fn values(&self) -> impl Iterator<Item = &Held> {
+        self.held.values()
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&SplitId, &Held)> {
+        self.held.iter()
+    }
+
+    /// Not to attempt again until the next heartbeat or a watch event about it.
+    pub(super) fn block(&mut self, id: SplitId) -> bool {
+        self.blocked.insert(id)
+    }
+
+    pub(super) fn unblock(&mut self, id: &SplitId) -> bool {
+        self.blocked.remove(id)
+    }
+
+    pub(super) fn is_blocked(&self, id: &SplitId) -> bool {
+        self.blocked.contains(id)
+    }
+
+    /// Every blocked split gets another chance.
+    pub(super) fn unblock_all(&mut self) {
+        self.blocked.clear();
+    }
+}
+
+impl std::ops::Index<&SplitId> for Tenancies {
+    type Output = Held;
+
+    fn index(&self, id: &SplitId) -> &Held {
+        self.held.get(id).unwrap_or_else(|| panic!("no tenancy of {id}"))
+    }
+}
+
+impl std::ops::IndexMut<&SplitId> for Tenancies {
+    fn index_mut(&mut self, id: &SplitId) -> &mut Held {
+        self.held.get_mut(id).unwrap_or_else(|| panic!("no tenancy of {id}"))
+    }
 }
 
 /// Where a tenancy is.
@@ -92,10 +209,10 @@ impl Worker {
     /// doing).
     pub(super) fn record_answer(&mut self, id: &SplitId, result: StoreResult) -> Written {
         let answer = Written::of(result);
-        let h = self.held.get_mut(id).expect("held");
+        let h = &mut self.tenancies[id];
         match answer {
-            Written::Applied(_) => h.record_in_doubt = false,
-            Written::InDoubt => h.record_in_doubt = true,
+            Written::Applied(_) => h.written.in_doubt = false,
+            Written::InDoubt => h.written.in_doubt = true,
             _ => {}
         }
         answer
@@ -106,23 +223,16 @@ impl Held {
     /// Whether this acquisition took over a live lease (steal, reclaim): it must be completed,
     /// never abandoned, or the record would name the displaced owner without a lease.
     pub(super) fn displaced(&self) -> bool {
-        matches!(self.reason, AcquisitionReason::Stolen | AcquisitionReason::Reclaimed)
+        matches!(self.acquisition.reason, AcquisitionReason::Stolen | AcquisitionReason::Reclaimed)
     }
 }
 
-/// How a tenancy ends.
-#[derive(Debug, Clone)]
-pub(super) enum End {
-    /// P10: gracefully; no attempt consumed.
-    Release,
-    /// P12: the source reported a failure; one attempt consumed.
-    Fail { error: String, unprocessable: bool },
-}
+pub(super) use crate::lifecycle::End;
 
 impl Worker {
     /// Stops a lane whose ownership is gone and forgets the split.
     pub(super) fn revoke(&mut self, id: &SplitId, reason: StopReason) {
-        let Some(h) = self.held.remove(id) else { return };
+        let Some(h) = self.tenancies.remove(id) else { return };
         let lane_running = matches!(h.stage, Stage::Running | Stage::Stopping { .. });
         if lane_running {
             self.outbox.push(Action::StopLane { split: id.clone(), epoch: h.epoch, reason, deadline: None });
@@ -141,12 +251,12 @@ impl Worker {
             // says it is ours (a store outage outlived our lease, say). The CAS against our last
             // write does nothing if someone else moved the record; a claimer racing it re-bases
             // on the release and charges no attempt (P12: an outage is no evidence of poison).
-            self.release_if_unmoved(id, h.record_rev, &h.record);
+            self.release_if_unmoved(id, h.written.rev, &h.written.record);
         }
-        self.blocked.insert(id.clone());
+        self.tenancies.block(id.clone());
         // If the lease still names us after all (a renewal landed just before the fence), give
         // it back; the guarded delete does nothing if someone else holds it.
-        if let Some(rev) = h.lease_rev {
+        if let Some(rev) = h.lease.rev {
             self.retire(keys::split(id), rev);
         }
     }
@@ -159,17 +269,17 @@ impl Worker {
     pub(super) fn retry_wanted(&self, pending: &Pending, request: &StoreRequest) -> bool {
         match pending {
             Pending::DescRead { split } => {
-                self.held.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::ReadingDesc)
+                self.tenancies.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::ReadingDesc)
             }
             Pending::RecordClaimRead { split } => {
-                self.held.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::WritingRecord)
+                self.tenancies.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::WritingRecord)
             }
             Pending::RecordClaim { split } => {
-                self.held.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::WritingRecord)
+                self.tenancies.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::WritingRecord)
                     && self.claim_request(split).0 == *request
             }
             Pending::LeaseAcquireResolve { split, .. } => {
-                self.held.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::AcquiringLease)
+                self.tenancies.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::AcquiringLease)
             }
             Pending::HeadWrite { stint, .. } => self.leader.as_ref().is_some_and(|l| l.stint == *stint),
             _ => true,
@@ -183,7 +293,7 @@ impl Worker {
             | Pending::RecordClaimRead { split }
             | Pending::RecordClaim { split }
             | Pending::LeaseAcquireResolve { split, .. } => {
-                if let Some(h) = self.held.get_mut(split) {
+                if let Some(h) = self.tenancies.get_mut(split) {
                     h.op = Some(op);
                 }
             }
@@ -193,26 +303,26 @@ impl Worker {
 
     /// Whether `op` is the current step of the tenancy of `id` (older answers are stale).
     pub(super) fn is_current(&self, id: &SplitId, op: OpId) -> bool {
-        self.held.get(id).is_some_and(|h| h.op == Some(op))
+        self.tenancies.get(id).is_some_and(|h| h.op == Some(op))
     }
 
     /// Gives back a lease we hold but cannot use; best effort (it expires anyway).
     pub(super) fn abandon(&mut self, id: &SplitId) {
-        if let Some(h) = self.held.remove(id) {
-            if let Some(rev) = h.lease_rev {
+        if let Some(h) = self.tenancies.remove(id) {
+            if let Some(rev) = h.lease.rev {
                 self.retire(keys::split(id), rev);
             }
             self.release_unresumed(id, &h);
         }
-        self.blocked.insert(id.clone());
+        self.tenancies.block(id.clone());
     }
 
     /// An acquisition lost its race (not an error, P5): forget it until something changes.
     pub(super) fn give_up_acquire(&mut self, id: &SplitId) {
-        if let Some(h) = self.held.remove(id) {
+        if let Some(h) = self.tenancies.remove(id) {
             self.release_unresumed(id, &h);
         }
-        self.blocked.insert(id.clone());
+        self.tenancies.block(id.clone());
     }
 
     /// P11, P12: a starved tenancy that could not move to its new epoch (its lease CAS lost, or
@@ -220,10 +330,10 @@ impl Worker {
     /// against our last write that does nothing if the record moved, rather than leave it owned
     /// without a lease (its next claimer would charge an attempt for a graceful end).
     fn release_unresumed(&mut self, id: &SplitId, h: &Held) {
-        if !h.resuming {
+        if !h.acquisition.resuming {
             return;
         }
-        self.release_if_unmoved(id, h.record_rev, &h.base);
+        self.release_if_unmoved(id, h.written.rev, &h.base);
     }
 
     /// A best-effort release of `record` (the tenancy is over): a CAS against our last write,
@@ -241,9 +351,9 @@ impl Worker {
     /// Starts the lane of a tenancy whose lease and record are ours, unless trust lapsed
     /// meanwhile (P11: never a lane unfenced; renewals decide whether it resumes).
     pub(super) fn start_lane(&mut self, now: Timestamp, id: &SplitId) {
-        let h = self.held.get_mut(id).expect("held");
+        let h = &mut self.tenancies[id];
         h.op = None;
-        if h.trusted_until <= now {
+        if h.lease.trusted_until <= now {
             h.stage = Stage::Starved;
             return;
         }
@@ -251,27 +361,27 @@ impl Worker {
         let action = Action::StartLane {
             split: id.clone(),
             epoch: h.epoch,
-            descriptor: h.descriptor.clone().expect("descriptor read before the claim"),
+            descriptor: h.acquisition.descriptor.clone().expect("descriptor read before the claim"),
             weight: h.weight,
-            progress: h.record.progress.clone(),
-            reason: (!h.resuming).then_some(h.reason),
+            progress: h.written.record.progress.clone(),
+            reason: (!h.acquisition.resuming).then_some(h.acquisition.reason),
         };
-        h.resuming = false;
+        h.acquisition.resuming = false;
         self.outbox.push(action);
     }
 
     /// Ends the tenancy by deleting its lease (after a renewal in flight, so the expected
     /// revision is current).
     pub(super) fn delete_lease(&mut self, id: &SplitId) {
-        let Some(h) = self.held.get_mut(id) else { return };
+        let Some(h) = self.tenancies.get_mut(id) else { return };
         h.stage = Stage::DeletingLease;
         h.op = None;
-        if h.renewing.is_some() {
+        if h.lease.renewing.is_some() {
             // Wait for the renewal so the delete's expected revision is current.
             return;
         }
-        let Some(rev) = h.lease_rev else {
-            self.held.remove(id);
+        let Some(rev) = h.lease.rev else {
+            self.tenancies.remove(id);
             return;
         };
         let op = self.outbox.send(
@@ -279,14 +389,14 @@ impl Worker {
             StoreRequest::Delete { key: keys::split(id), expected: rev },
             Pending::LeaseDelete { split: id.clone() },
         );
-        self.held.get_mut(id).expect("held").op = Some(op);
+        self.tenancies[id].op = Some(op);
     }
 
     /// The tenancy is over either way; a delete that did not land is retried by `retire` (the
     /// lease must not outlive a finished worker only because one delete failed).
     pub(super) fn on_lease_delete(&mut self, now: Timestamp, op: OpId, id: SplitId, result: StoreResult) {
         if self.is_current(&id, op) {
-            self.held.remove(&id);
+            self.tenancies.remove(&id);
             if result.is_err() {
                 self.on_retire(now, keys::split(&id), result);
             }

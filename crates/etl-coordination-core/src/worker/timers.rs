@@ -61,12 +61,12 @@ impl Worker {
         if let Some(at) = self.resync_at {
             f(Timer::Resync, at);
         }
-        for (id, h) in &self.held {
+        for (id, h) in self.tenancies.iter() {
             match h.stage {
-                Stage::Running => f(Timer::LeaseTrust(id.clone()), h.trusted_until),
+                Stage::Running => f(Timer::LeaseTrust(id.clone()), h.lease.trusted_until),
                 Stage::Stopping { deadline } => {
                     // A draining lane still runs: it is starved like a running one (P11).
-                    f(Timer::LeaseTrust(id.clone()), h.trusted_until);
+                    f(Timer::LeaseTrust(id.clone()), h.lease.trusted_until);
                     // With a commit in flight the commit's result drives the end, not the deadline.
                     if h.commit.is_none() {
                         f(Timer::StopDeadline(id.clone()), deadline);

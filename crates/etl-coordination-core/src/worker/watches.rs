@@ -198,10 +198,10 @@ impl Worker {
         match watch {
             WatchId::Leases => {
                 if let Some(id) = keys::parse_split(&key) {
-                    self.blocked.remove(&id);
+                    self.tenancies.unblock(&id);
                     // A lease of ours for a split we do not hold: an acquisition we gave up whose
                     // write landed late. Give it back rather than make peers wait for its TTL.
-                    if ours && !self.held.contains_key(&id) && self.phase != Phase::Stopped {
+                    if ours && !self.tenancies.contains(&id) && self.phase != Phase::Stopped {
                         self.retire(key.clone(), rev);
                     }
                     self.fence_on_lease(&id);
@@ -216,7 +216,7 @@ impl Worker {
             }
             WatchId::Splits => {
                 if let Some(id) = keys::parse_split(&key) {
-                    self.blocked.remove(&id);
+                    self.tenancies.unblock(&id);
                     self.fence_on_record(&id);
                 }
             }
@@ -229,7 +229,7 @@ impl Worker {
     fn fence_on_lease(&mut self, id: &SplitId) {
         let Some(sv) = self.view.splits.get(id) else { return };
         let foreign = sv.lease.as_ref().is_some_and(|l| l.owner != self.me);
-        if foreign && self.held.get(id).is_some_and(|h| h.lease_rev.is_some_and(|r| r < sv.lease_rev)) {
+        if foreign && self.tenancies.get(id).is_some_and(|h| h.lease.rev.is_some_and(|r| r < sv.lease_rev)) {
             self.revoke(id, StopReason::Fenced);
         }
     }
@@ -240,7 +240,7 @@ impl Worker {
     /// owner; our own terminal commit clears the owner at the same epoch.
     fn fence_on_record(&mut self, id: &SplitId) {
         let Some(sv) = self.view.splits.get(id) else { return };
-        let Some(h) = self.held.get(id) else { return };
+        let Some(h) = self.tenancies.get(id) else { return };
         let written = matches!(
             h.stage,
             Stage::Running | Stage::Starved | Stage::Stopping { .. } | Stage::EndRetry { .. }
@@ -250,7 +250,7 @@ impl Worker {
             Some(r) => r.epoch != h.epoch || r.owner.as_ref().is_some_and(|o| *o != self.me),
             None => sv.record_undecodable,
         };
-        if written && moved && sv.record_rev > h.record_rev {
+        if written && moved && sv.record_rev > h.written.rev {
             self.revoke(id, StopReason::Fenced);
         }
     }
@@ -260,7 +260,7 @@ impl Worker {
     /// would have. A lease of ours missing from a listing is checked by a point read (a
     /// listing may come from a lagging replica).
     fn fence_after_snapshot(&mut self, watch: WatchId) {
-        let ids: Vec<SplitId> = self.held.keys().cloned().collect();
+        let ids: Vec<SplitId> = self.tenancies.ids().cloned().collect();
         for id in ids {
             match watch {
                 WatchId::Leases => {
@@ -282,11 +282,11 @@ impl Worker {
             WatchId::Leases => {
                 if let Some(id) = keys::parse_split(&key) {
                     self.view.delete_lease(&id, rev);
-                    self.blocked.remove(&id);
+                    self.tenancies.unblock(&id);
                     // P7 (docs/NATS.md): an expiry can erase an acknowledged renewal. A delete of our
                     // own lease at a revision newer than our last write means the lease is gone.
-                    if self.held.get(&id).is_some_and(|h| {
-                        h.lease_rev.is_some_and(|r| r < rev) && h.stage != Stage::DeletingLease
+                    if self.tenancies.get(&id).is_some_and(|h| {
+                        h.lease.rev.is_some_and(|r| r < rev) && h.stage != Stage::DeletingLease
                     }) {
                         self.revoke(&id, StopReason::Fenced);
                     }
