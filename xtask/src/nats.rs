@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 use crate::nats_bin::nats_server_bin;
 use crate::util::{free_port, target_dir, wait_for_port};
@@ -177,7 +177,7 @@ pub fn single(
             return Ok(Provisioned { what, url, how: format!("container {} ({})", image.tag, image.how) });
         }
         #[cfg(not(feature = "containers"))]
-        bail!(
+        anyhow::bail!(
             "a Docker engine answers but xtask was built without its `containers` feature, so {image} \
              ({image_var}) cannot be started; run through `cargo xtask`, which enables it, or set \
              NATS_NO_CONTAINERS=1"
@@ -215,7 +215,7 @@ pub fn cluster(guards: &mut Vec<Guard>) -> Result<Provisioned> {
             });
         }
         #[cfg(not(feature = "containers"))]
-        bail!("a Docker engine answers but xtask was built without its `containers` feature");
+        anyhow::bail!("a Docker engine answers but xtask was built without its `containers` feature");
     }
     let nodes = start_cluster(NATS_VERSION)?;
     let url = nodes.iter().map(|n| n.url.clone()).collect::<Vec<_>>().join(",");
