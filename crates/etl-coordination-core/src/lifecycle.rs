@@ -246,8 +246,12 @@ mod tests {
 
     #[test]
     fn a_resume_keeps_everything_but_the_epoch_owner_and_progressed_flag() {
-        let r = owned(2, true).resumed(&owner("a", 1), Epoch(5));
-        assert_eq!((r.epoch, r.attempts, r.progressed, r.state), (Epoch(5), 2, false, SplitState::Owned));
+        let mut base = owned(2, true);
+        base.last_end = Some(EndReason::Stolen);
+        let r = base.resumed(&owner("a", 2), Epoch(5));
+        assert_eq!((r.epoch, r.owner), (Epoch(5), Some(owner("a", 2))));
+        assert_eq!((r.attempts, r.progressed, r.state), (2, false, SplitState::Owned));
+        assert_eq!((r.last_end, r.progress), (Some(EndReason::Stolen), base.progress), "nothing ended");
     }
 
     #[test]

@@ -1799,8 +1799,30 @@ fn p13_a_manifest_holding_fewer_splits_than_its_head_says_never_completes() {
     assert_eq!(
         reported,
         vec![format!(
-            "manifest.{}.{}.0: manifest {}.{} lists 2 splits in 1 chunks, its plan head says 3",
+            "manifest.{}.{}.0: manifest {}.{} lists 2 distinct splits in 1 chunks, its plan head says 3",
             m.term, m.version, m.term, m.version
         )]
     );
+}
+
+#[test]
+fn p13_a_manifest_repeating_a_split_is_not_installed() {
+    // The head names 3 splits; the chunk lists 3 entries, one of them twice, and the two it
+    // names are Done: a count of entries would pass it, and the view would wait forever for a
+    // third split it does not have. Distinct ids are counted.
+    let (mut kv, chunks) = all_done_but(3, |_| false);
+    let head: records::PlanHead =
+        records::decode(&kv.get(Bucket::State, "plan.head").unwrap().value).unwrap();
+    let m = head.manifest.unwrap();
+    let (a, b) = (chunks[0][0].clone(), chunks[0][1].clone());
+    let repeated = records::ManifestChunk { splits: vec![(a.clone(), 1), (a, 1), (b, 1)] };
+    kv.put(Bucket::State, &keys::manifest(m.term, m.version, 0), &repeated);
+    let mut r = Rig::new(cfg("w2", 1));
+    r.kv = kv;
+    r.expire = false;
+    r.feed(Input::Start);
+    r.advance(Duration::from_secs(1));
+    assert_eq!(ended(&r), vec![]);
+    assert_eq!(undecodable_events(&r), 1, "reported once: {:?}", r.events());
+    assert_eq!(done_in_view(&r), Some(0), "not installed");
 }

@@ -45,7 +45,8 @@ pub struct DriverConfig {
     pub on_stall: OnStall,
     /// Timeout of one store request; a timed-out write is treated as in doubt. `None` (the
     /// default): the store's own budget ([`Store::op_timeout`](etl_coordination_store::Store::op_timeout),
-    /// for NATS `NatsConfig::op_timeout`), or [`DEFAULT_OP_TIMEOUT`] for a store without one.
+    /// for NATS `NatsConfig::op_timeout`) when it is above [`DEFAULT_OP_TIMEOUT`], else that
+    /// default (a store that bounds each of its round trips may need several for one request).
     pub op_timeout: Option<Duration>,
     /// After the job ends (complete, or stalled with [`OnStall::Warn`]), stay: keep the
     /// worker's presence and watches, report the end through

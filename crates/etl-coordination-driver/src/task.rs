@@ -120,8 +120,11 @@ impl<S: Store, P: Planner> Task<S, P> {
         let (lane_tx, lane_rx) = mpsc::unbounded_channel();
         let (lanes_tx, lanes_rx) = mpsc::unbounded_channel();
         let metrics = Metrics::new(stores.job.to_string(), cfg.instance_id.to_string());
-        // One budget per worker: the configured one, else the store's own.
-        let op_timeout = config.op_timeout.or(stores.state.op_timeout()).unwrap_or(DEFAULT_OP_TIMEOUT);
+        // One budget per worker: the configured one, else the store's own (never under the
+        // default: a store that bounds each round trip may need several for one list or create).
+        let op_timeout = config.op_timeout.unwrap_or_else(|| {
+            stores.state.op_timeout().map_or(DEFAULT_OP_TIMEOUT, |b| b.max(DEFAULT_OP_TIMEOUT))
+        });
         let task = Task {
             worker: Worker::new(cfg),
             state: Arc::new(stores.state),

@@ -1,9 +1,9 @@
 //! The published manifest (P4, P13): loading its chunks into the view, and completion as every
 //! worker (standbys included) sees it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::ids::{OpId, SplitId};
+use crate::ids::{OpId, Revision, SplitId};
 use crate::io::Outcome;
 use crate::plan::PlanKind;
 use crate::records::{self, ManifestChunk, ManifestRef, PlanStatus, SplitState, keys};
@@ -21,6 +21,9 @@ pub(super) struct ManifestLoad {
     pub(super) id: OpId,
     pub(super) manifest: ManifestRef,
     pub(super) chunks: BTreeMap<u32, Vec<(SplitId, u64)>>,
+    /// The newest revision among the chunks read (a partial manifest is reported under chunk
+    /// 0's key at this revision: once per content, whichever chunk answers last).
+    pub(super) newest: Revision,
     pub(super) outstanding: usize,
     pub(super) failed: bool,
 }
@@ -43,12 +46,20 @@ impl Worker {
             id,
             manifest: m,
             chunks: BTreeMap::new(),
+            newest: Revision(0),
             outstanding: m.chunks as usize,
             failed: false,
         });
         if m.chunks == 0 {
-            self.view.set_manifest(m, Vec::new());
-            self.manifest_load = None;
+            if m.split_count == 0 {
+                self.view.set_manifest(m, Vec::new());
+                self.manifest_load = None;
+            } else if let Some((rev, _)) = &self.view.plan_head {
+                // A head naming splits in no chunk: never installed, reported, read again.
+                let (rev, error) = (*rev, partial(&m, 0));
+                self.manifest_load.as_mut().expect("just set").failed = true;
+                self.note_bad_value(Bucket::State, &keys::plan_head(), rev, error);
+            }
             return;
         }
         for chunk in 0..m.chunks {
@@ -73,8 +84,6 @@ impl Worker {
         if load.id != load_id || load.manifest != manifest || load.failed {
             return;
         }
-        // The entry of the chunk read last (named if the manifest turns out partial).
-        let mut read = None;
         match Read::of(result) {
             Read::Found(entry) => match records::decode::<ManifestChunk>(&entry.value) {
                 Ok(c) => {
@@ -82,7 +91,7 @@ impl Worker {
                     if load.chunks.insert(chunk, c.splits).is_none() {
                         load.outstanding -= 1;
                     }
-                    read = Some(entry);
+                    load.newest = load.newest.max(entry.revision);
                 }
                 Err(e) => {
                     // Read again at the next resync (someone may repair it); counted meanwhile.
@@ -106,22 +115,20 @@ impl Worker {
         if load.outstanding == 0 && !load.failed {
             let entries: Vec<(SplitId, u64)> =
                 std::mem::take(&mut load.chunks).into_values().flatten().collect();
-            if entries.len() as u64 != manifest.split_count {
+            // Distinct ids: a chunk repeating a split would otherwise pass a count of entries.
+            let distinct = entries.iter().map(|(id, _)| id).collect::<BTreeSet<_>>().len();
+            if entries.len() as u64 != manifest.split_count || distinct != entries.len() {
                 // A manifest whose chunks list another number of splits than its head says is
                 // never installed (a partial view must never complete, I6): read again at the
-                // next resync, reported once per value meanwhile.
+                // next heartbeat or resync, reported once per content meanwhile.
                 load.failed = true;
-                if let Some(entry) = &read {
-                    let error = format!(
-                        "manifest {}.{} lists {} splits in {} chunks, its plan head says {}",
-                        manifest.term,
-                        manifest.version,
-                        entries.len(),
-                        manifest.chunks,
-                        manifest.split_count
-                    );
-                    self.note_bad_value(Bucket::State, entry, error);
-                }
+                let (rev, error) = (load.newest, partial(&manifest, distinct));
+                self.note_bad_value(
+                    Bucket::State,
+                    &keys::manifest(manifest.term, manifest.version, 0),
+                    rev,
+                    error,
+                );
                 return;
             }
             self.manifest_load = None;
@@ -156,4 +163,12 @@ impl Worker {
             .collect();
         Some(Outcome::Stalled { quarantined })
     }
+}
+
+/// What is wrong with a manifest whose chunks list `listed` distinct splits.
+fn partial(m: &ManifestRef, listed: usize) -> String {
+    format!(
+        "manifest {}.{} lists {listed} distinct splits in {} chunks, its plan head says {}",
+        m.term, m.version, m.chunks, m.split_count
+    )
 }

@@ -282,6 +282,10 @@ impl Worker {
                 self.tenancies.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::AcquiringLease)
             }
             Pending::HeadWrite { stint, .. } => self.leader.as_ref().is_some_and(|l| l.stint == *stint),
+            // A chunk read of a load that was dropped meanwhile would be answered for nothing.
+            Pending::ManifestChunk { load, .. } => {
+                self.manifest_load.as_ref().is_some_and(|l| l.id == *load && !l.failed)
+            }
             _ => true,
         }
     }
