@@ -1826,3 +1826,57 @@ fn p13_a_manifest_repeating_a_split_is_not_installed() {
     assert_eq!(undecodable_events(&r), 1, "reported once: {:?}", r.events());
     assert_eq!(done_in_view(&r), Some(0), "not installed");
 }
+
+#[test]
+fn p13_a_head_naming_splits_in_no_chunk_is_reported_and_never_completes() {
+    // The head says 2 splits in 0 chunks (a corrupt or hand-written head).
+    let (mut kv, _) = all_done_but(2, |_| false);
+    let mut head: records::PlanHead =
+        records::decode(&kv.get(Bucket::State, "plan.head").unwrap().value).unwrap();
+    let mut m = head.manifest.unwrap();
+    m.chunks = 0;
+    head.manifest = Some(m);
+    kv.put(Bucket::State, &keys::plan_head(), &head);
+    let mut r = Rig::new(cfg("w2", 1));
+    r.kv = kv;
+    r.expire = false;
+    r.feed(Input::Start);
+    for _ in 0..3 {
+        r.advance(Duration::from_secs(1));
+    }
+    assert_eq!(ended(&r), vec![], "{:?}", r.log);
+    let reported: Vec<String> = r
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Undecodable { key, error } => Some(format!("{key}: {error}")),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        reported,
+        vec![format!(
+            "plan.head: manifest {}.{} lists 0 distinct splits in 0 chunks, its plan head says 2",
+            m.term, m.version
+        )]
+    );
+}
+
+#[test]
+fn p13_a_chunk_read_of_a_failed_manifest_load_is_not_sent_again() {
+    let (kv, _) = all_done_but(records::MANIFEST_CHUNK_LEN + 1, |_| false);
+    let mut r = Rig::new(cfg("w2", 1));
+    r.kv = kv;
+    r.auto = false;
+    r.expire = false;
+    r.feed(Input::Start);
+    let reads = apply_all_but(&mut r, is_manifest_read);
+    assert_eq!(reads.len(), 2);
+    // Chunk 0's read fails (a retry is queued, due before the next heartbeat), then chunk 1 is
+    // answered absent: the load has failed, and the queued retry would be answered for nothing.
+    r.answer(reads[0].0, Err(StoreError::Unavailable("no leader".into())));
+    r.answer(reads[1].0, Ok(StoreReply::Value(None)));
+    r.advance(Duration::from_millis(900));
+    let again = apply_all_but(&mut r, is_manifest_read);
+    assert_eq!(again, vec![], "no chunk read before the heartbeat drops the failed load");
+}

@@ -342,3 +342,26 @@ async fn a_configured_op_timeout_overrides_the_stores_budget() {
     assert_eq!(oracle.first_emit_by("a"), None);
     a.kill();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_store_budget_under_five_seconds_does_not_cut_the_drivers_wait_below_five() {
+    // A store that bounds each of its round trips by 2 s may need several for one request
+    // (a NATS listing, a create): here every request takes 3 s, and the driver waits up to its
+    // 5 s default, as it did before stores had a budget of their own.
+    let oracle = Oracle::default();
+    let stores = slow_stores("slow-store-short-budget", Duration::from_secs(3), Duration::from_secs(2));
+    let a = slow_worker(stores, None, &oracle);
+    assert_eq!(outcome(&a).await.unwrap(), JobOutcome::Complete);
+    oracle.assert_complete(2, 20);
+}
+
+#[test]
+fn a_zero_op_timeout_is_refused_naming_the_field() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut cfg = config("a");
+        cfg.op_timeout = Some(Duration::ZERO);
+        let err = CoordinationDriver::start(fresh_stores(), planner(1, 1), cfg).unwrap_err().to_string();
+        assert!(err.contains("op_timeout") && err.contains("positive"), "{err}");
+    });
+}
