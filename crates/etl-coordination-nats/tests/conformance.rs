@@ -1,4 +1,5 @@
-//! The store conformance suite against a real NATS server (the lease bucket: TTLs, markers).
+//! The store conformance suite against a real NATS server: every case on the lease bucket (TTLs,
+//! markers), and every case without a TTL on the state bucket (history 1, no TTLs).
 //!
 //! Needs `NATS_URL` (`cargo xtask ci` starts a server and sets it). Each test gets a job (and
 //! so buckets) of its own, so the suite runs in parallel.
@@ -18,7 +19,7 @@ fn url() -> String {
     )
 }
 
-async fn fresh_store() -> NatsStore {
+async fn fresh_job() -> etl_coordination_nats::NatsJob {
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let job = JobName::new(format!(
         "conf{}x{n}x{}",
@@ -28,7 +29,24 @@ async fn fresh_store() -> NatsStore {
     .unwrap();
     let mut cfg = NatsConfig::new(url());
     cfg.limit_marker_ttl = Duration::from_secs(20);
-    connect(&cfg, &job).await.expect("connect to NATS").lease
+    connect(&cfg, &job).await.expect("connect to NATS")
+}
+
+async fn fresh_store() -> NatsStore {
+    fresh_job().await.lease
+}
+
+mod state {
+    use super::*;
+
+    async fn fresh_state_store() -> NatsStore {
+        fresh_job().await.state
+    }
+
+    etl_coordination_store::conformance_tests!(
+        durable: #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        fresh_state_store
+    );
 }
 
 etl_coordination_store::conformance_tests!(

@@ -1,4 +1,5 @@
-//! The store conformance suite against a 3-node NATS cluster with buckets of 3 replicas.
+//! The store conformance suite against a 3-node NATS cluster with buckets of 3 replicas: every
+//! case on the lease bucket, every case without a TTL on the state bucket.
 //!
 //! Needs `NATS_CLUSTER_URL` (comma-separated node URLs; `cargo xtask ci` starts the cluster).
 
@@ -10,7 +11,7 @@ use etl_coordination_nats::{NatsConfig, NatsStore, connect};
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
-async fn fresh_store() -> NatsStore {
+async fn fresh_job() -> etl_coordination_nats::NatsJob {
     let url = std::env::var("NATS_CLUSTER_URL")
         .expect("NATS_CLUSTER_URL is not set: run `cargo xtask ci`, which starts a 3-node cluster");
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -23,12 +24,30 @@ async fn fresh_store() -> NatsStore {
     let mut last = None;
     for _ in 0..40 {
         match connect(&cfg, &job).await {
-            Ok(j) => return j.lease,
+            Ok(j) => return j,
             Err(e) => last = Some(e),
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     panic!("the NATS cluster did not become ready: {last:?}")
+}
+
+async fn fresh_store() -> NatsStore {
+    fresh_job().await.lease
+}
+
+/// The state bucket (3 replicas, no TTLs): every case without expiry.
+mod state {
+    use super::*;
+
+    async fn fresh_state_store() -> NatsStore {
+        fresh_job().await.state
+    }
+
+    etl_coordination_store::conformance_tests!(
+        durable: #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        fresh_state_store
+    );
 }
 
 etl_coordination_store::conformance_tests!(

@@ -177,6 +177,20 @@ pub async fn list_is_prefix_scoped_and_skips_deleted_and_expired<S: Store>(store
     assert_eq!(all.len(), 4);
 }
 
+/// `list` of a bucket without TTLs: only live keys under the prefix, in key order.
+pub async fn list_is_prefix_scoped_and_skips_deleted<S: Store>(store: S) {
+    store.create(&key("a.2"), val("2"), None).await.unwrap();
+    store.create(&key("a.1"), val("1"), None).await.unwrap();
+    store.create(&key("ab.1"), val("x"), None).await.unwrap();
+    let r = store.create(&key("a.3"), val("3"), None).await.unwrap();
+    store.delete(&key("a.3"), r).await.unwrap();
+    let p = Prefix::new("a.").unwrap();
+    let listed: Vec<String> =
+        store.list(&p).await.unwrap().into_iter().map(|e| e.key.as_str().to_owned()).collect();
+    assert_eq!(listed, ["a.1", "a.2"]);
+    assert_eq!(store.list(&Prefix::all()).await.unwrap().len(), 3);
+}
+
 /// A watch delivers the current values, then SnapshotComplete, then changes in revision order.
 pub async fn watch_delivers_snapshot_then_changes_in_revision_order<S: Store>(store: S) {
     let r1 = store.create(&key("w.1"), val("1"), None).await.unwrap();
@@ -285,6 +299,8 @@ pub async fn invalid_ttls_and_oversized_values_are_rejected<S: Store>(store: S) 
 /// etl_coordination_store::conformance_tests!(#[tokio::test(start_paused = true)] fresh_store);
 /// ```
 /// where `fresh_store` is an `async fn() -> impl Store` giving an empty store per test.
+/// `conformance_tests!(durable: ...)` instantiates the cases that need no TTL, for a bucket
+/// that keeps its keys (a job's state bucket).
 #[macro_export]
 macro_rules! conformance_tests {
     ($(#[$attr:meta])* $factory:path) => {
@@ -298,10 +314,26 @@ macro_rules! conformance_tests {
             guarded_delete_needs_the_current_revision,
             ttl_expiry_shows_as_delete_in_watch_and_none_in_get,
             list_is_prefix_scoped_and_skips_deleted_and_expired,
+            list_is_prefix_scoped_and_skips_deleted,
             watch_delivers_snapshot_then_changes_in_revision_order,
             watch_of_an_empty_prefix_signals_snapshot_complete,
             concurrent_cas_increments_are_exact,
             concurrent_create_after_expiry_has_exactly_one_winner,
+            invalid_ttls_and_oversized_values_are_rejected,
+        );
+    };
+    // A bucket that keeps its keys (no TTLs: a job's state bucket): every case without expiry.
+    (durable: $(#[$attr:meta])* $factory:path) => {
+        $crate::conformance_tests!(@cases [$(#[$attr])*] $factory;
+            create_is_exclusive,
+            create_after_delete_succeeds,
+            cas_rejects_a_stale_revision,
+            cas_on_a_missing_key_is_a_mismatch,
+            guarded_delete_needs_the_current_revision,
+            list_is_prefix_scoped_and_skips_deleted,
+            watch_delivers_snapshot_then_changes_in_revision_order,
+            watch_of_an_empty_prefix_signals_snapshot_complete,
+            concurrent_cas_increments_are_exact,
             invalid_ttls_and_oversized_values_are_rejected,
         );
     };

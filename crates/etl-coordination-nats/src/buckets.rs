@@ -1,0 +1,138 @@
+//! Opening or creating a job's buckets and checking their configuration.
+
+use async_nats::jetstream::{self, kv};
+use etl_coordination_core::StoreError;
+
+use crate::config::NatsConfig;
+use crate::connect::{SetupRetry, setup};
+use crate::refusals::Refusals;
+use crate::store::NatsStore;
+
+pub(crate) async fn bucket(
+    client: &async_nats::Client,
+    js: &jetstream::Context,
+    config: &NatsConfig,
+    refusals: &Refusals,
+    name: &str,
+    ttl: bool,
+    created: &mut Vec<String>,
+) -> Result<NatsStore, StoreError> {
+    let cfg = kv::Config {
+        bucket: name.to_owned(),
+        history: 1,
+        num_replicas: config.replicas,
+        limit_markers: ttl.then_some(config.limit_marker_ttl),
+        ..Default::default()
+    };
+    let stream = format!("KV_{name}");
+    let (kv, leader, stream_config, new) =
+        refusals.guard(open_or_create(js, cfg, &stream, config.create_buckets, refusals)).await?;
+    if new {
+        created.push(name.to_owned());
+    }
+    if ttl && (!stream_config.allow_message_ttl || stream_config.subject_delete_marker_ttl.is_none()) {
+        return Err(setup(format!(
+            "bucket {name} exists without per-message TTLs and limit markers, so leases would never expire; delete it (`nats kv del {name}`) or use another job name"
+        )));
+    }
+    if stream_config.max_messages_per_subject != 1 {
+        return Err(setup(format!(
+            "bucket {name} keeps history {} (must be 1: with history the server raises every TTL to the marker TTL); delete it or use another job name",
+            stream_config.max_messages_per_subject
+        )));
+    }
+    Ok(NatsStore {
+        client: client.clone(),
+        js: js.clone(),
+        kv,
+        bucket: name.to_owned(),
+        stream,
+        leader,
+        op_timeout: config.op_timeout,
+        marker_ttl: ttl.then_some(config.limit_marker_ttl),
+        refusals: refusals.clone(),
+        replicas: stream_config.num_replicas,
+    })
+}
+
+/// Opens the bucket, or creates it if it does not exist (and `create` allows), and reads back
+/// its stream's configuration; true if this call created it. Workers of a new job start
+/// together, so creation races are normal: a create fails because another worker's create is
+/// in flight, and on a cluster a new stream becomes visible to every server (and gets a leader
+/// that answers for it) a moment later, so opening it or reading its configuration meanwhile
+/// says "stream not found". All of it is retried for [`SETUP_WINDOW`](crate::connect::SETUP_WINDOW); a bucket that still
+/// cannot be opened or created is reported as unavailable with the last errors.
+async fn open_or_create(
+    js: &jetstream::Context,
+    cfg: kv::Config,
+    stream: &str,
+    create: bool,
+    refusals: &Refusals,
+) -> Result<(kv::Store, jetstream::stream::Stream, jetstream::stream::Config, bool), StoreError> {
+    let mut retry = SetupRetry::new();
+    loop {
+        let mut new = false;
+        // Create only what the server says does not exist: a late answer or an election
+        // ("temporarily unavailable", a stream not yet visible here) is asked again, never
+        // answered with a create (which a user without the create permission is refused).
+        let kv = match js.get_key_value(&cfg.bucket).await {
+            Ok(kv) => Ok(kv),
+            Err(opening) => match stream_missing(js, stream).await {
+                false => Err(format!("opening it: {opening}")),
+                true if !create => {
+                    let job = &refusals.job;
+                    return Err(setup(format!(
+                        "bucket {} does not exist: create job {job}'s buckets first, with `etl-coord nats-buckets \
+                         --job {job}` as a user allowed to (`etl-coord nats-permissions --job {job} --create`)",
+                        cfg.bucket
+                    )));
+                }
+                true => match js.create_key_value(cfg.clone()).await {
+                    Ok(kv) => {
+                        new = true;
+                        Ok(kv)
+                    }
+                    Err(e) if e.to_string().contains("replicas > 1 not supported") => {
+                        return Err(setup(format!(
+                            "cannot create bucket {} with {} replicas: the server is not clustered ({e}); \
+                             use --nats-replicas 1 on a single server",
+                            cfg.bucket, cfg.num_replicas
+                        )));
+                    }
+                    Err(e) => Err(format!("opening it: {opening}; creating it: {e}")),
+                },
+            },
+        };
+        let last = match kv {
+            Ok(kv) => match read_config(js, stream).await {
+                Ok((handle, config)) => return Ok((kv, handle, config, new)),
+                Err(e) => format!("reading its configuration: {e}"),
+            },
+            Err(e) => e,
+        };
+        if !retry.pause().await {
+            return Err(StoreError::Unavailable(format!(
+                "cannot create or open bucket {} ({last})",
+                cfg.bucket
+            )));
+        }
+    }
+}
+
+/// Whether the server says `stream` does not exist (not merely that it did not answer).
+async fn stream_missing(js: &jetstream::Context, stream: &str) -> bool {
+    use jetstream::context::GetStreamErrorKind as G;
+    matches!(
+        js.get_stream(stream).await,
+        Err(e) if matches!(e.kind(), G::JetStream(j) if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
+    )
+}
+
+async fn read_config(
+    js: &jetstream::Context,
+    stream: &str,
+) -> Result<(jetstream::stream::Stream, jetstream::stream::Config), String> {
+    let mut s = js.get_stream(stream).await.map_err(|e| e.to_string())?;
+    let config = s.info().await.map_err(|e| e.to_string())?.config.clone();
+    Ok((s, config))
+}
