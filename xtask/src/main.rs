@@ -95,7 +95,11 @@ fn sim(args: &[String]) -> Result<()> {
     }
     let hashes = args.chunks(2).find(|p| p[0] == "--hashes").map(|p| std::path::PathBuf::from(&p[1]));
     if let Some(seed) = flag(args, "--seed")? {
-        let report = run(seed, &Options::for_seed(seed));
+        // The options the seed drew come first: what a failing seed exercised is read, not
+        // guessed (they are a pure function of the seed).
+        let options = Options::for_seed(seed);
+        println!("seed {seed} drew {options:#?}");
+        let report = run(seed, &options);
         print_one(&report);
         if let Some(v) = &report.violation {
             bail!("seed {seed}: {v}");

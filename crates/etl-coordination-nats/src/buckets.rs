@@ -4,8 +4,8 @@ use async_nats::jetstream::{self, kv};
 use etl_coordination_core::StoreError;
 
 use crate::config::NatsConfig;
-use crate::connect::{SetupRetry, setup};
 use crate::refusals::Refusals;
+use crate::setup::{SetupRetry, setup};
 use crate::store::NatsStore;
 
 pub(crate) async fn bucket(
@@ -60,7 +60,7 @@ pub(crate) async fn bucket(
 /// together, so creation races are normal: a create fails because another worker's create is
 /// in flight, and on a cluster a new stream becomes visible to every server (and gets a leader
 /// that answers for it) a moment later, so opening it or reading its configuration meanwhile
-/// says "stream not found". All of it is retried for [`SETUP_WINDOW`](crate::connect::SETUP_WINDOW); a bucket that still
+/// says "stream not found". All of it is retried for [`SETUP_WINDOW`](crate::setup::SETUP_WINDOW); a bucket that still
 /// cannot be opened or created is reported as unavailable with the last errors.
 async fn open_or_create(
     js: &jetstream::Context,

@@ -1,9 +1,7 @@
-//! What a job's connection is configured with, and what `connect` returns.
+//! What a job's connection is configured with.
 
 use std::path::PathBuf;
 use std::time::Duration;
-
-use crate::store::NatsStore;
 
 /// How to reach NATS and how to lay out a job's buckets. New fields may be added in minor
 /// releases: start from [`NatsConfig::new`] and set the fields you need.
@@ -59,18 +57,6 @@ impl NatsConfig {
             create_buckets: true,
         }
     }
-}
-
-/// The two stores of a job.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct NatsJob {
-    /// `etl_coordination_{job}_state`.
-    pub state: NatsStore,
-    /// `etl_coordination_{job}_lease`.
-    pub lease: NatsStore,
-    /// The buckets this call created (empty when both existed).
-    pub created: Vec<String>,
 }
 
 /// The minimum server version: per-message TTLs and KV limit markers shipped in 2.11.

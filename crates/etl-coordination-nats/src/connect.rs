@@ -2,26 +2,35 @@
 //! retries of a server that is starting or electing.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_nats::jetstream;
 use etl_coordination_core::{JobName, StoreError};
 use tokio::sync::watch;
 
 use crate::buckets::bucket;
-use crate::config::{MIN_SERVER_VERSION, NatsAuth, NatsConfig, NatsJob};
+use crate::config::{MIN_SERVER_VERSION, NatsAuth, NatsConfig};
 use crate::permissions::{bucket_names, inbox_prefix};
 use crate::refusals::{Refusal, Refusals};
-
-pub(crate) fn setup(msg: String) -> StoreError {
-    StoreError::Setup(msg)
-}
+use crate::setup::{SETUP_WINDOW, SetupRetry, setup};
+use crate::store::NatsStore;
 
 /// Parses `v2.11.3` / `2.10.26-beta` into (major, minor).
 fn parse_version(v: &str) -> Option<(u64, u64)> {
     let v = v.trim_start_matches('v');
     let mut parts = v.split(['.', '-']);
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// The two stores of a job.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct NatsJob {
+    /// `etl_coordination_{job}_state`.
+    pub state: NatsStore,
+    /// `etl_coordination_{job}_lease`.
+    pub lease: NatsStore,
+    /// The buckets this call created (empty when both existed).
+    pub created: Vec<String>,
 }
 
 /// Connects, checks the server (P1) and creates or validates the job's buckets.
@@ -182,41 +191,6 @@ fn is_tls_failure(error: &str) -> bool {
     ["invalid peer certificate", "corrupt message", "tls required", "tls not available"]
         .iter()
         .any(|w| error.to_lowercase().contains(w))
-}
-
-/// How long setup retries what a server that is starting, electing or loaded answers (late,
-/// "temporarily unavailable", a bucket not yet visible on every node) before giving up.
-pub(crate) const SETUP_WINDOW: Duration = Duration::from_secs(15);
-
-/// Pauses between setup attempts: 50 ms doubling up to 500 ms, each with a random extra of up
-/// to itself (jitter: workers that start together do not retry in lockstep), within
-/// [`SETUP_WINDOW`].
-pub(crate) struct SetupRetry {
-    deadline: tokio::time::Instant,
-    delays: backon::ExponentialBackoff,
-}
-
-impl SetupRetry {
-    pub(crate) fn new() -> Self {
-        use backon::BackoffBuilder;
-        let delays = backon::ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(50))
-            .with_max_delay(Duration::from_millis(500))
-            .with_jitter()
-            .without_max_times()
-            .build();
-        SetupRetry { deadline: tokio::time::Instant::now() + SETUP_WINDOW, delays }
-    }
-
-    /// Waits before the next attempt; false (without waiting) once the window is used up.
-    pub(crate) async fn pause(&mut self) -> bool {
-        let pause = self.delays.next().unwrap_or(Duration::from_millis(500));
-        if tokio::time::Instant::now() + pause > self.deadline {
-            return false;
-        }
-        tokio::time::sleep(pause).await;
-        true
-    }
 }
 
 /// The account's JetStream information (P1). A cluster still electing its meta leader answers

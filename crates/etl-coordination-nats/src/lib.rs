@@ -55,11 +55,12 @@ mod config;
 mod connect;
 mod permissions;
 mod refusals;
+mod setup;
 mod store;
 mod watch;
 
-pub use config::{MIN_SERVER_VERSION, NatsAuth, NatsConfig, NatsJob};
-pub use connect::connect;
+pub use config::{MIN_SERVER_VERSION, NatsAuth, NatsConfig};
+pub use connect::{NatsJob, connect};
 pub use etl_coordination_core::{JobName, Prefix};
 pub use etl_coordination_store::Store;
 pub use permissions::{Access, Permissions, bucket_names, inbox_prefix, permissions};

@@ -7,8 +7,8 @@ use etl_coordination_core::{JobName, StoreError};
 use tokio::sync::watch;
 
 use crate::config::{NatsAuth, NatsConfig};
-use crate::connect::setup;
 use crate::permissions::{Access, Permissions, permissions};
+use crate::setup::setup;
 
 /// What the server refused a connection (an `-ERR` line), as the client's event callback saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]

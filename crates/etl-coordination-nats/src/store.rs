@@ -10,8 +10,8 @@ use etl_coordination_store::{Store, WatchStream, validate_ttl, validate_value};
 use crate::classify::{
     CLUSTERED_CONFLICT, INVALID_TTL, Latest, MessageKind, TTL_NOT_ALLOWED, WRONG_LAST_SEQUENCE, api_code,
 };
-use crate::connect::setup;
 use crate::refusals::Refusals;
+use crate::setup::setup;
 
 /// One KV bucket.
 #[derive(Clone)]

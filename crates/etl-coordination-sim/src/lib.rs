@@ -18,16 +18,18 @@
 //!
 //! A run has a safety phase with faults, then a liveness phase without them that must reach
 //! Complete or Stalled in bounded time. The invariants I1-I9 and the rules P4, P6, P7, P10,
-//! P11, P12 are checked continuously by [`check`]'s checkers, including a record-level oracle: every
+//! P11, P12 are checked continuously by the checkers (`check/`), including a record-level oracle: every
 //! split is a range of records, lanes emit them and commit progress, so loss and regression are
 //! checked on data.
 
 mod check;
 mod clock;
+mod fault;
 mod options;
 pub mod rng;
 mod world;
 
-pub use check::{Violation, progress_of};
-pub use options::{Options, Report, Scenario};
+pub use check::progress_of;
+pub use fault::Fault;
+pub use options::{Options, Report, Scenario, Violation};
 pub use world::run;

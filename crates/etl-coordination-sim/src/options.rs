@@ -3,7 +3,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::check::Violation;
+use etl_coordination_core::Timestamp;
+
 use crate::rng::Rng;
 
 /// What a run sets out to show.
@@ -218,4 +219,21 @@ pub struct Report {
     pub trace_hash: u64,
     /// The first broken invariant, if any.
     pub violation: Option<Violation>,
+}
+
+/// A broken invariant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The rule, e.g. `I1`.
+    pub rule: &'static str,
+    /// What happened, with the split/worker involved.
+    pub message: String,
+    /// Virtual time of the violation.
+    pub at: Timestamp,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} violated at t={:.3}s: {}", self.rule, self.at.0 as f64 / 1e6, self.message)
+    }
 }

@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use etl_coordination_core::{Bucket, Input};
 
-use super::net::{Stuck, bi};
+use crate::fault::Fault;
+
+use super::net::bi;
+use super::stuck::Stuck;
 use super::{Ev, Status, World, ms};
 
 impl World {
@@ -51,24 +54,24 @@ impl World {
                 let slot = self.pick(&live);
                 let r = self.rng.range(0, 9);
                 if r < 7 {
-                    self.fault("crash_restart_same_id");
+                    self.fault(Fault::CrashRestartSameId);
                     self.crash(slot, true);
                 } else if r < 9 || live.len() == 1 {
-                    self.fault("crash_restart_new_id");
+                    self.fault(Fault::CrashRestartNewId);
                     let id = self.new_instance_id();
                     self.slots[slot].restart_as = Some(id);
                     self.crash(slot, true);
                 } else {
-                    self.fault("crash_for_good");
+                    self.fault(Fault::CrashForGood);
                     self.crash(slot, false);
                 }
             }
             20..=34 if !live.is_empty() => {
                 let slot = self.pick(&live);
                 let (kind, dur) = if self.rng.chance(0.6) {
-                    ("pause_longer_than_lease", ms(self.rng.range(lease * 12 / 10, lease * 3)))
+                    (Fault::PauseLongerThanLease, ms(self.rng.range(lease * 12 / 10, lease * 3)))
                 } else {
-                    ("pause_short", ms(self.rng.range(50, lease / 2)))
+                    (Fault::PauseShort, ms(self.rng.range(50, lease / 2)))
                 };
                 self.fault(kind);
                 self.slots[slot].status = Status::Paused;
@@ -76,9 +79,9 @@ impl World {
             }
             35..=44 if self.now >= self.outage_until => {
                 let (kind, dur) = if self.rng.chance(0.5) {
-                    ("store_outage_short", ms(self.rng.range(100, lease / 2)))
+                    (Fault::StoreOutageShort, ms(self.rng.range(100, lease / 2)))
                 } else {
-                    ("store_outage_long", ms(self.rng.range(lease * 12 / 10, lease * 5 / 2)))
+                    (Fault::StoreOutageLong, ms(self.rng.range(lease * 12 / 10, lease * 5 / 2)))
                 };
                 self.fault(kind);
                 self.outage_until = self.now + dur;
@@ -88,7 +91,7 @@ impl World {
                 }
             }
             45..=59 if !self.subs.is_empty() => {
-                self.fault("watch_dropped");
+                self.fault(Fault::WatchDropped);
                 let i = self.rng.range(0, self.subs.len() as u64 - 1) as usize;
                 let s = self.subs.remove(i);
                 let d = ms(self.rng.range(1, 50));
@@ -99,12 +102,12 @@ impl World {
                 if self.slots.iter().filter(|s| s.status != Status::Finished).count()
                     < self.opts.max_workers =>
             {
-                self.fault("scale_up");
+                self.fault(Fault::ScaleUp);
                 let id = self.new_instance_id();
                 self.add_worker(id);
             }
             73..=82 if live.len() > 1 => {
-                self.fault("scale_down_drain");
+                self.fault(Fault::ScaleDownDrain);
                 let slot = self.pick(&live);
                 self.slots[slot].draining = true;
                 self.deliver(slot, Input::Drain);
@@ -115,7 +118,7 @@ impl World {
                     .copied()
                     .find(|&i| self.slots[i].core.as_ref().is_some_and(|c| c.is_leader()));
                 if let Some(slot) = leader {
-                    self.fault("leader_killed");
+                    self.fault(Fault::LeaderKilled);
                     self.crash(slot, true);
                 }
             }
@@ -127,7 +130,7 @@ impl World {
                 } else {
                     ms(self.rng.range(lease, lease * 3))
                 };
-                self.fault("partition_one_worker");
+                self.fault(Fault::PartitionOneWorker);
                 self.slots[slot].link.cut_until = self.now + dur;
                 self.break_watches(slot, None);
             }
@@ -136,14 +139,14 @@ impl World {
                 // then delivered late, in order (writes land after their timeout).
                 let slot = self.pick(&live);
                 let dur = ms(self.rng.range(200, lease * 2));
-                self.fault("link_stalled");
+                self.fault(Fault::LinkStalled);
                 let l = &mut self.slots[slot].link;
                 l.hold_until = l.hold_until.max(self.now + dur);
             }
             108..=112 if !live.is_empty() => {
                 let slot = self.pick(&live);
                 let dur = ms(self.rng.range(100, lease * 2));
-                self.fault("writes_fail_reads_succeed");
+                self.fault(Fault::WritesFailReadsSucceed);
                 self.slots[slot].link.writes_fail_until = self.now + dur;
             }
             113..=117 if !live.is_empty() => {
@@ -151,7 +154,7 @@ impl World {
                 let bucket = if self.rng.chance(0.5) { Bucket::State } else { Bucket::Lease };
                 let dur = ms(self.rng.range(100, lease * 2));
                 let all = self.rng.chance(0.3);
-                self.fault(if all { "bucket_unreachable_for_all" } else { "bucket_unreachable_for_one" });
+                self.fault(if all { Fault::BucketUnreachableForAll } else { Fault::BucketUnreachableForOne });
                 let slots = if all { live.clone() } else { vec![self.pick(&live)] };
                 for slot in slots {
                     self.slots[slot].link.bucket_down[bi(bucket)] = self.now + dur;
@@ -162,7 +165,7 @@ impl World {
                 // A worker's monotonic clock jumps forward (a VM resumed, a slewed clock).
                 let slot = self.pick(&live);
                 let jump = self.rng.range(50_000, lease * 1500);
-                self.fault("clock_jump_forward");
+                self.fault(Fault::ClockJumpForward);
                 self.slots[slot].clock.jump(jump);
                 let life = self.slots[slot].life;
                 self.slots[slot].tick_at = Some(self.now);
@@ -175,8 +178,8 @@ impl World {
                     let t = self.opts.op_timeout.as_millis() as u64;
                     let dur = ms(self.rng.range(t / 2, (t * 2).max(lease * 2)));
                     self.fault(match bucket {
-                        Bucket::State => "stream_leader_stuck_state",
-                        Bucket::Lease => "stream_leader_stuck_lease",
+                        Bucket::State => Fault::StreamLeaderStuckState,
+                        Bucket::Lease => Fault::StreamLeaderStuckLease,
                     });
                     let snapshot = self.kv(bucket).clone();
                     let until = self.now + dur;
@@ -193,7 +196,7 @@ impl World {
                     } else {
                         // Its node is cut off with the workers connected to it (one node in three);
                         // the others elect a new leader, maybe within the window.
-                        self.fault("stream_leader_node_cut_off");
+                        self.fault(Fault::StreamLeaderNodeCutOff);
                         let isolated: Vec<usize> =
                             live.iter().copied().filter(|_| self.rng.chance(1.0 / 3.0)).collect();
                         let elected = self.now + ms(self.rng.range(500, lease * 2));

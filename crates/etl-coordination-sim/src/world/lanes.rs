@@ -8,7 +8,8 @@ use etl_coordination_core::records::{self, SplitRecord, keys};
 use etl_coordination_core::{CommitOutcome, Epoch, Input, SplitId, StopReason, Timestamp};
 
 use super::{Ev, Poison, Status, World, ms};
-use crate::check::progress_of;
+use crate::check::{Observation, progress_of};
+use crate::fault::Fault;
 use crate::options::Scenario;
 
 pub(crate) struct Lane {
@@ -60,7 +61,8 @@ impl World {
             })
             .collect();
         let current = self.current_record(&split);
-        self.checker.on_lane_start(self.now, &split, epoch, &others, current.as_ref());
+        let obs = Observation::LaneStarted { id: &split, epoch, others: &others, current: current.as_ref() };
+        self.checker.observe(self.now, obs, &mut self.state);
         let next = progress_of(&progress);
         let lane = Lane {
             epoch,
@@ -108,7 +110,7 @@ impl World {
         let spec = &self.splits[self.split_index[&split]];
         match spec.poison {
             Poison::Crash(at) if at == next => {
-                self.fault("poison_crash");
+                self.fault(Fault::PoisonCrash);
                 // A crash is a fault: steals that rebalance after it are not oscillation (I7).
                 if self.opts.scenario == Scenario::Random {
                     self.report.steals_after_faults = 0;
@@ -117,7 +119,11 @@ impl World {
             }
             Poison::Unprocessable(at) if at == next && !stopping => {
                 self.slots[slot].lanes.remove(&(split.clone(), epoch));
-                self.checker.failed.insert((split.clone(), epoch));
+                self.checker.observe(
+                    self.now,
+                    Observation::LaneFailed { id: &split, epoch },
+                    &mut self.state,
+                );
                 self.lane_ended(slot, &split, epoch);
                 let error = format!("record {next} of {split} cannot be parsed");
                 return self.deliver(slot, Input::Fail { split, epoch, error, unprocessable: true });
@@ -128,10 +134,18 @@ impl World {
         if self.slots[slot].core_lanes.get(&split) == Some(&epoch) {
             // P11 at every emission, not only after the core's inputs: between the lease's death
             // in the store and the worker's own lapse of trust, nothing reaches the core.
-            self.checker.lane_running(self.now, &split, epoch, &owner);
+            let obs = Observation::LaneRunning { id: &split, epoch, owner: &owner };
+            self.checker.observe(self.now, obs, &mut self.state);
         }
         let current = self.current_record(&split);
-        self.checker.on_emit(self.now, &split, next, epoch, &owner, current.as_ref());
+        let obs = Observation::Emitted {
+            id: &split,
+            record: next,
+            epoch,
+            owner: &owner,
+            current: current.as_ref(),
+        };
+        self.checker.observe(self.now, obs, &mut self.state);
         self.report.records_emitted += 1;
         let lane = self.slots[slot].lanes.get_mut(&(split.clone(), epoch)).expect("lane");
         lane.next += 1;
@@ -186,7 +200,7 @@ impl World {
                     // deadline) before its last commit, as a source finishing a batch does.
                     let max = self.opts.drain_timeout.as_millis() as u64 * 9 / 10;
                     let until = self.now + ms(self.rng.range(0, max));
-                    self.fault("lane_slow_to_drain");
+                    self.fault(Fault::LaneSlowToDrain);
                     let lane = self.slots[slot].lanes.get_mut(&(split.clone(), epoch)).expect("lane");
                     lane.drain_until = Some(until);
                     if !lane.committing {
@@ -200,7 +214,7 @@ impl World {
                 if slow && !lane.committing && !lane.draining && lane.next < lane.total {
                     // Slow to stop: the record in hand is finished and committed late.
                     lane.stopping = true;
-                    self.fault("lane_slow_to_stop");
+                    self.fault(Fault::LaneSlowToStop);
                     self.schedule(step, Ev::LaneStep { slot, life, split, epoch });
                 } else {
                     self.slots[slot].lanes.remove(&(split.clone(), epoch));

@@ -8,6 +8,9 @@ use bytes::Bytes;
 use etl_coordination_core::records::{self, LeaseRecord, SplitRecord, SplitState, keys};
 use etl_coordination_core::{Bucket, Input, Outcome, SplitId};
 
+use crate::check::Observation;
+use crate::fault::Fault;
+
 use super::net::bi;
 use super::{Ev, Poison, Status, World, ms};
 
@@ -27,7 +30,7 @@ impl World {
         let now = self.now;
         let candidates: Vec<(SplitId, etl_coordination_core::Revision)> = self
             .checker
-            .published
+            .published()
             .iter()
             .filter(|id| !self.corrupted.contains(*id))
             .filter_map(|id| {
@@ -44,8 +47,8 @@ impl World {
         self.state
             .compare_and_swap(now, &keys::split(&id), rev, garbage, None)
             .expect("the revision just read");
-        self.fault("record_overwritten_by_another_program");
-        self.checker.on_foreign_write(&id, None);
+        self.fault(Fault::RecordOverwrittenByAnotherProgram);
+        self.checker.observe(now, Observation::ForeignWrite { id: &id, new: None }, &mut self.state);
         self.distribute(Bucket::State);
         self.corrupted.insert(id.clone());
         let after = ms(self.rng.range(200, self.opts.lease_secs * 3000));
@@ -66,8 +69,8 @@ impl World {
         self.state
             .compare_and_swap(now, &key, current.revision, records::encode(&reset), None)
             .expect("the revision just read");
-        self.fault("operator_reset");
-        self.checker.on_foreign_write(&id, Some(&reset));
+        self.fault(Fault::OperatorReset);
+        self.checker.observe(now, Observation::ForeignWrite { id: &id, new: Some(&reset) }, &mut self.state);
         self.distribute(Bucket::State);
         self.corrupted.remove(&id);
     }
@@ -115,7 +118,7 @@ impl World {
         let now = self.now;
         let quarantined: Vec<(SplitId, etl_coordination_core::Revision, SplitRecord)> = self
             .checker
-            .published
+            .published()
             .iter()
             .filter_map(|id| {
                 let e = self.state.get(now, &keys::split(id))?;
@@ -128,12 +131,14 @@ impl World {
             self.state
                 .compare_and_swap(now, &keys::split(&id), rev, records::encode(&requeued), None)
                 .expect("the revision just read");
-            self.fault("operator_requeue");
-            self.checker.on_foreign_write(&id, Some(&requeued));
+            self.fault(Fault::OperatorRequeue);
+            let obs = Observation::ForeignWrite { id: &id, new: Some(&requeued) };
+            self.checker.observe(now, obs, &mut self.state);
         }
         // The job's outcome is decided again: every staying worker must report it anew (until
         // it sees the requeue, its view still says stalled) before anyone is drained.
         self.report.outcome = "none";
+        self.checker.observe(now, Observation::JobRequeued, &mut self.state);
         for s in &mut self.slots {
             s.ended = None;
         }

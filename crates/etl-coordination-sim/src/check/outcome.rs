@@ -1,0 +1,202 @@
+//! The outcome: what a worker declares matches the store (I6, I2), one outcome across workers,
+//! no Complete over a poison split, leaving (P13) and its cleanup (P10), fatal errors,
+//! balance (I7) and liveness (I8).
+
+use etl_coordination_core::records::{
+    self, LeaderRecord, LeaseRecord, PlanHead, PresenceRecord, SplitRecord, SplitState, keys,
+};
+use etl_coordination_core::{Entry, FatalError, Outcome, Owner, PlanKind, Timestamp};
+use etl_coordination_memory::MemoryKv;
+
+use super::{Checker, manifest_ids};
+
+impl Checker {
+    /// After every worker finished: a key left by a cleanly finished process (written before
+    /// it finished) is a leak.
+    pub(super) fn on_leftover_key(&mut self, at: Timestamp, entry: &Entry, written_at: Timestamp) {
+        let owner = if let Some(_id) = keys::parse_split(&entry.key) {
+            records::decode::<LeaseRecord>(&entry.value).ok().map(|l| l.owner)
+        } else if let Some(inst) = keys::parse_worker(&entry.key) {
+            records::decode::<PresenceRecord>(&entry.value)
+                .ok()
+                .map(|p| Owner { instance: inst, incarnation: p.incarnation })
+        } else if entry.key == keys::leader() {
+            records::decode::<LeaderRecord>(&entry.value).ok().map(|l| l.owner)
+        } else {
+            None
+        };
+        let Some(owner) = owner else { return };
+        let leaked = self.finished.get(&owner).is_some_and(|f| written_at < *f);
+        self.ensure(at, "P10", !leaked, || {
+            format!("key {} of {owner} is left although that worker finished cleanly", entry.key)
+        });
+    }
+
+    /// A worker declared the job's outcome (I6, I2).
+    pub(super) fn on_outcome(
+        &mut self,
+        at: Timestamp,
+        who: &Owner,
+        complete: bool,
+        stalled: bool,
+        state: &mut MemoryKv,
+    ) {
+        let head = state.get(at, &keys::plan_head()).and_then(|e| records::decode::<PlanHead>(&e.value).ok());
+        let Some(m) = head.and_then(|h| h.manifest) else {
+            return self.fail(at, "I6", format!("{who} declared an outcome without a published plan"));
+        };
+        self.ensure(at, "I6", m.kind == PlanKind::Final, || {
+            format!("{who} declared an outcome of an open plan")
+        });
+        let ids = manifest_ids(state, at, m.term, m.version, m.chunks);
+        let mut done = 0;
+        let mut quarantined = 0;
+        for id in &ids {
+            let rec =
+                state.get(at, &keys::split(id)).and_then(|e| records::decode::<SplitRecord>(&e.value).ok());
+            match rec.map(|r| r.state) {
+                Some(SplitState::Done) => done += 1,
+                Some(SplitState::Quarantined) => quarantined += 1,
+                _ => {}
+            }
+        }
+        if complete {
+            self.ensure(at, "I6", done == ids.len(), || {
+                format!(
+                    "{who} declared Complete with {} of {} splits Done ({quarantined} quarantined)",
+                    done,
+                    ids.len()
+                )
+            });
+        }
+        if stalled {
+            self.ensure(at, "I6", quarantined > 0 && done + quarantined == ids.len(), || {
+                format!(
+                    "{who} declared Stalled with {done} Done and {quarantined} Quarantined of {}",
+                    ids.len()
+                )
+            });
+        }
+        // I2: every record of every Done split was emitted at least once.
+        for id in &ids {
+            let done = state
+                .get(at, &keys::split(id))
+                .and_then(|e| records::decode::<SplitRecord>(&e.value).ok())
+                .is_some_and(|r| r.state == SplitState::Done);
+            if !done {
+                continue;
+            }
+            let gap = self.emitted.get(id).and_then(|e| e.iter().position(|x| !x));
+            self.ensure(at, "I2", gap.is_none(), || {
+                format!("split {id} is Done but record {} was never emitted", gap.unwrap_or(0))
+            });
+        }
+    }
+
+    /// A worker declared the job's end (leaving with it, or staying after it): I6 against the
+    /// store, one outcome across workers, and no Complete while a poison split is unfixed.
+    pub(super) fn on_declared(
+        &mut self,
+        at: Timestamp,
+        who: &Owner,
+        outcome: &Outcome,
+        healed: bool,
+        state: &mut MemoryKv,
+    ) {
+        let (complete, stalled) = (*outcome == Outcome::Complete, matches!(outcome, Outcome::Stalled { .. }));
+        self.on_outcome(at, who, complete, stalled, state);
+        let name = if complete { "complete" } else { "stalled" };
+        if let Some(other) = self.declared
+            && other != name
+        {
+            self.fail(at, "I6", format!("{who} declared {name} but another worker declared {other}"));
+        }
+        self.declared = Some(name);
+        if self.poison && complete && !healed {
+            self.fail(at, "P12", format!("{who} declared Complete although a poison split exists"));
+        }
+    }
+
+    /// P13: a worker that stays after the end leaves only once drained; one that left with the
+    /// store reachable is checked for leftovers (P10).
+    pub(super) fn on_left(
+        &mut self,
+        at: Timestamp,
+        who: &Owner,
+        outcome: &Outcome,
+        draining: bool,
+        reachable: bool,
+    ) {
+        if self.stay_after_end && !draining {
+            self.fail(
+                at,
+                "P13",
+                format!("{who} left with {outcome:?} although it stays after the end until drained"),
+            );
+        }
+        if reachable {
+            self.finished.insert(who.clone(), at);
+        }
+    }
+
+    /// No fatal error but the one a duplicate-id scenario provokes.
+    pub(super) fn on_fatal(&mut self, at: Timestamp, who: &Owner, error: &FatalError) {
+        let expected = self.duplicate_id_scenario && matches!(error, FatalError::DuplicateInstance { .. });
+        if !expected {
+            self.fail(at, "fatal", format!("{who} stopped with an unexpected fatal error: {error}"));
+        }
+    }
+
+    /// I7 in random runs: once faults stop, an imbalance of two or more between live workers
+    /// with spare capacity must shrink within a few heartbeats (steals converge, P9).
+    pub(super) fn on_owned_counts(&mut self, at: Timestamp, counts: &[(u32, u32)]) {
+        let spare: Vec<u32> = counts.iter().filter(|(h, cap)| h < cap).map(|(h, _)| *h).collect();
+        let max = counts.iter().map(|(h, _)| *h).max().unwrap_or(0);
+        let min = spare.iter().copied().min().unwrap_or(max);
+        let gap = max.saturating_sub(min);
+        if gap >= 2 {
+            let (n, last) = self.imbalance;
+            self.imbalance = if gap >= last { (n + 1, gap) } else { (1, gap) };
+            self.count("I7");
+            if self.imbalance.0 >= 12 {
+                let msg = format!(
+                    "owned counts {counts:?} kept a gap of {gap} for 12 heartbeats after the faults stopped"
+                );
+                self.fail(at, "I7", msg);
+            }
+        } else {
+            self.imbalance = (0, 0);
+        }
+    }
+
+    /// I7 in the balance scenario: after convergence, owned counts differ by at most one.
+    pub(super) fn on_converged(&mut self, at: Timestamp, owned: &[u32]) {
+        let (min, max) = (owned.iter().min().copied().unwrap_or(0), owned.iter().max().copied().unwrap_or(0));
+        if max - min > 1 {
+            self.fail(at, "I7", format!("owned counts {owned:?} differ by more than 1 after convergence"));
+        }
+    }
+
+    /// The end of a run: I7 (steals after the faults bounded by the splits: more means ownership
+    /// oscillates) and I8 (a random run ends with an outcome).
+    pub(super) fn on_run_ended(
+        &mut self,
+        at: Timestamp,
+        steals_after_faults: u64,
+        splits: u64,
+        no_outcome: bool,
+        states: &[String],
+    ) {
+        self.count("I7");
+        self.count("I8");
+        if self.random_scenario && steals_after_faults > splits {
+            let msg = format!(
+                "{steals_after_faults} steals after the faults stopped, for {splits} splits: ownership oscillates"
+            );
+            self.fail(at, "I7", msg);
+        }
+        if self.violation.is_none() && no_outcome && self.random_scenario {
+            self.fail(at, "I8", format!("the run ended without a job outcome: {states:?}"));
+        }
+    }
+}
