@@ -177,10 +177,6 @@ fn secs(v: &str) -> u64 {
     v.strip_suffix('s').and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{v:?} is not N s"))
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// Processes killed when the test ends, pass or fail.
 struct Procs(Vec<Child>);
 
@@ -391,14 +387,18 @@ fn the_compose_services_run_their_commands_against_the_compose_nats_config() {
     dev_certs(&certs);
     let (certs_dst, _) = nats_mounts.iter().find(|(c, _)| !c.ends_with(".conf")).unwrap();
     let secrets = [("ETL_JOB_NATS_PASSWORD", "job-secret"), ("ETL_SETUP_NATS_PASSWORD", "setup-secret")];
-    let port = free_port();
+    let port = etl_coordination_testkit::free_port();
     let local_conf = tmp.path().join("dev.conf");
     let conf = replace_n(&replace_once(&dev, "/data", tmp.path()), certs_dst, &certs, 2);
     std::fs::write(&local_conf, conf).unwrap();
     let server_env = compose_env(nats, &secrets, &nats_mounts);
     let server_env: Vec<(&str, &str)> = server_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let mut procs =
-        Procs(vec![nats_server(&local_conf, port, &server_env, &["-m".into(), free_port().to_string()])]);
+    let mut procs = Procs(vec![nats_server(
+        &local_conf,
+        port,
+        &server_env,
+        &["-m".into(), etl_coordination_testkit::free_port().to_string()],
+    )]);
     let store = format!("nats://127.0.0.1:{port}");
     // Client mounts: the CA file is the one dev-ca.sh made; the input is deploy/input.
     let client_env = |service: &Value| {
@@ -438,7 +438,7 @@ fn the_compose_services_run_their_commands_against_the_compose_nats_config() {
     script = script.replace(&format!("files:{input_dst}"), &format!("files:{}", input.display()));
     let mut replicas_out = Vec::new();
     for i in 0..replicas {
-        let admin = format!("127.0.0.1:{}", free_port());
+        let admin = format!("127.0.0.1:{}", etl_coordination_testkit::free_port());
         let script = script.replace(flag(&words, "--admin-addr").unwrap(), &admin);
         let (child, rx) = spawn_following(
             Command::new("/bin/sh")
@@ -717,8 +717,15 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
     // Three nodes from the ConfigMap's configuration on loopback: the routes' pod DNS names
     // (nats-N.nats-cluster) become this machine's ports, the Secrets' files and values this
     // test's; everything else is the file as is.
-    let ports: Vec<(u16, u16, u16)> =
-        (0..replicas).map(|_| (free_port(), free_port(), free_port())).collect();
+    let ports: Vec<(u16, u16, u16)> = (0..replicas)
+        .map(|_| {
+            (
+                etl_coordination_testkit::free_port(),
+                etl_coordination_testkit::free_port(),
+                etl_coordination_testkit::free_port(),
+            )
+        })
+        .collect();
     let mut local = conf.to_owned();
     for (i, (_, cport, _)) in ports.iter().enumerate() {
         let route = format!("{name}-{i}.{headless}:6222");
@@ -792,7 +799,7 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
     let (_, backfill_container, backfill_args) = backfill_job();
     let mut backfill = Vec::new();
     for i in 0..2 {
-        let admin = format!("127.0.0.1:{}", free_port());
+        let admin = format!("127.0.0.1:{}", etl_coordination_testkit::free_port());
         backfill.push(spawn_following(&mut pod(
             &backfill_container,
             &backfill_args,
@@ -812,7 +819,7 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
     let worker_ca = ca_mount(&container);
     let mut pods = Vec::new();
     for i in 0..2 {
-        let admin = format!("127.0.0.1:{}", free_port());
+        let admin = format!("127.0.0.1:{}", etl_coordination_testkit::free_port());
         let pod_name = format!("etl-pipeline.7f9c-{i}");
         let (child, rx) = spawn_following(&mut pod(&container, &args, &pod_name, &admin));
         procs.0.push(child);

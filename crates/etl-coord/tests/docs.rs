@@ -83,10 +83,6 @@ impl Drop for Session {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 impl Session {
     fn new() -> Session {
         Session {
@@ -193,7 +189,7 @@ impl Session {
     fn nats_server(&mut self, doc: &str, line: &str, args: &[&str]) {
         assert!(self.nats_port.is_none(), "{doc}: one NATS server per document");
         assert!(args.contains(&"-js"), "{doc}: `{line}` enables JetStream");
-        let port = free_port();
+        let port = etl_coordination_testkit::free_port();
         let args: Vec<String> = args.iter().map(|a| self.substitute(a)).collect();
         let child = Command::new(env("NATS_SERVER_BIN"))
             .args(&args)

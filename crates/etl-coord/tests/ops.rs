@@ -9,7 +9,8 @@ use etl_coordination_driver::{
     DriverConfig, InstanceId, JobName, JobOutcome, JobStores, OnStall, Pipeline, SplitId,
 };
 use etl_coordination_memory::MemoryStore;
-use etl_coordination_store::{Store, WatchStream};
+use etl_coordination_store::Store;
+use etl_coordination_store::layers::{Counting, Observed, Op};
 
 #[tokio::test]
 async fn status_shows_a_quarantined_split_and_requeue_returns_it_to_the_queue() {
@@ -55,61 +56,6 @@ async fn status_shows_a_quarantined_split_and_requeue_returns_it_to_the_queue() 
     assert_eq!((split.state.as_str(), split.attempts, split.owner.clone()), ("Unleased", 0, None));
 }
 
-/// A store that counts the requests `status` makes.
-#[derive(Clone, Default)]
-struct Counting {
-    inner: MemoryStore,
-    gets: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    lists: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl Store for Counting {
-    async fn create(
-        &self,
-        key: &etl_coordination_core::Key,
-        value: bytes::Bytes,
-        ttl: Option<Duration>,
-    ) -> Result<etl_coordination_core::Revision, etl_coordination_core::StoreError> {
-        self.inner.create(key, value, ttl).await
-    }
-    async fn compare_and_swap(
-        &self,
-        key: &etl_coordination_core::Key,
-        expected: etl_coordination_core::Revision,
-        value: bytes::Bytes,
-        ttl: Option<Duration>,
-    ) -> Result<etl_coordination_core::Revision, etl_coordination_core::StoreError> {
-        self.inner.compare_and_swap(key, expected, value, ttl).await
-    }
-    async fn delete(
-        &self,
-        key: &etl_coordination_core::Key,
-        expected: etl_coordination_core::Revision,
-    ) -> Result<(), etl_coordination_core::StoreError> {
-        self.inner.delete(key, expected).await
-    }
-    async fn get(
-        &self,
-        key: &etl_coordination_core::Key,
-    ) -> Result<Option<etl_coordination_core::Entry>, etl_coordination_core::StoreError> {
-        self.gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.inner.get(key).await
-    }
-    async fn watch(
-        &self,
-        prefix: &etl_coordination_core::Prefix,
-    ) -> Result<WatchStream, etl_coordination_core::StoreError> {
-        self.inner.watch(prefix).await
-    }
-    async fn list(
-        &self,
-        prefix: &etl_coordination_core::Prefix,
-    ) -> Result<Vec<etl_coordination_core::Entry>, etl_coordination_core::StoreError> {
-        self.lists.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.inner.list(prefix).await
-    }
-}
-
 #[tokio::test]
 async fn status_reads_a_fixed_number_of_requests_and_flags_an_undecodable_record_without_failing() {
     let dir = tempfile::tempdir().unwrap();
@@ -118,16 +64,17 @@ async fn status_reads_a_fixed_number_of_requests_and_flags_an_undecodable_record
     }
     // One split per file: 40 splits.
     let source = AnySource::open(&format!("files:{}", dir.path().display()), 1, 1, false).unwrap();
-    let stores = JobStores::new(JobName::new("many").unwrap(), Counting::default(), Counting::default());
+    let stores = JobStores::new(
+        JobName::new("many").unwrap(),
+        Observed::counting(MemoryStore::new()),
+        Observed::counting(MemoryStore::new()),
+    );
     let mut config = DriverConfig::default();
     config.tuning.lease_duration = Duration::from_secs(2);
     let handle = Pipeline::new(stores.clone(), source, JsonlSink::discard()).config(config).start().unwrap();
     assert!(matches!(handle.outcome().await.unwrap(), JobOutcome::Complete));
-    let reads = |s: &JobStores<Counting>| {
-        let n = |c: &Counting| {
-            c.gets.load(std::sync::atomic::Ordering::Relaxed)
-                + c.lists.load(std::sync::atomic::Ordering::Relaxed)
-        };
+    let reads = |s: &JobStores<Counting<MemoryStore>>| {
+        let n = |c: &Counting<MemoryStore>| c.counts().get(Op::Get) + c.counts().get(Op::List);
         n(&s.state) + n(&s.lease)
     };
     let before = reads(&stores);
@@ -144,10 +91,10 @@ async fn status_reads_a_fixed_number_of_requests_and_flags_an_undecodable_record
 
     // Another program overwrites one split record: status still shows the job, and flags it.
     let victim = etl_coordination_core::records::keys::split(&SplitId::new(st.splits[3].id.clone()).unwrap());
-    let e = stores.state.inner.get(&victim).await.unwrap().unwrap();
+    let e = stores.state.inner().get(&victim).await.unwrap().unwrap();
     stores
         .state
-        .inner
+        .inner()
         .compare_and_swap(&victim, e.revision, bytes::Bytes::from_static(&[255, 0, 1, 2]), None)
         .await
         .unwrap();
@@ -168,7 +115,7 @@ async fn status_reads_a_fixed_number_of_requests_and_flags_an_undecodable_record
     let victim_id = SplitId::new(st.splits[3].id.clone()).unwrap();
     // Another program also left bytes without a TTL at the split's lease key: they would keep
     // every claim out, and go with the reset.
-    stores.lease.inner.create(&victim, bytes::Bytes::from_static(&[255, 9]), None).await.unwrap();
+    stores.lease.inner().create(&victim, bytes::Bytes::from_static(&[255, 9]), None).await.unwrap();
     let plan = ops::plan_reset(&stores, &victim_id).await.unwrap();
     assert!(plan.current.starts_with("undecodable (record format 255"), "{}", plan.current);
     assert!(plan.current.contains("lease undecodable"), "{}", plan.current);
@@ -181,16 +128,19 @@ async fn status_reads_a_fixed_number_of_requests_and_flags_an_undecodable_record
     let reset = st.splits.iter().find(|x| x.id == victim_id.as_str()).unwrap();
     assert_eq!((reset.state.as_str(), reset.attempts, reset.progress.as_deref()), ("Unleased", 0, None));
     // Above every epoch the split had: at least the revision of the value it replaced.
-    let e = stores.state.inner.get(&victim).await.unwrap().unwrap();
+    let e = stores.state.inner().get(&victim).await.unwrap().unwrap();
     assert!(reset.epoch >= e.revision.0 - 1 && reset.epoch > 1, "{reset:?} at revision {:?}", e.revision);
     assert!(st.undecodable.is_empty());
-    assert!(stores.lease.inner.get(&victim).await.unwrap().is_none(), "the undecodable lease value is gone");
+    assert!(
+        stores.lease.inner().get(&victim).await.unwrap().is_none(),
+        "the undecodable lease value is gone"
+    );
     // A split nobody planned cannot be reset; a record deleted by hand shows as missing.
     let err = ops::plan_reset(&stores, &SplitId::new("nope").unwrap()).await.unwrap_err();
     assert!(err.to_string().contains("no descriptor"), "{err}");
     let gone = etl_coordination_core::records::keys::split(&SplitId::new(st.splits[5].id.clone()).unwrap());
-    let e = stores.state.inner.get(&gone).await.unwrap().unwrap();
-    stores.state.inner.delete(&gone, e.revision).await.unwrap();
+    let e = stores.state.inner().get(&gone).await.unwrap().unwrap();
+    stores.state.inner().delete(&gone, e.revision).await.unwrap();
     let st = ops::status(&stores).await.unwrap();
     assert_eq!((st.summary.total, st.summary.missing), (40, 1), "{:?}", st.summary);
     assert!(ops::render(&st, ops::Output::Table).contains("1 missing"));
@@ -202,7 +152,7 @@ async fn status_reads_a_fixed_number_of_requests_and_flags_an_undecodable_record
     assert_eq!(st.summary.missing, 0);
     // Its history is unknown: the epoch is raised above the revision its create got, which is
     // above every revision the key ever had.
-    let e = stores.state.inner.get(&gone).await.unwrap().unwrap();
+    let e = stores.state.inner().get(&gone).await.unwrap().unwrap();
     let rec: etl_coordination_core::records::SplitRecord =
         etl_coordination_core::records::decode(&e.value).unwrap();
     assert!(rec.epoch.0 + 1 == e.revision.0 && rec.progress.is_none(), "{rec:?} at {:?}", e.revision);

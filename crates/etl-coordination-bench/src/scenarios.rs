@@ -204,12 +204,12 @@ pub async fn traffic(t: &Target, window: Duration) -> Result<Vec<(String, f64, f
         workers.push(job.start(&id).await?);
     }
     until_balanced(&job.work.log, &balanced(&ids(3), 12), Duration::from_secs(2)).await?;
-    let before: Vec<OpCounts> = workers.iter().map(|w| w.ops.counts()).collect();
+    let before: Vec<OpCounts> = workers.iter().map(|w| OpCounts::of(&w.ops)).collect();
     tokio::time::sleep(window).await;
     let secs = window.as_secs_f64();
     let mut out = Vec::new();
     for (i, w) in workers.iter().enumerate() {
-        let d = w.ops.counts() - before[i];
+        let d = OpCounts::of(&w.ops) - before[i];
         let renew = (4.0 + 1.0) / (job.lease.as_secs_f64() / 3.0);
         let commits = 4.0 * (1.0 / job.cadence.interval.as_secs_f64());
         out.push((
@@ -259,7 +259,7 @@ pub async fn large_plan(t: &Target, splits: usize) -> Result<LargePlan> {
         anyhow::ensure!(outcome == JobOutcome::Complete, "a worker ended {outcome:?}");
     }
     let complete = t0.elapsed().as_secs_f64();
-    let ops: u64 = workers.iter().map(|w| w.ops.counts()).map(|c| c.writes + c.reads).sum();
+    let ops: u64 = workers.iter().map(|w| OpCounts::of(&w.ops)).map(|c| c.writes + c.reads).sum();
     let stores = etl_coordination_driver::JobStores::nats(&job.nats, &job.name).await?;
     let mut status_s = f64::INFINITY;
     for _ in 0..3 {
@@ -311,7 +311,7 @@ pub async fn scale_out(t: &Target, n: usize, work: Work) -> Result<Run> {
     let makespan = work.makespan_since(t0);
     let emitted: u64 = workers.iter().map(|w| w.records.0.load(std::sync::atomic::Ordering::Relaxed)).sum();
     anyhow::ensure!(emitted >= work.splits as u64 * work.records, "records lost: {emitted}");
-    let ops: u64 = workers.iter().map(|w| w.ops.counts()).map(|c| c.writes + c.reads).sum();
+    let ops: u64 = workers.iter().map(|w| OpCounts::of(&w.ops)).map(|c| c.writes + c.reads).sum();
     Ok(Run {
         complete,
         makespan,
@@ -546,13 +546,13 @@ pub async fn cost(t: &Target, splits: usize, workers: usize, window: Duration) -
     until("every lane open", Duration::from_secs(600), || log.load().values().sum::<usize>() >= lanes)
         .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let before: Vec<OpCounts> = fleet.iter().map(|w| w.ops.counts()).collect();
+    let before: Vec<OpCounts> = fleet.iter().map(|w| OpCounts::of(&w.ops)).collect();
     let cpu0 = cpu_time();
     tokio::time::sleep(window).await;
     let cpu = (cpu_time() - cpu0).as_secs_f64();
     let (mut ops, mut writes) = (0, 0);
     for (w, b) in fleet.iter().zip(before) {
-        let d = w.ops.counts() - b;
+        let d = OpCounts::of(&w.ops) - b;
         ops += d.writes + d.reads;
         writes += d.writes;
     }

@@ -11,13 +11,12 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use etl_coordination_core::records::keys;
-use etl_coordination_core::{Entry, Key, Prefix, Revision, StoreError};
 use etl_coordination_driver::{
     AcquisitionReason, CommitCadence, DriverConfig, DriverHandle, InstanceId, JobName, JobStores, LaneInfo,
     NatsConfig, NextRecord, Pipeline, Plan, PlanError, PlanKind, PlannedSplit, Planner, Sink, SinkError,
     Source, SourceError, SplitId, SplitReader,
 };
-use etl_coordination_store::{Store, WatchStream};
+use etl_coordination_store::layers::{Call, CallOutcome, Counts, Observed, Op, StoreObserver};
 use tokio::time::Instant;
 
 /// A lane opened: when, by which worker, which split, why.
@@ -259,17 +258,6 @@ impl Sink<u64> for Count {
     }
 }
 
-/// Store operations of one worker, by kind.
-#[derive(Default, Debug)]
-pub struct Ops {
-    pub create: AtomicU64,
-    pub cas: AtomicU64,
-    pub delete: AtomicU64,
-    pub get: AtomicU64,
-    pub list: AtomicU64,
-    pub watch: AtomicU64,
-}
-
 /// A snapshot of [`Ops`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OpCounts {
@@ -278,13 +266,16 @@ pub struct OpCounts {
     pub watches: u64,
 }
 
-impl Ops {
-    pub fn counts(&self) -> OpCounts {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+/// Store operations of one worker, by kind (the store crate's counting layer).
+pub type Ops = Counts;
+
+impl OpCounts {
+    /// What `ops` counted so far.
+    pub fn of(ops: &Ops) -> OpCounts {
         OpCounts {
-            writes: l(&self.create) + l(&self.cas) + l(&self.delete),
-            reads: l(&self.get) + l(&self.list),
-            watches: l(&self.watch),
+            writes: ops.writes(),
+            reads: ops.get(Op::Get) + ops.get(Op::List),
+            watches: ops.get(Op::Watch),
         }
     }
 }
@@ -304,72 +295,22 @@ impl std::ops::Sub for OpCounts {
 /// answered, split, `true` for a claim or renewal, `false` for a release).
 pub type LeaseAcks = Arc<Mutex<Vec<(Instant, String, bool)>>>;
 
-/// A store that counts what is asked of it (and, on the lease bucket, logs when split-lease
-/// writes were acknowledged).
-#[derive(Clone)]
-pub struct Counted<S> {
-    inner: S,
+/// What a benchmark worker's stores report: every call counted, and on the lease bucket when
+/// split-lease writes were acknowledged.
+pub struct BenchObserver {
     ops: Arc<Ops>,
     acks: Option<LeaseAcks>,
 }
 
-impl<S> Counted<S> {
-    fn ack<T, E>(&self, key: &Key, claim: bool, r: &Result<T, E>) {
-        if let (Some(acks), Ok(_), Some(split)) = (&self.acks, r, keys::parse_split(key)) {
-            acks.lock().unwrap().push((Instant::now(), split.to_string(), claim));
+impl StoreObserver for BenchObserver {
+    fn observe(&self, call: &Call<'_>) {
+        self.ops.observe(call);
+        if let (Some(acks), CallOutcome::Ok, Some(split)) =
+            (&self.acks, call.outcome, call.key.and_then(keys::parse_split))
+            && call.op.is_write()
+        {
+            acks.lock().unwrap().push((Instant::now(), split.to_string(), call.op != Op::Delete));
         }
-    }
-}
-
-fn bump(a: &AtomicU64) {
-    a.fetch_add(1, Ordering::Relaxed);
-}
-
-impl<S: Store> Store for Counted<S> {
-    async fn create(&self, key: &Key, value: Bytes, ttl: Option<Duration>) -> Result<Revision, StoreError> {
-        bump(&self.ops.create);
-        let r = self.inner.create(key, value, ttl).await;
-        self.ack(key, true, &r);
-        r
-    }
-
-    async fn compare_and_swap(
-        &self,
-        key: &Key,
-        expected: Revision,
-        value: Bytes,
-        ttl: Option<Duration>,
-    ) -> Result<Revision, StoreError> {
-        bump(&self.ops.cas);
-        let r = self.inner.compare_and_swap(key, expected, value, ttl).await;
-        self.ack(key, true, &r);
-        r
-    }
-
-    async fn delete(&self, key: &Key, expected: Revision) -> Result<(), StoreError> {
-        bump(&self.ops.delete);
-        let r = self.inner.delete(key, expected).await;
-        self.ack(key, false, &r);
-        r
-    }
-
-    async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
-        bump(&self.ops.get);
-        self.inner.get(key).await
-    }
-
-    async fn watch(&self, prefix: &Prefix) -> Result<WatchStream, StoreError> {
-        bump(&self.ops.watch);
-        self.inner.watch(prefix).await
-    }
-
-    async fn list(&self, prefix: &Prefix) -> Result<Vec<Entry>, StoreError> {
-        bump(&self.ops.list);
-        self.inner.list(prefix).await
-    }
-
-    fn op_timeout(&self) -> Option<Duration> {
-        self.inner.op_timeout()
     }
 }
 
@@ -416,7 +357,7 @@ impl Job {
         let stores = JobStores::nats(&self.nats, &self.name).await.context("connecting to NATS")?;
         let ops = Arc::new(Ops::default());
         let acks = LeaseAcks::default();
-        let counted = |inner, acks| Counted { inner, ops: ops.clone(), acks };
+        let counted = |inner, acks| Observed::new(inner, BenchObserver { ops: ops.clone(), acks });
         let stores = JobStores::new(
             self.name.clone(),
             counted(stores.state, None),

@@ -53,6 +53,32 @@ pub struct Lane {
 }
 
 impl Lane {
+    /// A lane for a tenancy the core started, and the sender that stops it.
+    pub(crate) fn new(
+        split: SplitId,
+        epoch: Epoch,
+        descriptor: Bytes,
+        weight: u64,
+        progress: Option<Bytes>,
+        reason: Option<AcquisitionReason>,
+        tx: mpsc::UnboundedSender<LaneMsg>,
+    ) -> (Lane, watch::Sender<Option<Stop>>) {
+        let (stop_tx, stop) = watch::channel(None);
+        let lane = Lane {
+            split,
+            epoch,
+            descriptor,
+            weight,
+            progress,
+            reason,
+            tx,
+            stop,
+            ended: false,
+            in_flight: None,
+        };
+        (lane, stop_tx)
+    }
+
     /// The split's id.
     pub fn split(&self) -> &SplitId {
         &self.split

@@ -17,10 +17,11 @@
 //! library runs the lanes (commit cadence, flush before every commit, revocation, drain,
 //! failures). With the source and sink below (hidden here: `examples/custom_source.rs` in the
 //! repository is a whole one), the glue is two lines; `JobStores::nats(&config, &job).await?`
-//! in place of `JobStores::memory(..)` shares the job between processes:
+//! in place of `JobStores::memory(..)` shares the job between processes (everything it names
+//! is in the [`prelude`]):
 //!
 //! ```
-//! # use etl_coordination_driver::*;
+//! # use etl_coordination_driver::prelude::*;
 //! # #[derive(Clone)] struct Numbers;
 //! # impl Planner for Numbers {
 //! #     fn fingerprint(&self) -> String { "numbers/v1".into() }
@@ -54,15 +55,21 @@
 //! ```
 
 mod config;
+mod contract;
 mod handle;
 mod lane;
+mod lane_table;
+mod msg;
 mod outcome;
 mod pipeline;
 mod planner;
+mod report;
 mod stores;
 mod task;
+mod watches;
 
 pub use config::{DEFAULT_LANE_STALL_TIMEOUT, DEFAULT_OP_TIMEOUT, DriverConfig, OnLaneStall, OnStall};
+pub use contract::{CommitCadence, LaneInfo, NextRecord, Sink, SinkError, Source, SourceError, SplitReader};
 pub use etl_coordination_core::{
     AcquisitionReason, CommitOutcome, Epoch, InstanceId, JobName, Plan, PlanKind, PlannedSplit, SplitId,
     StopReason, Tuning,
@@ -73,9 +80,17 @@ pub use etl_coordination_nats::{NatsAuth, NatsConfig, NatsStore};
 pub use handle::{CoordinationDriver, DriverHandle};
 pub use lane::{Lane, Lanes, Stop};
 pub use outcome::{DriverError, JobOutcome, JobState};
-pub use pipeline::{
-    CommitCadence, LaneInfo, NextRecord, Pipeline, Sink, SinkError, Source, SourceError, SplitReader,
-};
+pub use pipeline::Pipeline;
 pub use planner::{PlanError, Planner};
 pub use stores::{AnyStore, JobStores};
 pub use tokio_util::sync::CancellationToken;
+
+/// What an embedder of a [`Pipeline`] names: `use etl_coordination_driver::prelude::*;`. Each
+/// item is documented once, at the crate root.
+pub mod prelude {
+    pub use crate::{
+        CommitCadence, DriverConfig, DriverError, JobName, JobOutcome, JobStores, LaneInfo, NextRecord,
+        Pipeline, Plan, PlanError, PlanKind, PlannedSplit, Planner, Sink, SinkError, Source, SourceError,
+        SplitId, SplitReader,
+    };
+}

@@ -7,22 +7,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etl_coordination_core::{
-    Action, Bucket, CommitOutcome, Config, Epoch, Event, Input, OpId, Outcome, Plan, SplitId, StopReason,
-    StoreError, StoreResult, Timestamp, WatchEvent, WatchId, Worker,
+    Action, Bucket, CommitOutcome, Config, Epoch, Event, Input, Outcome, SplitId, StopReason, Timestamp,
+    Worker,
 };
-use etl_coordination_metrics::{Metrics, WriteOutcome};
+use etl_coordination_metrics::Metrics;
+use etl_coordination_store::layers::{Observed, Timeout};
 use etl_coordination_store::{Store, execute};
-use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::{debug, error, info, trace, warn};
+use tracing::{error, info, trace, warn};
 
 use crate::config::{DEFAULT_OP_TIMEOUT, DriverConfig, OnLaneStall, OnStall};
 use crate::lane::{Lane, LaneMsg, Lanes, Stop};
+use crate::lane_table::{LaneEntry, LaneTable};
+use crate::msg::Msg;
 use crate::outcome::{DriverError, JobOutcome, JobState, describe};
 use crate::planner::Planner;
+use crate::report::{JobReport, StoreMetrics, log_event};
 use crate::stores::JobStores;
+use crate::watches::Watches;
 
 /// Control messages from the [`DriverHandle`](crate::DriverHandle).
 #[derive(Debug)]
@@ -32,46 +35,14 @@ pub(crate) enum Control {
     Freeze(Duration),
 }
 
-/// Reports of the tasks the driver task spawned.
-#[derive(Debug)]
-enum Msg {
-    StoreDone { op: OpId, result: StoreResult },
-    Watch { watch: WatchId, generation: u64, event: WatchEvent },
-    WatchFailed { watch: WatchId, generation: u64, error: String },
-    PlanReady { request: u64, result: Result<Plan, String> },
-}
-
-struct WatchTask {
-    generation: u64,
-    failures: u32,
-    handle: Option<JoinHandle<()>>,
-}
-
-/// A lane the source runs: how to stop it, and when it last made progress.
-struct LaneEntry {
-    epoch: Epoch,
-    stop: watch::Sender<Option<Stop>>,
-    /// The lane's start or its last successful commit.
-    progress_at: Instant,
-    /// Reported stalled (no progress for the lane stall timeout), until its next commit.
-    stalled: bool,
-    /// Told to drain: it commits and stops on its own deadline; no stall check.
-    draining: bool,
-    /// Its finish (terminal commit) is in flight.
-    finishing: bool,
-}
-
-impl LaneEntry {
-    /// Whether the stall check watches it: not reported yet, not draining, not finishing.
-    fn watched(&self) -> bool {
-        !self.stalled && !self.draining && !self.finishing
-    }
-}
+/// A bucket as the task uses it: each request bounded by the worker's budget and recorded in
+/// its metrics.
+type Layered<S> = Observed<Timeout<S>, StoreMetrics>;
 
 pub(crate) struct Task<S, P> {
     worker: Worker,
-    state: Arc<S>,
-    lease: Arc<S>,
+    state: Arc<Layered<S>>,
+    lease: Arc<Layered<S>>,
     planner: Arc<P>,
     tx: mpsc::UnboundedSender<Msg>,
     rx: mpsc::UnboundedReceiver<Msg>,
@@ -80,27 +51,19 @@ pub(crate) struct Task<S, P> {
     lane_rx: mpsc::UnboundedReceiver<LaneMsg>,
     lanes: mpsc::UnboundedSender<Lane>,
     outcome: watch::Sender<Option<Result<JobOutcome, DriverError>>>,
-    job_state: watch::Sender<JobState>,
     on_stall: OnStall,
-    op_timeout: Duration,
     lane_stall_timeout: Option<Duration>,
     on_lane_stall: OnLaneStall,
     origin: Instant,
-    watches: BTreeMap<WatchId, WatchTask>,
-    /// The lanes handed out and not ended, by split.
-    running: BTreeMap<SplitId, LaneEntry>,
-    /// How the job ended, while the worker stays after the end (`stay_after_end`).
-    ended: Option<JobState>,
-    /// State-bucket keys the core reports it cannot decode, and plan splits without a record:
-    /// either keeps the job from completing (`JobState::Blocked`).
-    blocking: (u32, u32),
-    /// The `job_state` label last recorded.
-    state_label: &'static str,
+    watches: Watches,
+    /// The lanes handed out and not ended.
+    running: LaneTable,
+    /// Metrics and the job state.
+    report: JobReport,
     /// Inputs raised while executing actions, handled after them.
     deferred: Vec<Input>,
     waiters: BTreeMap<(SplitId, Epoch), oneshot::Sender<CommitOutcome>>,
     done: bool,
-    metrics: Metrics,
     /// The planner call in flight: a new call (after a timeout) aborts the one it replaces.
     planning: Option<tokio::task::AbortHandle>,
 }
@@ -127,8 +90,14 @@ impl<S: Store, P: Planner> Task<S, P> {
         });
         let task = Task {
             worker: Worker::new(cfg),
-            state: Arc::new(stores.state),
-            lease: Arc::new(stores.lease),
+            state: Arc::new(Observed::new(
+                Timeout::new(stores.state, op_timeout),
+                StoreMetrics(metrics.clone()),
+            )),
+            lease: Arc::new(Observed::new(
+                Timeout::new(stores.lease, op_timeout),
+                StoreMetrics(metrics.clone()),
+            )),
             planner: Arc::new(planner),
             tx,
             rx,
@@ -137,21 +106,16 @@ impl<S: Store, P: Planner> Task<S, P> {
             lane_rx,
             lanes: lanes_tx,
             outcome,
-            job_state: state,
             on_stall: config.on_stall,
-            op_timeout,
             lane_stall_timeout: config.lane_stall_timeout,
             on_lane_stall: config.on_lane_stall,
             origin: Instant::now(),
-            watches: BTreeMap::new(),
-            running: BTreeMap::new(),
-            ended: None,
-            blocking: (0, 0),
-            state_label: "running",
+            watches: Watches::default(),
+            running: LaneTable::default(),
+            report: JobReport::new(metrics, state),
             deferred: Vec::new(),
             waiters: BTreeMap::new(),
             done: false,
-            metrics,
             planning: None,
         };
         (task, control_tx, Lanes { rx: lanes_rx })
@@ -210,11 +174,7 @@ impl<S: Store, P: Planner> Task<S, P> {
             };
             self.handle(input);
         }
-        for w in self.watches.values_mut() {
-            if let Some(h) = w.handle.take() {
-                h.abort();
-            }
-        }
+        self.watches.abort_all();
         if self.outcome.borrow().is_none() {
             let _ = self.outcome.send(Some(Err(DriverError::Gone)));
         }
@@ -224,22 +184,11 @@ impl<S: Store, P: Planner> Task<S, P> {
         Some(match msg {
             Msg::StoreDone { op, result } => Input::StoreResult { op, result },
             Msg::Watch { watch, generation, event } => {
-                let w = self.watches.get_mut(&watch)?;
-                if w.generation != generation {
-                    return None;
-                }
-                if event == WatchEvent::SnapshotComplete {
-                    w.failures = 0;
-                }
+                self.watches.event(watch, generation, &event)?;
                 Input::Watch { watch, event }
             }
             Msg::WatchFailed { watch, generation, error } => {
-                let w = self.watches.get_mut(&watch)?;
-                if w.generation != generation {
-                    return None;
-                }
-                w.failures += 1;
-                warn!(?watch, %error, failures = w.failures, "watch failed; reopening and resyncing");
+                self.watches.failed(watch, generation, &error)?;
                 Input::WatchFailed { watch }
             }
             Msg::PlanReady { request, result } => Input::PlanReady { request, result },
@@ -256,7 +205,7 @@ impl<S: Store, P: Planner> Task<S, P> {
             }
             LaneMsg::Finish { split, epoch, progress, reply } => {
                 self.wait_for_commit(&split, epoch, reply);
-                if let Some(l) = self.lane(&split, epoch) {
+                if let Some(l) = self.running.get(&split, epoch) {
                     l.finishing = true;
                 }
                 Input::Finish { split, epoch, progress }
@@ -273,29 +222,16 @@ impl<S: Store, P: Planner> Task<S, P> {
         }
     }
 
-    /// The running lane of `split` if it is at `epoch`.
-    fn lane(&mut self, split: &SplitId, epoch: Epoch) -> Option<&mut LaneEntry> {
-        self.running.get_mut(split).filter(|l| l.epoch == epoch)
-    }
-
     /// The lane of `split` at `epoch` ended: forget it (and its stall).
     fn lane_ended(&mut self, split: &SplitId, epoch: Epoch) {
-        if self.lane(split, epoch).is_some() {
-            let l = self.running.remove(split).expect("running");
-            if l.stalled {
-                self.metrics.lanes_stalled(self.stalled_lanes());
-            }
+        if self.running.end(split, epoch).is_some_and(|l| l.stalled) {
+            self.report.metrics.lanes_stalled(self.running.stalled());
         }
-    }
-
-    fn stalled_lanes(&self) -> u32 {
-        self.running.values().filter(|l| l.stalled).count() as u32
     }
 
     /// When the next lane becomes stalled, if it makes no progress meanwhile.
     fn next_stall_check(&self) -> Option<Instant> {
-        let timeout = self.lane_stall_timeout?;
-        self.running.values().filter(|l| l.watched()).map(|l| l.progress_at + timeout).min()
+        self.running.next_stall_check(self.lane_stall_timeout?)
     }
 
     /// Lanes with no committed progress for the lane stall timeout while holding their lease: a
@@ -304,27 +240,22 @@ impl<S: Store, P: Planner> Task<S, P> {
     fn check_stalls(&mut self) {
         let Some(timeout) = self.lane_stall_timeout else { return };
         let now = Instant::now();
-        let due: Vec<(SplitId, Epoch)> = self
-            .running
-            .iter()
-            .filter(|(_, l)| l.watched() && l.progress_at + timeout <= now)
-            .map(|(id, l)| (id.clone(), l.epoch))
-            .collect();
+        let due = self.running.stalled_by(timeout, now);
         for (split, epoch) in due {
             // Handling one release runs the core, which may stop, restart or end other lanes
             // (or the worker): each lane is looked up again.
-            if self.done || !self.lane(&split, epoch).is_some_and(|l| l.watched()) {
+            if self.done || !self.running.get(&split, epoch).is_some_and(|l| l.watched()) {
                 continue;
             }
-            self.metrics.lane_stall();
+            self.report.metrics.lane_stall();
             match self.on_lane_stall {
                 OnLaneStall::Warn => {
                     warn!(%split, %epoch, "lane stalled: it holds the lease but committed no progress for {timeout:?}; the source may be stuck");
-                    self.lane(&split, epoch).expect("looked up").stalled = true;
+                    self.running.get(&split, epoch).expect("looked up").stalled = true;
                 }
                 OnLaneStall::Release => {
                     warn!(%split, %epoch, "lane stalled: no progress committed for {timeout:?}; stopping it and releasing the split as failed");
-                    let l = self.running.remove(&split).expect("looked up");
+                    let l = self.running.end(&split, epoch).expect("looked up");
                     let _ = l.stop.send(Some(Stop { reason: StopReason::Fenced, deadline: None }));
                     let error = format!(
                         "lane stalled: no progress committed for {timeout:?}; released by the lane stall check"
@@ -334,7 +265,7 @@ impl<S: Store, P: Planner> Task<S, P> {
             }
         }
         if !self.done {
-            self.metrics.lanes_stalled(self.stalled_lanes());
+            self.report.metrics.lanes_stalled(self.running.stalled());
         }
     }
 
@@ -357,157 +288,48 @@ impl<S: Store, P: Planner> Task<S, P> {
         }
     }
 
-    fn store(&self, bucket: Bucket) -> Arc<S> {
+    fn store(&self, bucket: Bucket) -> Arc<Layered<S>> {
         match bucket {
             Bucket::State => self.state.clone(),
             Bucket::Lease => self.lease.clone(),
         }
     }
 
+    /// Carries out one action of the core.
     fn act(&mut self, action: Action) {
         match action {
             Action::Store { op, bucket, request } => {
                 let store = self.store(bucket);
                 let tx = self.tx.clone();
-                let timeout = self.op_timeout;
-                let write = request.is_write();
-                let name = request.op_name();
-                let metrics = self.metrics.clone();
                 tokio::spawn(async move {
-                    let started = Instant::now();
-                    let result = match tokio::time::timeout(timeout, execute(&*store, request)).await {
-                        Ok(r) => r,
-                        Err(_) if write => {
-                            Err(StoreError::Indeterminate(format!("no answer within {timeout:?}")))
-                        }
-                        Err(_) => Err(StoreError::Unavailable(format!("no answer within {timeout:?}"))),
-                    };
-                    metrics.store_op(name, started.elapsed());
-                    if write {
-                        metrics.write(match &result {
-                            Ok(_) => WriteOutcome::Ok,
-                            Err(StoreError::AlreadyExists(_) | StoreError::RevisionMismatch(_)) => {
-                                WriteOutcome::Conflict
-                            }
-                            Err(_) => WriteOutcome::Error,
-                        });
-                    }
+                    let result = execute(&*store, request).await;
                     let _ = tx.send(Msg::StoreDone { op, result });
                 });
             }
-            Action::Watch { watch } => self.open_watch(watch),
-            Action::Plan { request } => {
-                let planner = self.planner.clone();
-                let tx = self.tx.clone();
-                // The planner runs in a task of its own so that a panic in it becomes a planner
-                // failure (retried with backoff) instead of a silent hang until `plan_timeout`;
-                // a call that timed out is aborted when the next one starts.
-                let published: Vec<SplitId> = self.worker.published().cloned().collect();
-                let call = tokio::spawn(async move { planner.replan(&published).await });
-                if let Some(previous) = self.planning.replace(call.abort_handle()) {
-                    previous.abort();
-                }
-                tokio::spawn(async move {
-                    let result = match call.await {
-                        Ok(result) => result.map_err(|e| e.0),
-                        Err(e) if e.is_panic() => {
-                            Err(format!("the planner panicked: {}", panic_text(e.into_panic())))
-                        }
-                        Err(e) => Err(format!("the planner task was cancelled: {e}")),
-                    };
-                    let _ = tx.send(Msg::PlanReady { request, result });
-                });
+            Action::Watch { watch } => {
+                let store = self.store(watch.bucket());
+                self.watches.open(watch, store, self.tx.clone());
             }
-            Action::StartLane { split, epoch, descriptor, weight, progress, reason } => {
-                let (stop_tx, stop_rx) = watch::channel(None);
-                let entry = LaneEntry {
-                    epoch,
-                    stop: stop_tx,
-                    progress_at: Instant::now(),
-                    stalled: false,
-                    draining: false,
-                    finishing: false,
-                };
-                if self.running.insert(split.clone(), entry).is_some_and(|old| old.stalled) {
-                    self.metrics.lanes_stalled(self.stalled_lanes());
-                }
-                let lane = Lane {
-                    split,
-                    epoch,
-                    descriptor,
-                    weight,
-                    progress,
-                    reason,
-                    tx: self.lane_tx.clone(),
-                    stop: stop_rx,
-                    ended: false,
-                    in_flight: None,
-                };
-                let _ = self.lanes.send(lane);
-            }
+            Action::Plan { request } => self.run_planner(request),
+            Action::StartLane { split, epoch, descriptor, weight, progress, reason } => self.start_lane(
+                Lane::new(split, epoch, descriptor, weight, progress, reason, self.lane_tx.clone()),
+            ),
             Action::StopLane { split, epoch, reason, deadline } => {
-                let deadline = deadline.map(|t| self.instant(t));
-                if let Some(l) = self.lane(&split, epoch) {
-                    let _ = l.stop.send(Some(Stop { reason, deadline }));
-                    l.draining = reason == StopReason::Draining;
-                }
-                if reason != StopReason::Draining {
-                    self.lane_ended(&split, epoch);
-                }
+                self.stop_lane(split, epoch, reason, deadline)
             }
-            Action::CommitDone { split, epoch, outcome } => {
-                if let Some(l) = self.lane(&split, epoch) {
-                    match outcome {
-                        CommitOutcome::Ok if l.finishing => self.lane_ended(&split, epoch),
-                        CommitOutcome::Ok => {
-                            l.progress_at = Instant::now();
-                            if std::mem::take(&mut l.stalled) {
-                                info!(%split, %epoch, "stalled lane committed progress again");
-                                self.metrics.lanes_stalled(self.stalled_lanes());
-                            }
-                        }
-                        CommitOutcome::Retryable => l.finishing = false,
-                        CommitOutcome::Lost => self.lane_ended(&split, epoch),
-                    }
-                }
-                if let Some(reply) = self.waiters.remove(&(split, epoch)) {
-                    let _ = reply.send(outcome);
-                }
-            }
+            Action::CommitDone { split, epoch, outcome } => self.commit_done(split, epoch, outcome),
             Action::Event(Event::JobEnded { outcome }) => self.job_ended(outcome),
             Action::Event(Event::JobReopened) => {
                 info!("work came back (a split was requeued or reset): the job runs again");
-                self.ended = None;
-                self.publish_state();
+                self.report.ended = None;
+                self.report.publish_state();
             }
             Action::Event(e) => {
-                self.record(&e);
+                self.report.record(&e);
                 log_event(&e);
             }
             Action::Finished(outcome) => {
-                let result = match outcome {
-                    Outcome::Complete => {
-                        if self.ended.is_none() {
-                            info!("job complete: every split is done");
-                        }
-                        self.ended = Some(JobState::Complete);
-                        Ok(JobOutcome::Complete)
-                    }
-                    Outcome::Stalled { quarantined } => {
-                        if self.ended.is_none() {
-                            warn!(splits = %describe(&quarantined), "job stalled on quarantined splits");
-                        }
-                        self.ended = Some(JobState::Stalled { quarantined: quarantined.clone() });
-                        match self.on_stall {
-                            OnStall::Fatal => Err(DriverError::Stalled { quarantined }),
-                            OnStall::Warn => Ok(JobOutcome::Stalled { quarantined }),
-                        }
-                    }
-                    Outcome::Drained => {
-                        info!("drained");
-                        Ok(JobOutcome::Drained)
-                    }
-                };
+                let result = self.outcome_of(outcome);
                 self.finish(result);
             }
             Action::Fatal(e) => {
@@ -517,37 +339,96 @@ impl<S: Store, P: Planner> Task<S, P> {
         }
     }
 
-    fn record(&mut self, e: &Event) {
-        match e {
-            Event::Acquired { reason, .. } => self.metrics.acquisition(reason.label()),
-            Event::Revoked { reason, .. } => {
-                if let Some(label) = reason.revocation_label() {
-                    self.metrics.revocation(label);
+    /// Runs the planner in a task of its own, so that a panic in it becomes a planner failure
+    /// (retried with backoff) instead of a silent hang until `plan_timeout`; a call that timed
+    /// out is aborted when the next one starts.
+    fn run_planner(&mut self, request: u64) {
+        let planner = self.planner.clone();
+        let tx = self.tx.clone();
+        let published: Vec<SplitId> = self.worker.published().cloned().collect();
+        let call = tokio::spawn(async move { planner.replan(&published).await });
+        if let Some(previous) = self.planning.replace(call.abort_handle()) {
+            previous.abort();
+        }
+        tokio::spawn(async move {
+            let result = match call.await {
+                Ok(result) => result.map_err(|e| e.0),
+                Err(e) if e.is_panic() => {
+                    Err(format!("the planner panicked: {}", panic_text(e.into_panic())))
+                }
+                Err(e) => Err(format!("the planner task was cancelled: {e}")),
+            };
+            let _ = tx.send(Msg::PlanReady { request, result });
+        });
+    }
+
+    /// Hands a lane to the source, and enters it in the lane table.
+    fn start_lane(&mut self, (lane, stop): (Lane, watch::Sender<Option<Stop>>)) {
+        let entry = LaneEntry::new(lane.epoch, stop);
+        if self.running.insert(lane.split.clone(), entry).is_some_and(|old| old.stalled) {
+            self.report.metrics.lanes_stalled(self.running.stalled());
+        }
+        let _ = self.lanes.send(lane);
+    }
+
+    /// Tells a lane to stop; it is forgotten at once unless it drains (it ends on its own).
+    fn stop_lane(&mut self, split: SplitId, epoch: Epoch, reason: StopReason, deadline: Option<Timestamp>) {
+        let deadline = deadline.map(|t| self.instant(t));
+        if let Some(l) = self.running.get(&split, epoch) {
+            let _ = l.stop.send(Some(Stop { reason, deadline }));
+            l.draining = reason == StopReason::Draining;
+        }
+        if reason != StopReason::Draining {
+            self.lane_ended(&split, epoch);
+        }
+    }
+
+    /// A commit's outcome: the lane table learns of the progress (or the end), and the lane
+    /// waiting for it is answered.
+    fn commit_done(&mut self, split: SplitId, epoch: Epoch, outcome: CommitOutcome) {
+        if let Some(l) = self.running.get(&split, epoch) {
+            match outcome {
+                CommitOutcome::Ok if l.finishing => self.lane_ended(&split, epoch),
+                CommitOutcome::Ok => {
+                    l.progress_at = Instant::now();
+                    if std::mem::take(&mut l.stalled) {
+                        info!(%split, %epoch, "stalled lane committed progress again");
+                        self.report.metrics.lanes_stalled(self.running.stalled());
+                    }
+                }
+                CommitOutcome::Retryable => l.finishing = false,
+                CommitOutcome::Lost => self.lane_ended(&split, epoch),
+            }
+        }
+        if let Some(reply) = self.waiters.remove(&(split, epoch)) {
+            let _ = reply.send(outcome);
+        }
+    }
+
+    /// What the worker's end means to its embedder (a stall is an error unless `OnStall::Warn`).
+    fn outcome_of(&mut self, outcome: Outcome) -> Result<JobOutcome, DriverError> {
+        match outcome {
+            Outcome::Complete => {
+                if self.report.ended.is_none() {
+                    info!("job complete: every split is done");
+                }
+                self.report.ended = Some(JobState::Complete);
+                Ok(JobOutcome::Complete)
+            }
+            Outcome::Stalled { quarantined } => {
+                if self.report.ended.is_none() {
+                    warn!(splits = %describe(&quarantined), "job stalled on quarantined splits");
+                }
+                self.report.ended = Some(JobState::Stalled { quarantined: quarantined.clone() });
+                match self.on_stall {
+                    OnStall::Fatal => Err(DriverError::Stalled { quarantined }),
+                    OnStall::Warn => Ok(JobOutcome::Stalled { quarantined }),
                 }
             }
-            Event::Leadership { leader, .. } => self.metrics.leader(*leader),
-            Event::PlanFailed { .. } => self.metrics.plan_failure(),
-            Event::Gauges { owned, live_workers, splits, undecodable_state, undecodable_lease } => {
-                self.metrics.splits_owned(*owned);
-                self.metrics.live_workers(*live_workers);
-                self.metrics.splits_quarantined(splits.quarantined);
-                self.metrics.splits([
-                    splits.unleased,
-                    splits.owned,
-                    splits.done,
-                    splits.quarantined,
-                    splits.undecodable,
-                    splits.missing,
-                ]);
-                self.metrics.records_undecodable("state", *undecodable_state);
-                self.metrics.records_undecodable("lease", *undecodable_lease);
-                let blocking = (*undecodable_state, splits.missing);
-                if self.blocking != blocking {
-                    self.blocking = blocking;
-                    self.publish_state();
-                }
+            Outcome::Drained => {
+                info!("drained");
+                Ok(JobOutcome::Drained)
             }
-            _ => {}
         }
     }
 
@@ -557,8 +438,8 @@ impl<S: Store, P: Planner> Task<S, P> {
     fn job_ended(&mut self, outcome: Outcome) {
         match outcome {
             Outcome::Complete => {
-                self.ended = Some(JobState::Complete);
-                self.publish_state();
+                self.report.ended = Some(JobState::Complete);
+                self.report.publish_state();
                 info!(
                     "job complete: every split is done; staying after the end for requeued work until drained"
                 );
@@ -570,8 +451,8 @@ impl<S: Store, P: Planner> Task<S, P> {
                     self.deferred.push(Input::Drain);
                 }
                 let splits = describe(&quarantined);
-                self.ended = Some(JobState::Stalled { quarantined });
-                self.publish_state();
+                self.report.ended = Some(JobState::Stalled { quarantined });
+                self.report.publish_state();
                 if fatal {
                     warn!(splits = %splits, "job stalled on quarantined splits");
                 } else {
@@ -581,110 +462,20 @@ impl<S: Store, P: Planner> Task<S, P> {
                     );
                 }
             }
-            Outcome::Drained => self.publish_state(),
+            Outcome::Drained => self.report.publish_state(),
         }
-    }
-
-    /// Publishes the job state (and its `job_state` gauge) from what is known: the end while
-    /// staying after it, else running, or blocked while split records cannot be decoded or are
-    /// missing.
-    fn publish_state(&mut self) {
-        let (undecodable, missing) = self.blocking;
-        let state = match &self.ended {
-            Some(end) => end.clone(),
-            None if undecodable + missing > 0 => JobState::Blocked { undecodable, missing },
-            None => JobState::Running,
-        };
-        let label = match state {
-            JobState::Running => "running",
-            JobState::Blocked { .. } => "blocked",
-            JobState::Complete => "complete",
-            JobState::Stalled { .. } => "stalled",
-        };
-        if label != self.state_label {
-            if label == "blocked" {
-                warn!(
-                    undecodable,
-                    missing,
-                    "the job is blocked: records that cannot be decoded or are missing keep it from completing (see `etl-coord status`; `etl-coord requeue --reset` rewrites a split)"
-                );
-            }
-            self.state_label = label;
-            self.metrics.job_state(label);
-        }
-        self.job_state.send_if_modified(|s| {
-            let changed = *s != state;
-            *s = state;
-            changed
-        });
     }
 
     fn finish(&mut self, result: Result<JobOutcome, DriverError>) {
-        self.metrics.splits_owned(0);
-        self.metrics.leader(false);
-        self.metrics.lanes_stalled(0);
-        self.publish_state();
-        self.metrics.job_state(match &result {
-            Ok(JobOutcome::Complete) => "complete",
-            Ok(JobOutcome::Stalled { .. }) | Err(DriverError::Stalled { .. }) => "stalled",
-            Ok(JobOutcome::Drained) => "drained",
-            Err(_) => "failed",
-        });
+        self.report.finished(&result);
         self.done = true;
-        for (_, l) in std::mem::take(&mut self.running) {
+        for (_, l) in self.running.take_all() {
             let _ = l.stop.send(Some(Stop { reason: StopReason::Fenced, deadline: None }));
         }
         for (_, reply) in std::mem::take(&mut self.waiters) {
             let _ = reply.send(CommitOutcome::Lost);
         }
         let _ = self.outcome.send(Some(result));
-    }
-
-    fn open_watch(&mut self, watch: WatchId) {
-        let store = self.store(watch.bucket());
-        let entry =
-            self.watches.entry(watch).or_insert(WatchTask { generation: 0, failures: 0, handle: None });
-        entry.generation += 1;
-        if let Some(h) = entry.handle.take() {
-            h.abort();
-        }
-        let generation = entry.generation;
-        // Back off after consecutive failures so a store outage is not hammered, with jitter so a
-        // fleet that lost the store together does not come back in lockstep.
-        let backoff = match entry.failures {
-            0 => Duration::ZERO,
-            n => watch_backoff().nth(n as usize - 1).unwrap_or(Duration::from_secs(5)),
-        };
-        let tx = self.tx.clone();
-        entry.handle = Some(tokio::spawn(async move {
-            if !backoff.is_zero() {
-                tokio::time::sleep(backoff).await;
-            }
-            let mut stream = match store.watch(&watch.prefix()).await {
-                Ok(s) => s,
-                Err(e) => {
-                    let _ = tx.send(Msg::WatchFailed { watch, generation, error: e.to_string() });
-                    return;
-                }
-            };
-            loop {
-                match stream.next().await {
-                    Some(Ok(event)) => {
-                        if tx.send(Msg::Watch { watch, generation, event }).is_err() {
-                            return;
-                        }
-                    }
-                    Some(Err(e)) => {
-                        let _ = tx.send(Msg::WatchFailed { watch, generation, error: e.to_string() });
-                        return;
-                    }
-                    None => {
-                        let _ = tx.send(Msg::WatchFailed { watch, generation, error: "watch ended".into() });
-                        return;
-                    }
-                }
-            }
-        }));
     }
 }
 
@@ -701,61 +492,5 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
-    }
-}
-
-fn log_event(e: &Event) {
-    match e {
-        Event::Acquired { split, reason, epoch } => {
-            info!(%split, reason = reason.label(), %epoch, "split acquired")
-        }
-        Event::Revoked { split, reason } => warn!(%split, ?reason, "lane revoked"),
-        Event::Leadership { leader, term } => info!(leader, term, "leadership changed"),
-        Event::PlanPublished { term, version, splits } => info!(term, version, splits, "plan published"),
-        Event::PlanFailed { error } => warn!(%error, "planner failed; retrying"),
-        Event::Quarantined { split, attempts, last_error } => {
-            warn!(%split, attempts, last_error = last_error.as_deref().unwrap_or(""), "split quarantined")
-        }
-        Event::Released { split } => info!(%split, "split released"),
-        Event::Finished { split } => info!(%split, "split done"),
-        Event::Gauges { owned, live_workers, splits, undecodable_state, undecodable_lease } => {
-            debug!(owned, live_workers, ?splits, undecodable_state, undecodable_lease, "gauges")
-        }
-        Event::Undecodable { key, error } => warn!(
-            %key,
-            %error,
-            "a value in the job's buckets cannot be decoded; it is ignored (a split record so written blocks the job until `etl-coord requeue --reset`)"
-        ),
-        Event::JobEnded { .. } | Event::JobReopened => {}
-        // Events are informational and grow; one this driver does not know is still visible.
-        other => debug!(event = ?other, "event"),
-    }
-}
-
-/// Delays between attempts to reopen a failed watch: 200 ms doubling up to 5 s, each with a
-/// random extra of up to itself (jitter).
-fn watch_backoff() -> impl Iterator<Item = Duration> {
-    use backon::BackoffBuilder;
-    backon::ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(200))
-        .with_factor(2.0)
-        .with_max_delay(Duration::from_secs(5))
-        .with_jitter()
-        .without_max_times()
-        .build()
-}
-
-#[cfg(test)]
-mod tests {
-    use etl_coordination_core::{AcquisitionReason, StopReason};
-    use etl_coordination_metrics::{ACQUISITION_REASONS, REVOCATION_REASONS};
-
-    /// The metrics crate does not depend on the protocol, so its label lists are tied to the
-    /// core's enums here, where both meet: a new reason cannot miss its counter.
-    #[test]
-    fn metric_label_values_are_the_cores_reasons() {
-        assert_eq!(AcquisitionReason::ALL.map(|r| r.label()), ACQUISITION_REASONS);
-        let revocations: Vec<&str> = StopReason::ALL.iter().filter_map(|r| r.revocation_label()).collect();
-        assert_eq!(revocations, REVOCATION_REASONS);
     }
 }

@@ -54,6 +54,7 @@ pub use etl_coordination_core::{Revision, Timestamp};
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod layers;
 
 /// The largest value a backend must accept (NATS's default message limit is 1 MiB; leave room
 /// for headers).

@@ -9,3 +9,9 @@ mod proxy;
 
 pub use nats::{Leaders, NatsCluster, NatsServer, monitor_at, request_at};
 pub use proxy::Proxy;
+
+/// A loopback port nobody listens on now (the kernel's choice). Another process may take it
+/// before the caller binds it: callers that hand it to a server retry on "address in use".
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}

@@ -3,6 +3,7 @@
 //! nodes, so a test can cut or stall one node off from the others while clients still reach
 //! it.
 
+use crate::free_port;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -10,10 +11,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::proxy::Proxy;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
 
 fn bin() -> String {
     std::env::var("NATS_SERVER_BIN")

@@ -1,0 +1,192 @@
+//! What an embedder implements for a [`Pipeline`](crate::Pipeline): a [`Source`] (its
+//! [`Planner`], and reading one split as records with their progress) and a [`Sink`]; the
+//! errors they report; what a lane is ([`LaneInfo`]) and when it commits ([`CommitCadence`]).
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use etl_coordination_core::{AcquisitionReason, Epoch, InstanceId, SplitId};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use crate::planner::Planner;
+
+/// A source the pipeline reads: its [`Planner`] (run on the leader only), and how to read one
+/// split.
+pub trait Source: Planner {
+    /// One record, as the source reads it and the sink writes it.
+    type Record: Send + 'static;
+    /// Where a split's reading stands: what a new owner resumes from. Stored with every commit
+    /// (as JSON), so keep it small: an offset, a key, a line number.
+    type Progress: Serialize + DeserializeOwned + Send + 'static;
+    /// Reads one split.
+    type Reader: SplitReader<Record = Self::Record, Progress = Self::Progress>;
+
+    /// Opens the split of `lane` at `from` (`None`: its start). The split's descriptor is
+    /// [`LaneInfo::descriptor`], as the planner wrote it.
+    fn open(
+        &self,
+        lane: &LaneInfo,
+        from: Option<Self::Progress>,
+    ) -> impl Future<Output = Result<Self::Reader, SourceError>> + Send;
+}
+
+/// Reads one split, record by record.
+pub trait SplitReader: Send + 'static {
+    /// One record.
+    type Record: Send + 'static;
+    /// The split's progress.
+    type Progress: Send + 'static;
+
+    /// The next record and the split's progress once it is written (resuming from that
+    /// progress reads the records after it); `None` at the end of the split. The pipeline drops
+    /// the future when the split is lost: a read must not hold anything a drop cannot release.
+    fn next(&mut self) -> impl Future<Output = NextRecord<Self::Record, Self::Progress>> + Send;
+}
+
+/// What [`SplitReader::next`] gives: a record and the progress after it, the end of the split
+/// (`None`), or an error.
+pub type NextRecord<R, P> = Result<Option<(R, P)>, SourceError>;
+
+/// Where records go.
+pub trait Sink<R>: Send + Sync + 'static {
+    /// Writes one record of `lane` (buffering is fine: [`Sink::flush`] makes it durable).
+    fn write(&self, lane: &LaneInfo, record: R) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// Makes everything written so far durable. Called before every commit of progress: once
+    /// it returns, a crash must not lose what was written.
+    fn flush(&self) -> impl Future<Output = Result<(), SinkError>> + Send;
+}
+
+/// A source could not read a split.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SourceError {
+    /// Reading failed (an I/O error, a timeout): the tenancy ends as failed and consumes one
+    /// attempt if it committed no progress (P12); a peer (or this worker) tries again.
+    #[error("{0}")]
+    Failed(String),
+    /// The split can never be processed (malformed data): it consumes one attempt all the
+    /// same, and is quarantined at `max_attempts`.
+    #[error("unprocessable: {0}")]
+    Unprocessable(String),
+}
+
+impl SourceError {
+    /// A failure worth retrying.
+    pub fn failed(e: impl std::fmt::Display) -> Self {
+        SourceError::Failed(e.to_string())
+    }
+
+    /// A split that can never be processed.
+    pub fn unprocessable(e: impl std::fmt::Display) -> Self {
+        SourceError::Unprocessable(e.to_string())
+    }
+}
+
+/// A sink could not write or flush; the lane ends as failed (one attempt if it committed
+/// nothing) and its uncommitted records replay.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("sink: {0}")]
+pub struct SinkError(pub String);
+
+impl SinkError {
+    /// From any error.
+    pub fn new(e: impl std::fmt::Display) -> Self {
+        SinkError(e.to_string())
+    }
+}
+
+/// What a lane is: the split, this tenancy's epoch, the worker, the planner's descriptor, and a
+/// token cancelled when the lane must stop (for readers with work of their own to abandon).
+#[derive(Clone, Debug)]
+pub struct LaneInfo {
+    pub(crate) split: SplitId,
+    pub(crate) epoch: Epoch,
+    pub(crate) instance: InstanceId,
+    pub(crate) descriptor: Bytes,
+    pub(crate) weight: u64,
+    pub(crate) reason: Option<AcquisitionReason>,
+    pub(crate) cancelled: CancellationToken,
+}
+
+impl LaneInfo {
+    /// A lane's description, as the pipeline makes it (for tests of a source, and for lane
+    /// loops of your own over [`Lanes`](crate::Lanes)); no acquisition reason, a fresh token.
+    pub fn new(split: SplitId, epoch: Epoch, instance: InstanceId, descriptor: Bytes, weight: u64) -> Self {
+        LaneInfo {
+            split,
+            epoch,
+            instance,
+            descriptor,
+            weight,
+            reason: None,
+            cancelled: CancellationToken::new(),
+        }
+    }
+
+    /// The split.
+    pub fn split(&self) -> &SplitId {
+        &self.split
+    }
+
+    /// The fencing token of this tenancy: hand it to sinks that can fence writes too.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// The worker running the lane.
+    pub fn instance(&self) -> &InstanceId {
+        &self.instance
+    }
+
+    /// The planner's descriptor of the split.
+    pub fn descriptor(&self) -> &Bytes {
+        &self.descriptor
+    }
+
+    /// The planner's weight of the split.
+    pub fn weight(&self) -> u64 {
+        self.weight
+    }
+
+    /// Why this worker acquired the split; `None` when a starved lane resumes.
+    pub fn reason(&self) -> Option<AcquisitionReason> {
+        self.reason
+    }
+
+    /// Cancelled as soon as the lane must stop (its split lost, the worker draining or gone),
+    /// whatever the lane is doing at that moment, and when the lane has ended (also by a panic).
+    pub fn cancelled(&self) -> &CancellationToken {
+        &self.cancelled
+    }
+}
+
+/// When a lane commits its progress: after this many records, or once this long has passed
+/// since its last commit while records are written and not committed (also while the reader
+/// waits for the next record), whichever comes first. More often means less replay after a
+/// failure and more store writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CommitCadence {
+    /// Records between two commits.
+    pub records: u64,
+    /// Time between two commits.
+    pub interval: Duration,
+}
+
+impl CommitCadence {
+    /// Commit after `records` records or once `interval` has passed, whichever comes first.
+    pub fn new(records: u64, interval: Duration) -> Self {
+        CommitCadence { records, interval }
+    }
+}
+
+impl Default for CommitCadence {
+    /// Every 500 records or every second.
+    fn default() -> Self {
+        CommitCadence { records: 500, interval: Duration::from_secs(1) }
+    }
+}
