@@ -175,15 +175,7 @@ pub async fn run_demo(
     }
     let t0 = Instant::now();
     let work = tempfile_dir()?;
-    let input = match &opts.input {
-        Some(dir) => dir.clone(),
-        None => {
-            let dir = work.join("input");
-            std::fs::create_dir_all(&dir)?;
-            generate(&dir, opts.files, opts.lines).context("generating the demo dataset")?;
-            dir
-        }
-    };
+    let input = prepare_input(&opts, &work)?;
     let sink_path = work.join("sink.jsonl");
     let source = FilesSource::open(input.to_str().context("input path is not UTF-8")?, opts.split_bytes)?;
     let splits = source.plan_splits().await?.len();
@@ -210,25 +202,7 @@ pub async fn run_demo(
         let (fleet, done, ids) = (fleet.clone(), done.clone(), ids.clone());
         tokio::spawn(async move { chaos(fleet, done, ids).await })
     });
-    // Wait until every current worker has an outcome. A killed worker is restarted by the chaos
-    // task under the same id, which replaces its handle.
-    let outcome = loop {
-        let handles: Vec<DriverHandle> = fleet.handles.lock().await.values().cloned().collect();
-        let mut all_done = true;
-        let mut stalled = None;
-        for h in &handles {
-            match h.outcome().await {
-                Ok(JobOutcome::Complete) => {}
-                Ok(other) => stalled = Some(format!("{other:?}")),
-                Err(etl_coordination_driver::DriverError::Killed) => all_done = false,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        if all_done {
-            break stalled;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let outcome = fleet.outcome().await?;
     done.store(true, Ordering::Relaxed);
     if let Some(c) = chaos {
         let (kills, freezes) = c.await.unwrap_or((0, 0));
@@ -242,26 +216,73 @@ pub async fn run_demo(
         bail!("the demo job did not complete: {other}");
     }
     fleet.sink.sync()?;
-    let lines = JsonlSink::read(&sink_path)?;
-    let seen: BTreeSet<String> = lines.iter().map(|l| l.record.clone()).collect();
-    summary.emitted = lines.len() as u64;
-    summary.distinct = seen.len() as u64;
-    summary.missing = expected.difference(&seen).take(10).cloned().collect();
+    summary.read_output(&sink_path, &expected)?;
     if let Some(m) = metrics {
-        let text = m.render();
-        for line in text.lines().filter(|l| l.starts_with("etl_coordination_splits_quarantined{")) {
-            let n: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
-            summary.quarantined = summary.quarantined.max(n as u64);
-        }
-        for line in text.lines().filter(|l| l.starts_with("etl_coordination_acquisitions_total{")) {
-            let reason = line.split("reason=\"").nth(1).and_then(|r| r.split('"').next()).unwrap_or("?");
-            let n: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
-            *summary.acquisitions.entry(reason.to_owned()).or_default() += n as u64;
-        }
+        summary.read_metrics(&m.render());
     }
     summary.wall = t0.elapsed();
     let _ = std::fs::remove_dir_all(&work);
     Ok(summary)
+}
+
+impl Fleet {
+    /// Waits until every current worker has an outcome (a killed worker is restarted by the
+    /// chaos task under the same id, which replaces its handle): `None` if every one completed,
+    /// else what another said.
+    async fn outcome(&self) -> anyhow::Result<Option<String>> {
+        loop {
+            let handles: Vec<DriverHandle> = self.handles.lock().await.values().cloned().collect();
+            let mut all_done = true;
+            let mut stalled = None;
+            for h in &handles {
+                match h.outcome().await {
+                    Ok(JobOutcome::Complete) => {}
+                    Ok(other) => stalled = Some(format!("{other:?}")),
+                    Err(etl_coordination_driver::DriverError::Killed) => all_done = false,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if all_done {
+                return Ok(stalled);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// The input directory: the one given, or a generated dataset under `work`.
+fn prepare_input(opts: &DemoOptions, work: &std::path::Path) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = &opts.input {
+        return Ok(dir.clone());
+    }
+    let dir = work.join("input");
+    std::fs::create_dir_all(&dir)?;
+    generate(&dir, opts.files, opts.lines).context("generating the demo dataset")?;
+    Ok(dir)
+}
+
+impl DemoSummary {
+    /// What the sink holds against what the input had: emitted, distinct, missing records.
+    fn read_output(&mut self, sink: &std::path::Path, expected: &BTreeSet<String>) -> anyhow::Result<()> {
+        let lines = JsonlSink::read(sink)?;
+        let seen: BTreeSet<String> = lines.iter().map(|l| l.record.clone()).collect();
+        self.emitted = lines.len() as u64;
+        self.distinct = seen.len() as u64;
+        self.missing = expected.difference(&seen).take(10).cloned().collect();
+        Ok(())
+    }
+
+    /// Quarantined splits and acquisitions by reason, from the metrics the workers recorded.
+    fn read_metrics(&mut self, text: &str) {
+        let value = |line: &str| line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        for line in text.lines().filter(|l| l.starts_with("etl_coordination_splits_quarantined{")) {
+            self.quarantined = self.quarantined.max(value(line) as u64);
+        }
+        for line in text.lines().filter(|l| l.starts_with("etl_coordination_acquisitions_total{")) {
+            let reason = line.split("reason=\"").nth(1).and_then(|r| r.split('"').next()).unwrap_or("?");
+            *self.acquisitions.entry(reason.to_owned()).or_default() += value(line) as u64;
+        }
+    }
 }
 
 fn tempfile_dir() -> anyhow::Result<PathBuf> {

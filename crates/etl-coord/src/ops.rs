@@ -1,10 +1,12 @@
 //! Operator commands over any store: `status` (plan, leader, workers, every split) and
 //! `requeue` (return a quarantined split to the queue).
 
+use std::collections::HashMap;
+
 use anyhow::{Context, bail};
 use etl_coordination_core::records::{
-    self, Descriptor, LeaderRecord, LeaseRecord, ManifestChunk, PlanHead, PresenceRecord, SplitRecord,
-    SplitState, keys,
+    self, Descriptor, LeaderRecord, LeaseRecord, ManifestChunk, ManifestRef, PlanHead, PresenceRecord,
+    SplitRecord, SplitState, keys,
 };
 use etl_coordination_core::{Prefix, Revision, SplitId, StoreError};
 use etl_coordination_driver::JobStores;
@@ -161,143 +163,195 @@ pub fn render_progress(p: &[u8]) -> String {
 /// the plan head and the leader key, then one listing each of manifests, split records,
 /// leases and workers. An undecodable record is reported, never fatal.
 pub async fn status<S: Store>(stores: &JobStores<S>) -> anyhow::Result<Status> {
+    let mut r = Reading::default();
     let mut out = Status::default();
-    let bad = |bucket: &str, key: &str, e: &records::RecordError| Undecodable {
-        key: key.to_owned(),
-        bucket: bucket.to_owned(),
-        error: undecodable_advice(key, e),
-    };
-    let mut undecodable = Vec::new();
-    let head = match stores.state.get(&keys::plan_head()).await? {
-        Some(e) => match records::decode::<PlanHead>(&e.value) {
-            Ok(h) => Some(h),
-            Err(err) => {
-                undecodable.push(bad("state", e.key.as_str(), &err));
-                None
-            }
-        },
-        None => None,
-    };
-    if let Some(h) = &head {
-        out.plan = Some(PlanView {
-            term: h.term,
-            status: format!("{:?}", h.status),
-            version: h.manifest.map(|m| m.version),
-            kind: h.manifest.map(|m| format!("{:?}", m.kind)),
-            split_count: h.manifest.map_or(0, |m| m.split_count),
-        });
+    let head = r.head(stores).await?;
+    out.plan = head.as_ref().map(|h| PlanView {
+        term: h.term,
+        status: format!("{:?}", h.status),
+        version: h.manifest.map(|m| m.version),
+        kind: h.manifest.map(|m| format!("{:?}", m.kind)),
+        split_count: h.manifest.map_or(0, |m| m.split_count),
+    });
+    out.leader = r.leader(stores).await?;
+    out.workers = r.workers(stores).await?;
+    let leases = r.leases(stores).await?;
+    if let Some(m) = head.and_then(|h| h.manifest) {
+        let ids = r.manifest_ids(stores, &m).await?;
+        out.splits = r.splits(stores, ids, &leases).await?;
     }
-    if let Some(e) = stores.lease.get(&keys::leader()).await? {
+    out.summary = Summary::of(&out.splits);
+    out.undecodable = r.undecodable;
+    Ok(out)
+}
+
+/// What one `status` read found undecodable so far.
+#[derive(Default)]
+struct Reading {
+    undecodable: Vec<Undecodable>,
+}
+
+impl Reading {
+    fn bad(&mut self, bucket: &str, key: &str, e: &records::RecordError) {
+        let error = undecodable_advice(key, e);
+        self.undecodable.push(Undecodable { key: key.to_owned(), bucket: bucket.to_owned(), error });
+    }
+
+    async fn head<S: Store>(&mut self, stores: &JobStores<S>) -> anyhow::Result<Option<PlanHead>> {
+        let Some(e) = stores.state.get(&keys::plan_head()).await? else { return Ok(None) };
+        match records::decode::<PlanHead>(&e.value) {
+            Ok(h) => Ok(Some(h)),
+            Err(err) => {
+                self.bad("state", e.key.as_str(), &err);
+                Ok(None)
+            }
+        }
+    }
+
+    async fn leader<S: Store>(&mut self, stores: &JobStores<S>) -> anyhow::Result<Option<String>> {
+        let Some(e) = stores.lease.get(&keys::leader()).await? else { return Ok(None) };
         match records::decode::<LeaderRecord>(&e.value) {
-            Ok(l) => out.leader = Some(l.owner.instance.to_string()),
-            Err(err) => undecodable.push(bad("lease", e.key.as_str(), &err)),
-        }
-    }
-    for e in stores.lease.list(&Prefix::new("worker.").expect("valid")).await? {
-        let Some(id) = keys::parse_worker(&e.key) else { continue };
-        match records::decode::<PresenceRecord>(&e.value) {
-            Ok(p) => {
-                out.workers.push(WorkerView { instance: id.to_string(), held: p.held, capacity: p.capacity })
-            }
-            Err(err) => undecodable.push(bad("lease", e.key.as_str(), &err)),
-        }
-    }
-    // Every live lease, with its holder when the value can be read.
-    let mut leases: std::collections::HashMap<SplitId, Option<String>> = std::collections::HashMap::new();
-    for e in stores.lease.list(&keys::split_prefix()).await? {
-        let Some(id) = keys::parse_split(&e.key) else { continue };
-        let holder = match records::decode::<LeaseRecord>(&e.value) {
-            Ok(l) => Some(l.owner.instance.to_string()),
+            Ok(l) => Ok(Some(l.owner.instance.to_string())),
             Err(err) => {
-                undecodable.push(bad("lease", e.key.as_str(), &err));
-                None
+                self.bad("lease", e.key.as_str(), &err);
+                Ok(None)
             }
-        };
-        leases.insert(id, holder);
+        }
     }
-    let lease_of = |id: &SplitId| (leases.contains_key(id), leases.get(id).cloned().flatten());
-    let Some(m) = head.and_then(|h| h.manifest) else {
-        out.undecodable = undecodable;
-        return Ok(out);
-    };
-    let mut chunks: Vec<(u32, Vec<SplitId>)> = Vec::new();
-    for e in stores.state.list(&keys::manifest_prefix()).await? {
-        match keys::parse_manifest(&e.key) {
-            Some((t, v, c)) if t == m.term && v == m.version => {
-                match records::decode::<ManifestChunk>(&e.value) {
-                    Ok(chunk) => chunks.push((c, chunk.splits.into_iter().map(|(id, _)| id).collect())),
-                    // Found, but its splits are unknown: flagged, and counted as found.
-                    Err(err) => {
-                        undecodable.push(bad("state", e.key.as_str(), &err));
-                        chunks.push((c, Vec::new()));
+
+    async fn workers<S: Store>(&mut self, stores: &JobStores<S>) -> anyhow::Result<Vec<WorkerView>> {
+        let mut out = Vec::new();
+        for e in stores.lease.list(&Prefix::new("worker.").expect("valid")).await? {
+            let Some(id) = keys::parse_worker(&e.key) else { continue };
+            match records::decode::<PresenceRecord>(&e.value) {
+                Ok(p) => {
+                    out.push(WorkerView { instance: id.to_string(), held: p.held, capacity: p.capacity })
+                }
+                Err(err) => self.bad("lease", e.key.as_str(), &err),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every live lease, with its holder when the value can be read.
+    async fn leases<S: Store>(
+        &mut self,
+        stores: &JobStores<S>,
+    ) -> anyhow::Result<HashMap<SplitId, Option<String>>> {
+        let mut leases = HashMap::new();
+        for e in stores.lease.list(&keys::split_prefix()).await? {
+            let Some(id) = keys::parse_split(&e.key) else { continue };
+            let holder = match records::decode::<LeaseRecord>(&e.value) {
+                Ok(l) => Some(l.owner.instance.to_string()),
+                Err(err) => {
+                    self.bad("lease", e.key.as_str(), &err);
+                    None
+                }
+            };
+            leases.insert(id, holder);
+        }
+        Ok(leases)
+    }
+
+    /// The split ids of the published manifest, in chunk order.
+    async fn manifest_ids<S: Store>(
+        &mut self,
+        stores: &JobStores<S>,
+        m: &ManifestRef,
+    ) -> anyhow::Result<Vec<SplitId>> {
+        let mut chunks: Vec<(u32, Vec<SplitId>)> = Vec::new();
+        for e in stores.state.list(&keys::manifest_prefix()).await? {
+            match keys::parse_manifest(&e.key) {
+                Some((t, v, c)) if t == m.term && v == m.version => {
+                    match records::decode::<ManifestChunk>(&e.value) {
+                        Ok(chunk) => chunks.push((c, chunk.splits.into_iter().map(|(id, _)| id).collect())),
+                        // Found, but its splits are unknown: flagged, and counted as found.
+                        Err(err) => {
+                            self.bad("state", e.key.as_str(), &err);
+                            chunks.push((c, Vec::new()));
+                        }
                     }
                 }
+                _ => {}
             }
-            _ => {}
+        }
+        if chunks.len() != m.chunks as usize {
+            bail!(
+                "the published manifest has {} chunks but {} were found; run status again",
+                m.chunks,
+                chunks.len()
+            );
+        }
+        chunks.sort_by_key(|(c, _)| *c);
+        Ok(chunks.into_iter().flat_map(|(_, ids)| ids).collect())
+    }
+
+    /// One view per split of the manifest, from one listing of the split records.
+    async fn splits<S: Store>(
+        &mut self,
+        stores: &JobStores<S>,
+        ids: Vec<SplitId>,
+        leases: &HashMap<SplitId, Option<String>>,
+    ) -> anyhow::Result<Vec<SplitView>> {
+        let mut records: HashMap<SplitId, (String, Result<SplitRecord, records::RecordError>)> = stores
+            .state
+            .list(&keys::split_prefix())
+            .await?
+            .into_iter()
+            .filter_map(|e| {
+                Some((keys::parse_split(&e.key)?, (e.key.to_string(), records::decode(&e.value))))
+            })
+            .collect();
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let (leased, lease_holder) = (leases.contains_key(&id), leases.get(&id).cloned().flatten());
+            let Some((key, rec)) = records.remove(&id) else {
+                // Listed, but no record: a plan whose records were deleted by hand, or a listing
+                // from a replica that lags behind the plan (status again will tell).
+                let why = "the plan lists it but the store has no record of it; `etl-coord requeue --reset` \
+                           recreates it";
+                out.push(SplitView::unreadable(&id, "Missing", leased, lease_holder, why.into()));
+                continue;
+            };
+            out.push(match rec {
+                Ok(r) => SplitView {
+                    id: id.to_string(),
+                    state: format!("{:?}", r.state),
+                    owner: r.owner.map(|o| o.instance.to_string()),
+                    leased,
+                    lease_holder,
+                    epoch: r.epoch.0,
+                    attempts: r.attempts,
+                    progress: r.progress.map(|p| render_progress(&p)),
+                    last_error: r.last_error,
+                },
+                Err(err) => {
+                    let advice = undecodable_advice(&key, &err);
+                    self.undecodable.push(Undecodable { key, bucket: "state".into(), error: advice.clone() });
+                    SplitView::unreadable(&id, "Undecodable", leased, lease_holder, advice)
+                }
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl Summary {
+    /// The counts of `splits` by state.
+    fn of(splits: &[SplitView]) -> Summary {
+        let count = |st: &str| splits.iter().filter(|x| x.state == st).count();
+        let total = splits.len();
+        Summary {
+            total,
+            done: count("Done"),
+            owned: count("Owned"),
+            unleased: count("Unleased"),
+            quarantined: count("Quarantined"),
+            undecodable: count("Undecodable"),
+            missing: count("Missing"),
+            percent_complete: if total == 0 { 0.0 } else { 100.0 * count("Done") as f64 / total as f64 },
         }
     }
-    if chunks.len() != m.chunks as usize {
-        bail!(
-            "the published manifest has {} chunks but {} were found; run status again",
-            m.chunks,
-            chunks.len()
-        );
-    }
-    chunks.sort_by_key(|(c, _)| *c);
-    let mut split_records: std::collections::HashMap<
-        SplitId,
-        (String, Result<SplitRecord, records::RecordError>),
-    > = stores
-        .state
-        .list(&keys::split_prefix())
-        .await?
-        .into_iter()
-        .filter_map(|e| Some((keys::parse_split(&e.key)?, (e.key.to_string(), records::decode(&e.value)))))
-        .collect();
-    for id in chunks.into_iter().flat_map(|(_, ids)| ids) {
-        let (leased, lease_holder) = lease_of(&id);
-        let Some((key, rec)) = split_records.remove(&id) else {
-            // Listed, but no record: a plan whose records were deleted by hand, or a listing
-            // from a replica that lags behind the plan (status again will tell).
-            let why = "the plan lists it but the store has no record of it; `etl-coord requeue --reset` \
-                       recreates it";
-            out.splits.push(SplitView::unreadable(&id, "Missing", leased, lease_holder, why.into()));
-            continue;
-        };
-        let view = match rec {
-            Ok(r) => SplitView {
-                id: id.to_string(),
-                state: format!("{:?}", r.state),
-                owner: r.owner.map(|o| o.instance.to_string()),
-                leased,
-                lease_holder,
-                epoch: r.epoch.0,
-                attempts: r.attempts,
-                progress: r.progress.map(|p| render_progress(&p)),
-                last_error: r.last_error,
-            },
-            Err(err) => {
-                let advice = undecodable_advice(&key, &err);
-                undecodable.push(Undecodable { key, bucket: "state".into(), error: advice.clone() });
-                SplitView::unreadable(&id, "Undecodable", leased, lease_holder, advice)
-            }
-        };
-        out.splits.push(view);
-    }
-    let count = |st: &str| out.splits.iter().filter(|x| x.state == st).count();
-    let total = out.splits.len();
-    out.summary = Summary {
-        total,
-        done: count("Done"),
-        owned: count("Owned"),
-        unleased: count("Unleased"),
-        quarantined: count("Quarantined"),
-        undecodable: count("Undecodable"),
-        missing: count("Missing"),
-        percent_complete: if total == 0 { 0.0 } else { 100.0 * count("Done") as f64 / total as f64 },
-    };
-    out.undecodable = undecodable;
-    Ok(out)
 }
 
 /// How `status` prints.
@@ -318,6 +372,16 @@ pub fn filter(s: &mut Status, states: &[String]) {
 
 /// Renders a status: the job's summary, then one table row per split.
 pub fn render(s: &Status, output: Output) -> String {
+    let mut out = render_summary(s);
+    if !s.splits.is_empty() {
+        out.push_str(&render_splits(&s.splits, output));
+        out.push('\n');
+    }
+    out
+}
+
+/// The lines above the table: plan, leader, workers, counts, undecodable values.
+fn render_summary(s: &Status) -> String {
     let mut out = String::new();
     match &s.plan {
         Some(p) => out.push_str(&format!(
@@ -353,6 +417,11 @@ pub fn render(s: &Status, output: Output) -> String {
     for u in &s.undecodable {
         out.push_str(&format!("UNDECODABLE {} ({} bucket): {}\n", u.key, u.bucket, u.error));
     }
+    out
+}
+
+/// The table of splits (every column in full with `Output::Wide`).
+fn render_splits(splits: &[SplitView], output: Output) -> String {
     let cut = |t: &str, n: usize| match output {
         Output::Wide => t.to_owned(),
         Output::Table if t.chars().count() > n => format!("{}…", t.chars().take(n - 1).collect::<String>()),
@@ -365,7 +434,7 @@ pub fn render(s: &Status, output: Output) -> String {
         header.insert(3, "LEASED");
     }
     table.set_header(header);
-    for x in &s.splits {
+    for x in splits {
         let mut row = vec![
             x.id.clone(),
             x.state.clone(),
@@ -385,11 +454,7 @@ pub fn render(s: &Status, output: Output) -> String {
         }
         table.add_row(row);
     }
-    if !s.splits.is_empty() {
-        out.push_str(&table.trim_fmt());
-        out.push('\n');
-    }
-    out
+    table.trim_fmt()
 }
 
 /// Returns a quarantined split to the queue with its attempts reset; refuses anything else.

@@ -11,7 +11,7 @@ use anyhow::Context;
 use etl_coord::sink::JsonlSink;
 use etl_coord::sources::{AnySource, DEFAULT_SPLIT_BYTES, DEFAULT_SPLIT_ROWS, Faults, Faulty};
 use etl_coordination_driver::{
-    DriverConfig, DriverError, InstanceId, JobOutcome, OnLaneStall, OnStall, Pipeline, Tuning,
+    DriverConfig, DriverError, DriverHandle, InstanceId, JobOutcome, OnLaneStall, OnStall, Pipeline, Tuning,
 };
 
 use super::admin::admin_server;
@@ -182,14 +182,7 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         Some(p) => JsonlSink::open(p).with_context(|| format!("opening the sink {}", p.display()))?,
         None => JsonlSink::discard(),
     };
-    let mut config = DriverConfig::default();
-    config.instance_id = default_instance_id(a.instance_id.clone())?;
-    config.tuning = tuning(&a);
-    config.on_stall = if a.on_stall == "warn" { OnStall::Warn } else { OnStall::Fatal };
-    config.stay_after_end = a.on_complete == "wait";
-    config.lane_stall_timeout = Some(a.lane_stall_timeout).filter(|t| !t.is_zero());
-    config.on_lane_stall =
-        if a.on_lane_stall == "release" { OnLaneStall::Release } else { OnLaneStall::Warn };
+    let config = driver_config(&a)?;
     let metrics = etl_coordination_metrics::install_prometheus()?;
     let handle = Pipeline::new(stores, Faulty { source, faults }, sink).config(config).start()?;
     let ready = Arc::new(AtomicBool::new(true));
@@ -199,16 +192,34 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("binding the admin server to {addr}"))?;
         tokio::spawn(admin_server(listener, metrics, ready.clone()));
     }
-    let drain = handle.clone();
-    let ready_flag = ready.clone();
+    drain_on_signals(handle.clone(), ready)?;
+    exit_code(handle.outcome().await, a.exit_code_when_drained)
+}
+
+/// The driver's configuration from the flags.
+fn driver_config(a: &WorkerArgs) -> anyhow::Result<DriverConfig> {
+    let mut config = DriverConfig::default();
+    config.instance_id = default_instance_id(a.instance_id.clone())?;
+    config.tuning = tuning(a);
+    config.on_stall = if a.on_stall == "warn" { OnStall::Warn } else { OnStall::Fatal };
+    config.stay_after_end = a.on_complete == "wait";
+    config.lane_stall_timeout = Some(a.lane_stall_timeout).filter(|t| !t.is_zero());
+    config.on_lane_stall =
+        if a.on_lane_stall == "release" { OnLaneStall::Release } else { OnLaneStall::Warn };
+    Ok(config)
+}
+
+/// The first termination signal drains the worker (and makes `/readyz` say so); the second
+/// exits at once with 130.
+fn drain_on_signals(handle: DriverHandle, ready: Arc<AtomicBool>) -> anyhow::Result<()> {
     // The listeners are installed once, before the first signal, so a second signal that comes
     // while the first is handled is not lost.
     let mut signals = ShutdownSignals::new()?;
     tokio::spawn(async move {
         signals.recv().await;
-        ready_flag.store(false, Ordering::Relaxed);
+        ready.store(false, Ordering::Relaxed);
         tracing::info!("termination signal: draining (a second one exits at once)");
-        drain.drain();
+        handle.drain();
         signals.recv().await;
         tracing::warn!(
             "second termination signal: exiting without finishing the drain (leases left behind expire \
@@ -216,12 +227,17 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         );
         std::process::exit(130);
     });
-    match handle.outcome().await {
+    Ok(())
+}
+
+/// The process's exit code for the job's outcome.
+fn exit_code(outcome: Result<JobOutcome, DriverError>, when_drained: u8) -> anyhow::Result<ExitCode> {
+    match outcome {
         Ok(JobOutcome::Complete) => {
             tracing::info!("job complete");
             Ok(ExitCode::SUCCESS)
         }
-        Ok(JobOutcome::Drained) => Ok(ExitCode::from(a.exit_code_when_drained)),
+        Ok(JobOutcome::Drained) => Ok(ExitCode::from(when_drained)),
         Ok(JobOutcome::Stalled { quarantined }) => {
             tracing::warn!("job stalled (on-stall warn): {} quarantined split(s)", quarantined.len());
             Ok(ExitCode::SUCCESS)
