@@ -270,7 +270,90 @@ impl Lane {
     }
 
     async fn run(mut self) -> Result<()> {
-        let t = self.job.table.clone();
+        let sql = Sql::new(&self.job.table);
+        let lease = self.job.lease.as_secs_f64();
+        loop {
+            if *self.drain.borrow() {
+                return Ok(());
+            }
+            self.job.queries.fetch_add(1, Ordering::Relaxed);
+            let token = OWNERS.fetch_add(1, Ordering::Relaxed) as i64;
+            let row = self
+                .client
+                .query_opt(&sql.claim, &[&self.owner, &lease, &token])
+                .await
+                .context("claiming")?;
+            let Some(row) = row else {
+                self.job.queries.fetch_add(1, Ordering::Relaxed);
+                let left: i64 = self.client.query_one(&sql.remaining, &[]).await?.get(0);
+                if left == 0 {
+                    return Ok(());
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(self.job.poll) => {}
+                    _ = self.drain.changed() => {}
+                }
+                continue;
+            };
+            let (split, from): (String, i64) = (row.get(0), row.get(1));
+            if self.read_split(&sql, split, from, token).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads a claimed split from `from`, committing as it goes; true if the lane drained (it
+    /// committed and released the split).
+    async fn read_split(&mut self, sql: &Sql, split: String, from: i64, token: i64) -> Result<bool> {
+        let mut reader = self.job.work.reader(&self.worker, &split, None, from as u64);
+        let (mut since, mut last) = (0, Instant::now());
+        loop {
+            let read = tokio::select! {
+                biased;
+                _ = self.drain.changed() => None,
+                r = reader.read() => Some(r),
+            };
+            let at = reader.position() as i64;
+            match read {
+                // Draining: commit and release.
+                None => {
+                    self.query(&sql.release, &[&split, &self.owner, &at, &token]).await?;
+                    self.job.released.lock().unwrap().push((Instant::now(), split.clone()));
+                    return Ok(true);
+                }
+                Some(None) => {
+                    self.query(&sql.finish, &[&split, &self.owner, &at, &token]).await?;
+                    return Ok(false);
+                }
+                Some(Some(record)) => {
+                    self.emitted.fetch_add(1, Ordering::Relaxed);
+                    self.job.work.emitted(&split, record);
+                    since += 1;
+                    if since >= COMMIT_RECORDS || last.elapsed() >= COMMIT_EVERY {
+                        (since, last) = (0, Instant::now());
+                        if self.query(&sql.commit, &[&split, &self.owner, &at, &token]).await? == 0 {
+                            // Taken by another replica after our claim expired.
+                            return Ok(false);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The statements of a PostgreSQL replica: claim the largest remaining split (unclaimed or
+/// expired), count what is left, and commit, finish or release guarded by the owner.
+struct Sql {
+    claim: String,
+    remaining: String,
+    commit: String,
+    finish: String,
+    release: String,
+}
+
+impl Sql {
+    fn new(t: &str) -> Sql {
         let claim = format!(
             "UPDATE {t} SET owner = $1, claim = $3, expires_at = now() + make_interval(secs => $2) \
              WHERE id = (SELECT id FROM {t} WHERE NOT done AND (owner IS NULL OR expires_at < now()) \
@@ -282,62 +365,6 @@ impl Lane {
         let commit = format!("UPDATE {t} SET progress = $3 {guard}");
         let finish = format!("UPDATE {t} SET progress = $3, done = true, owner = NULL {guard}");
         let release = format!("UPDATE {t} SET progress = $3, owner = NULL, expires_at = NULL {guard}");
-        let lease = self.job.lease.as_secs_f64();
-        loop {
-            if *self.drain.borrow() {
-                return Ok(());
-            }
-            self.job.queries.fetch_add(1, Ordering::Relaxed);
-            let token = OWNERS.fetch_add(1, Ordering::Relaxed) as i64;
-            let row =
-                self.client.query_opt(&claim, &[&self.owner, &lease, &token]).await.context("claiming")?;
-            let Some(row) = row else {
-                self.job.queries.fetch_add(1, Ordering::Relaxed);
-                let left: i64 = self.client.query_one(&remaining, &[]).await?.get(0);
-                if left == 0 {
-                    return Ok(());
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(self.job.poll) => {}
-                    _ = self.drain.changed() => {}
-                }
-                continue;
-            };
-            let (split, from): (String, i64) = (row.get(0), row.get(1));
-            let mut reader = self.job.work.reader(&self.worker, &split, None, from as u64);
-            let (mut since, mut last) = (0, Instant::now());
-            loop {
-                let read = tokio::select! {
-                    biased;
-                    _ = self.drain.changed() => None,
-                    r = reader.read() => Some(r),
-                };
-                let at = reader.position() as i64;
-                match read {
-                    // Draining: commit and release.
-                    None => {
-                        self.query(&release, &[&split, &self.owner, &at, &token]).await?;
-                        self.job.released.lock().unwrap().push((Instant::now(), split.clone()));
-                        return Ok(());
-                    }
-                    Some(None) => {
-                        self.query(&finish, &[&split, &self.owner, &at, &token]).await?;
-                        break;
-                    }
-                    Some(Some(record)) => {
-                        self.emitted.fetch_add(1, Ordering::Relaxed);
-                        self.job.work.emitted(&split, record);
-                        since += 1;
-                        if since >= COMMIT_RECORDS || last.elapsed() >= COMMIT_EVERY {
-                            (since, last) = (0, Instant::now());
-                            if self.query(&commit, &[&split, &self.owner, &at, &token]).await? == 0 {
-                                // Taken by another replica after our claim expired.
-                                break;
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        Sql { claim, remaining, commit, finish, release }
     }
 }

@@ -38,19 +38,10 @@ pub fn lines(
     if all.is_empty() {
         return Ok(());
     }
-    // A log axis cannot show zero or negative values (a handover measured from two processes'
-    // clocks can come out a hair below zero): they are drawn at the axis' left end.
-    let floor = all.iter().map(|p| p.0).filter(|x| *x > 0.0).fold(f64::INFINITY, f64::min);
-    let floor = if floor.is_finite() { floor * 0.9 } else { 0.1 };
-    let clamped: Vec<Series>;
+    let floor = floor_of(&all);
+    let clamped;
     let series = if log_x {
-        clamped = series
-            .iter()
-            .map(|s| Series {
-                name: s.name.clone(),
-                points: s.points.iter().map(|&(x, y)| (x.max(floor), y)).collect(),
-            })
-            .collect();
+        clamped = clamp_to_floor(series, floor);
         &clamped[..]
     } else {
         series
@@ -97,4 +88,23 @@ pub fn lines(
     }
     root.present().map_err(|e| err(&e))?;
     Ok(())
+}
+
+/// Where a log axis starts: a little below the smallest positive x. A log axis cannot show
+/// zero or negative values (a handover measured from two processes' clocks can come out a hair
+/// below zero): they are drawn at the axis' left end.
+fn floor_of(points: &[(f64, f64)]) -> f64 {
+    let floor = points.iter().map(|p| p.0).filter(|x| *x > 0.0).fold(f64::INFINITY, f64::min);
+    if floor.is_finite() { floor * 0.9 } else { 0.1 }
+}
+
+/// `series` with every x below `floor` raised to it.
+fn clamp_to_floor(series: &[Series], floor: f64) -> Vec<Series> {
+    series
+        .iter()
+        .map(|s| Series {
+            name: s.name.clone(),
+            points: s.points.iter().map(|&(x, y)| (x.max(floor), y)).collect(),
+        })
+        .collect()
 }
