@@ -217,6 +217,40 @@ fn suite(
 }
 
 pub fn run(args: &[String]) -> Result<()> {
+    let (seeds, only) = parse_args(args)?;
+    let root = root();
+    let mutants = select(&root, only.as_deref())?;
+    let base = target_dir().join("mutants");
+    let (ws, target) = (base.join("ws"), base.join("target"));
+    sync(&root, &ws)?;
+    let limit = Duration::from_secs(20 * 60);
+    baseline(&ws, &target, seeds, limit)?;
+    let mut rows = Vec::new();
+    for m in &mutants {
+        let t0 = Instant::now();
+        let verdict = judge(m, &root, &ws, &target, seeds, limit)?;
+        let secs = t0.elapsed().as_secs_f64();
+        let shown = match &verdict {
+            Verdict::Caught(v) => format!("caught   {v}"),
+            Verdict::Survived => "SURVIVED".to_owned(),
+            Verdict::TimedOut => format!("caught   (the sweep did not finish within {limit:?}: livelock)"),
+        };
+        println!("{:<40} {:<4} {secs:>5.0}s  {}", m.name, m.rule, truncate(&shown, 150));
+        rows.push((m, verdict));
+    }
+    print_table(&rows);
+    let survived: Vec<&str> =
+        rows.iter().filter(|(_, v)| matches!(v, Verdict::Survived)).map(|(m, _)| m.name.as_str()).collect();
+    println!();
+    println!("{} mutants, {} caught, {} survived", rows.len(), rows.len() - survived.len(), survived.len());
+    if !survived.is_empty() {
+        bail!("mutants survived the sweep ({seeds} seeds): {survived:?}; the checkers miss these bugs");
+    }
+    Ok(())
+}
+
+/// `--seeds N` (default 2,000) and `--only NAME[,NAME...]`.
+fn parse_args(args: &[String]) -> Result<(u64, Option<String>)> {
     let mut seeds = 2_000;
     let mut only: Option<String> = None;
     let mut it = args.iter();
@@ -230,32 +264,36 @@ pub fn run(args: &[String]) -> Result<()> {
             other => bail!("usage: cargo xtask mutants [--seeds N] [--only NAME[,NAME...]] (got {other:?})"),
         }
     }
-    let root = root();
+    Ok((seeds, only))
+}
+
+/// The catalogue's mutants (those named by `only`), each checked to apply before anything is
+/// built.
+fn select(root: &Path, only: Option<&str>) -> Result<Vec<Mutant>> {
     let catalogue =
         std::fs::read_to_string(root.join("xtask/mutants.txt")).context("reading xtask/mutants.txt")?;
     let mut mutants = parse(&catalogue)?;
-    if let Some(names) = &only {
+    if let Some(names) = only {
         let names: Vec<&str> = names.split(',').collect();
         if let Some(unknown) = names.iter().find(|n| !mutants.iter().any(|m| m.name == **n)) {
             bail!("no mutant named {unknown:?} in xtask/mutants.txt");
         }
         mutants.retain(|m| names.contains(&m.name.as_str()));
     }
-    // Every patch must apply before anything is built.
     for m in &mutants {
         let original = std::fs::read_to_string(root.join(&m.file))
             .with_context(|| format!("[{}]: reading {}", m.name, m.file))?;
         apply(m, &original)?;
     }
-    let base = target_dir().join("mutants");
-    let (ws, target) = (base.join("ws"), base.join("target"));
-    sync(&root, &ws)?;
-    // A sweep of the unmutated copy must pass, or nothing below means anything.
-    let limit = Duration::from_secs(20 * 60);
+    Ok(mutants)
+}
+
+/// A sweep of the unmutated copy must pass, or nothing below means anything.
+fn baseline(ws: &Path, target: &Path, seeds: u64, limit: Duration) -> Result<()> {
     println!("baseline: {seeds} seeds, the simulator's suite and the rule tests on the unmutated workspace");
     let t0 = Instant::now();
-    match sweep(&ws, &target, seeds, limit)? {
-        Some((true, _)) => match suites(&ws, &target, limit)? {
+    match sweep(ws, target, seeds, limit)? {
+        Some((true, _)) => match suites(ws, target, limit)? {
             Some(None) => println!("baseline passed in {:.0}s", t0.elapsed().as_secs_f64()),
             Some(Some(failed)) => bail!("the unmutated workspace fails a suite: {failed}"),
             None => bail!("the unmutated workspace's suites did not finish within {limit:?}"),
@@ -263,39 +301,37 @@ pub fn run(args: &[String]) -> Result<()> {
         Some((false, out)) => bail!("the unmutated workspace fails its sweep:\n{out}"),
         None => bail!("the unmutated workspace's sweep did not finish within {limit:?}"),
     }
-    let mut rows = Vec::new();
-    for m in &mutants {
-        let original = std::fs::read_to_string(root.join(&m.file))?;
-        let path = ws.join(&m.file);
-        std::fs::write(&path, apply(m, &original)?)?;
-        let t0 = Instant::now();
-        let result = sweep(&ws, &target, seeds, limit).and_then(|r| match r {
-            Some((true, _)) => Ok((Some((true, String::new())), suites(&ws, &target, limit)?)),
-            other => Ok((other, Some(None))),
-        });
-        std::fs::write(&path, &original)?;
-        let verdict = match result? {
-            (None, _) | (_, None) => Verdict::TimedOut,
-            (Some((true, _)), Some(None)) => Verdict::Survived,
-            (Some((true, _)), Some(Some(failed))) => Verdict::Caught(failed),
-            (Some((false, out)), _) => match first_violation(&out) {
-                Some(v) => Verdict::Caught(v),
-                None => bail!("[{}]: the mutant does not build or the sweep failed to run:\n{out}", m.name),
-            },
-        };
-        let secs = t0.elapsed().as_secs_f64();
-        let shown = match &verdict {
-            Verdict::Caught(v) => format!("caught   {v}"),
-            Verdict::Survived => "SURVIVED".to_owned(),
-            Verdict::TimedOut => format!("caught   (the sweep did not finish within {limit:?}: livelock)"),
-        };
-        println!("{:<40} {:<4} {secs:>5.0}s  {}", m.name, m.rule, truncate(&shown, 150));
-        rows.push((m, verdict, secs));
-    }
+    Ok(())
+}
+
+/// Applies `m` to the copy, runs the nets in order (the sweep, then the suites), and puts the
+/// file back.
+fn judge(m: &Mutant, root: &Path, ws: &Path, target: &Path, seeds: u64, limit: Duration) -> Result<Verdict> {
+    let original = std::fs::read_to_string(root.join(&m.file))?;
+    let path = ws.join(&m.file);
+    std::fs::write(&path, apply(m, &original)?)?;
+    let result = sweep(ws, target, seeds, limit).and_then(|r| match r {
+        Some((true, _)) => Ok((Some((true, String::new())), suites(ws, target, limit)?)),
+        other => Ok((other, Some(None))),
+    });
+    std::fs::write(&path, &original)?;
+    Ok(match result? {
+        (None, _) | (_, None) => Verdict::TimedOut,
+        (Some((true, _)), Some(None)) => Verdict::Survived,
+        (Some((true, _)), Some(Some(failed))) => Verdict::Caught(failed),
+        (Some((false, out)), _) => match first_violation(&out) {
+            Some(v) => Verdict::Caught(v),
+            None => bail!("[{}]: the mutant does not build or the sweep failed to run:\n{out}", m.name),
+        },
+    })
+}
+
+/// The table of every mutant and its verdict (for docs/DESIGN.md and the closing notes).
+fn print_table(rows: &[(&Mutant, Verdict)]) {
     println!();
     println!("| mutant | rule | bug | verdict |");
     println!("|---|---|---|---|");
-    for (m, v, _) in &rows {
+    for (m, v) in rows {
         let verdict = match v {
             Verdict::Caught(s) => format!("caught: {}", truncate(s, 110)),
             Verdict::Survived => "**survived**".to_owned(),
@@ -303,17 +339,6 @@ pub fn run(args: &[String]) -> Result<()> {
         };
         println!("| {} | {} | {} | {} |", m.name, m.rule, m.what, verdict.replace('|', "/"));
     }
-    let survived: Vec<&str> = rows
-        .iter()
-        .filter(|(_, v, _)| matches!(v, Verdict::Survived))
-        .map(|(m, _, _)| m.name.as_str())
-        .collect();
-    println!();
-    println!("{} mutants, {} caught, {} survived", rows.len(), rows.len() - survived.len(), survived.len());
-    if !survived.is_empty() {
-        bail!("mutants survived the sweep ({seeds} seeds): {survived:?}; the checkers miss these bugs");
-    }
-    Ok(())
 }
 
 fn truncate(s: &str, max: usize) -> String {

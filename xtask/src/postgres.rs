@@ -66,67 +66,10 @@ pub fn start() -> Result<Postgres> {
     }
     let bin = match bindir() {
         Some(b) => b,
-        None => {
-            println!("$ apt-get install -y postgresql (the benchmark's SKIP LOCKED peer needs a server)");
-            let ok = Command::new("apt-get")
-                .args(["install", "-y", "-q", "--no-install-recommends", "postgresql"])
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .status()
-                .is_ok_and(|s| s.success())
-                || (Command::new("apt-get").args(["update", "-q"]).status().is_ok_and(|s| s.success())
-                    && Command::new("apt-get")
-                        .args(["install", "-y", "-q", "--no-install-recommends", "postgresql"])
-                        .env("DEBIAN_FRONTEND", "noninteractive")
-                        .status()
-                        .is_ok_and(|s| s.success()));
-            match bindir() {
-                Some(b) if ok => {
-                    // Debian's package starts a `main` cluster on 5432 where it can; we installed
-                    // it only for our own server, so stop that one (errors: there was none).
-                    let major =
-                        b.parent().and_then(|v| v.file_name()).map(|v| v.to_string_lossy().into_owned());
-                    if let Some(major) = major {
-                        let _ = Command::new("pg_ctlcluster")
-                            .args([major.as_str(), "main", "stop"])
-                            .stdout(Stdio::null())
-                            .stderr(Stdio::null())
-                            .status();
-                    }
-                    b
-                }
-                _ => bail!(
-                    "PostgreSQL is not installed and apt-get could not install it: install Debian's \
-                     `postgresql` package, or set BENCH_POSTGRES to a connection string"
-                ),
-            }
-        }
+        None => install()?,
     };
     let root = is_root();
-    let data = target_dir().join("postgres-bench");
-    // A fresh cluster every run: no state from an earlier (maybe killed) run, whose server may
-    // still be up: stop it before its directory goes.
-    if let Some(pid) = std::fs::read_to_string(data.join("postmaster.pid"))
-        .ok()
-        .and_then(|s| s.lines().next().map(str::to_owned))
-    {
-        let _ = Command::new("kill").args(["-INT", &pid]).stderr(Stdio::null()).status();
-        for _ in 0..100 {
-            if !Path::new(&format!("/proc/{pid}")).exists() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-    }
-    if data.exists() {
-        std::fs::remove_dir_all(&data).with_context(|| format!("removing {}", data.display()))?;
-    }
-    std::fs::create_dir_all(&data)?;
-    if root {
-        let ok = Command::new("chown").args(["-R", "postgres:postgres"]).arg(&data).status()?.success();
-        if !ok {
-            bail!("could not hand {} to the postgres user", data.display());
-        }
-    }
+    let data = fresh_data_dir(root)?;
     let out = as_server_user(&bin.join("initdb"), root)
         .args(["-A", "trust", "-U", "bench", "-E", "UTF8", "--no-sync", "-D"])
         .arg(&data)
@@ -161,7 +104,82 @@ pub fn start() -> Result<Postgres> {
         conninfo: format!("host=127.0.0.1 port={port} user=bench dbname=postgres"),
     };
     wait_for_port(port, "PostgreSQL")?;
-    // Listening is not accepting queries yet (recovery, start-up): ask until it is.
+    wait_ready(&bin, port, &log)?;
+    let version =
+        Command::new(bin.join("postgres")).arg("--version").output().map(|o| o.stdout).unwrap_or_default();
+    println!("{} listening on 127.0.0.1:{port}", String::from_utf8_lossy(&version).trim());
+    Ok(pg)
+}
+
+/// Installs Debian's `postgresql` package (updating the index if the first try fails) and
+/// stops the cluster the package starts; the binaries' directory.
+fn install() -> Result<PathBuf> {
+    println!("$ apt-get install -y postgresql (the benchmark's SKIP LOCKED peer needs a server)");
+    let ok = Command::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends", "postgresql"])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()
+        .is_ok_and(|s| s.success())
+        || (Command::new("apt-get").args(["update", "-q"]).status().is_ok_and(|s| s.success())
+            && Command::new("apt-get")
+                .args(["install", "-y", "-q", "--no-install-recommends", "postgresql"])
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .status()
+                .is_ok_and(|s| s.success()));
+    Ok(match bindir() {
+        Some(b) if ok => {
+            // Debian's package starts a `main` cluster on 5432 where it can; we installed
+            // it only for our own server, so stop that one (errors: there was none).
+            let major = b.parent().and_then(|v| v.file_name()).map(|v| v.to_string_lossy().into_owned());
+            if let Some(major) = major {
+                let _ = Command::new("pg_ctlcluster")
+                    .args([major.as_str(), "main", "stop"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+            }
+            b
+        }
+        _ => bail!(
+            "PostgreSQL is not installed and apt-get could not install it: install Debian's \
+             `postgresql` package, or set BENCH_POSTGRES to a connection string"
+        ),
+    })
+}
+
+/// A fresh, empty data directory (an earlier run's server, maybe still up, is stopped first),
+/// owned by the server's user when we are root.
+fn fresh_data_dir(root: bool) -> Result<PathBuf> {
+    let data = target_dir().join("postgres-bench");
+    // A fresh cluster every run: no state from an earlier (maybe killed) run, whose server may
+    // still be up: stop it before its directory goes.
+    if let Some(pid) = std::fs::read_to_string(data.join("postmaster.pid"))
+        .ok()
+        .and_then(|s| s.lines().next().map(str::to_owned))
+    {
+        let _ = Command::new("kill").args(["-INT", &pid]).stderr(Stdio::null()).status();
+        for _ in 0..100 {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+    if data.exists() {
+        std::fs::remove_dir_all(&data).with_context(|| format!("removing {}", data.display()))?;
+    }
+    std::fs::create_dir_all(&data)?;
+    if root {
+        let ok = Command::new("chown").args(["-R", "postgres:postgres"]).arg(&data).status()?.success();
+        if !ok {
+            bail!("could not hand {} to the postgres user", data.display());
+        }
+    }
+    Ok(data)
+}
+
+/// Waits until the server accepts queries (listening comes first: recovery, start-up).
+fn wait_ready(bin: &Path, port: u16, log: &Path) -> Result<()> {
     let ready = (0..100).any(|_| {
         let ok = Command::new(bin.join("pg_isready"))
             .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
@@ -175,8 +193,5 @@ pub fn start() -> Result<Postgres> {
     if !ready {
         bail!("PostgreSQL on port {port} did not become ready within 10 s (its log: {})", log.display());
     }
-    let version =
-        Command::new(bin.join("postgres")).arg("--version").output().map(|o| o.stdout).unwrap_or_default();
-    println!("{} listening on 127.0.0.1:{port}", String::from_utf8_lossy(&version).trim());
-    Ok(pg)
+    Ok(())
 }

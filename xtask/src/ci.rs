@@ -1,0 +1,102 @@
+//! `cargo xtask ci`: the README's test command.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+use crate::bench::bench_quick;
+use crate::itest::{S3_TEST, container_suites};
+use crate::servers::Servers;
+use crate::sim::sweep;
+use crate::{cargo, cargo_env, postgres};
+
+pub(crate) fn run() -> Result<()> {
+    let t0 = Instant::now();
+    cargo(&["fmt", "--all", "--", "--check"])?;
+    cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    if cfg!(feature = "containers") {
+        // The container code of xtask, compiled only where an engine answers.
+        cargo(&[
+            "clippy",
+            "-p",
+            "xtask",
+            "--features",
+            "containers",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ])?;
+    }
+    let servers = Servers::provision()?;
+    cargo_env(&["test", "--workspace"], &servers.env())?;
+    let mut s3 = vec!["test"];
+    s3.extend(S3_TEST);
+    cargo_env(&s3, &servers.env())?;
+    examples(&servers)?;
+    container_suites()?;
+    let pg = postgres::start()?;
+    bench_quick(servers.nats_url(), &pg.conninfo)?;
+    drop(servers);
+    let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5000);
+    let innocent = sweep(0, seeds, false)?;
+    if !innocent.is_empty() {
+        // P12's purpose: kills, freezes and outages are no evidence against the data.
+        bail!(
+            "healthy splits were quarantined in {} seeds (first: {:?})",
+            innocent.len(),
+            &innocent[..innocent.len().min(10)]
+        );
+    }
+    documented_sim_commands()?;
+    println!("ci passed in {:.0}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Runs the compiled examples (`examples/`), the NATS one against the provisioned server, so
+/// that what the README and the docs show keeps working.
+fn examples(servers: &Servers) -> Result<()> {
+    let run = ["run", "--quiet", "-p", "etl-coordination-examples", "--example"];
+    for (example, args) in [
+        ("core_loop", &[][..]),
+        ("custom_source", &[][..]),
+        ("pipeline", &["--", "deploy/input"][..]),
+        ("pipeline_nats", &["--", "deploy/input"][..]),
+    ] {
+        let mut cmd: Vec<&str> = run.to_vec();
+        cmd.push(example);
+        cmd.extend(args);
+        cargo_env(&cmd, &servers.env())?;
+    }
+    Ok(())
+}
+
+/// Runs every `cargo xtask sim ...` line of the documentation's `sh` blocks, so they cannot rot
+/// (the other documented commands are run by `crates/etl-coord/tests/docs.rs`).
+fn documented_sim_commands() -> Result<()> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = vec![root.join("README.md"), root.join("deploy/README.md")];
+    for e in std::fs::read_dir(root.join("docs"))? {
+        files.push(e?.path());
+    }
+    let mut ran = 0;
+    for file in files.iter().filter(|f| f.extension().is_some_and(|x| x == "md")) {
+        let text = std::fs::read_to_string(file)?;
+        let mut in_sh = false;
+        for line in text.lines().map(str::trim) {
+            if let Some(info) = line.strip_prefix("```") {
+                in_sh = !in_sh && info == "sh";
+            } else if in_sh && let Some(args) = line.strip_prefix("cargo xtask sim ") {
+                println!("$ {line}    (documented in {})", file.display());
+                let args: Vec<String> = args.split_whitespace().map(str::to_owned).collect();
+                crate::sim::run(&args)
+                    .with_context(|| format!("documented command `{line}` in {}", file.display()))?;
+                ran += 1;
+            }
+        }
+    }
+    if ran == 0 {
+        bail!("no documented `cargo xtask sim` command found (README.md shows some)");
+    }
+    Ok(())
+}
