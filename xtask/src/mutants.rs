@@ -228,7 +228,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut rows = Vec::new();
     for m in &mutants {
         let t0 = Instant::now();
-        let verdict = judge(m, &root, &ws, &target, seeds, limit)?;
+        let verdict = judge(m, &ws, &target, seeds, limit)?;
         let secs = t0.elapsed().as_secs_f64();
         let shown = match &verdict {
             Verdict::Caught(v) => format!("caught   {v}"),
@@ -305,10 +305,12 @@ fn baseline(ws: &Path, target: &Path, seeds: u64, limit: Duration) -> Result<()>
 }
 
 /// Applies `m` to the copy, runs the nets in order (the sweep, then the suites), and puts the
-/// file back.
-fn judge(m: &Mutant, root: &Path, ws: &Path, target: &Path, seeds: u64, limit: Duration) -> Result<Verdict> {
-    let original = std::fs::read_to_string(root.join(&m.file))?;
+/// file back as it was.
+fn judge(m: &Mutant, ws: &Path, target: &Path, seeds: u64, limit: Duration) -> Result<Verdict> {
+    // The original is the copy's (synced once at the start), never the live tree's: edits made
+    // while a run is under way must not leak into it.
     let path = ws.join(&m.file);
+    let original = std::fs::read_to_string(&path)?;
     std::fs::write(&path, apply(m, &original)?)?;
     let result = sweep(ws, target, seeds, limit).and_then(|r| match r {
         Some((true, _)) => Ok((Some((true, String::new())), suites(ws, target, limit)?)),

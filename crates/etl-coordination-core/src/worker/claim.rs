@@ -8,7 +8,7 @@ use crate::store::{Bucket, StoreReply, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 
 use super::outbox::{Pending, Read, Written};
-use super::resolve::{RecordRead, still_ours};
+use super::resolve::{LeaseRead, RecordRead, still_ours};
 use super::tenancy::{Acquisition, End, Ending, Held, OurLease, OurRecord, Stage};
 use super::{Phase, Worker};
 
@@ -17,73 +17,6 @@ use super::{Phase, Worker};
 const DESC_MISSES_MAX: u32 = 5;
 
 impl Worker {
-    /// P3 reclaim, then P5 claims up to the fair share, then (nothing left to claim) P9.
-    pub(super) fn acquire(&mut self, now: Timestamp) {
-        if self.view.manifest.is_none() {
-            return;
-        }
-        let max = self.cfg.tuning.max_in_flight as usize;
-        // P3: reclaim what our previous incarnation held, at once, up to capacity.
-        let reclaim: Vec<SplitId> = self
-            .view
-            .old_incarnation
-            .iter()
-            .filter(|id| !self.tenancies.contains(id) && !self.tenancies.is_blocked(id))
-            .take(max.saturating_sub(self.tenancies.len()))
-            .cloned()
-            .collect();
-        for id in reclaim {
-            self.start_acquire(now, &id, AcquisitionReason::Reclaimed);
-        }
-        let target = self.fair_target();
-        if self.tenancies.len() >= target {
-            return;
-        }
-        let mut want = target - self.tenancies.len();
-        let mut picks = Vec::new();
-        for (_, id) in &self.view.claimable {
-            if want == 0 {
-                break;
-            }
-            if self.tenancies.contains(id) || self.tenancies.is_blocked(id) {
-                continue;
-            }
-            picks.push(id.clone());
-            want -= 1;
-        }
-        let claimed_any = !picks.is_empty();
-        for id in picks {
-            let reason = self.claim_reason(&id);
-            self.start_acquire(now, &id, reason);
-        }
-        let nothing_unclaimed = self.view.claimable.iter().all(|(_, id)| self.tenancies.contains(id));
-        if !claimed_any && want > 0 && nothing_unclaimed {
-            self.maybe_steal(now);
-        }
-    }
-
-    /// The number of splits this worker aims to hold (P5).
-    pub(super) fn fair_target(&self) -> usize {
-        let live = self.view.live_workers().max(1);
-        let fair = self.view.active().div_ceil(live);
-        fair.min(self.cfg.tuning.max_in_flight as usize)
-    }
-
-    /// P6: why a claimable split is being acquired, from its record.
-    fn claim_reason(&self, id: &SplitId) -> AcquisitionReason {
-        let rec = self.view.splits.get(id).and_then(|sv| sv.record.as_ref()).expect("claimable has a record");
-        match (&rec.state, &rec.owner) {
-            (SplitState::Owned, Some(o))
-                if o.instance == self.me.instance && o.incarnation != self.me.incarnation =>
-            {
-                AcquisitionReason::Reclaimed
-            }
-            (SplitState::Owned, _) => AcquisitionReason::Expired,
-            (_, _) if rec.epoch == Epoch(0) => AcquisitionReason::Create,
-            _ => AcquisitionReason::Released,
-        }
-    }
-
     /// Starts an acquisition (P5, P6, P9): the lease first (create; or CAS over the dead
     /// incarnation's lease for a reclaim, over the victim's for a steal), then the fenced record
     /// CAS. A steal is only planned on a consistent view (lease and record name the same owner
@@ -156,9 +89,7 @@ impl Worker {
                 ending: Ending::default(),
             },
         );
-        let op =
-            self.outbox.send(Bucket::Lease, request, Pending::LeaseAcquire { split: id.clone(), sent: now });
-        self.tenancies[id].op = Some(op);
+        self.send_step(id, Bucket::Lease, request, Pending::LeaseAcquire { split: id.clone(), sent: now });
     }
 
     /// P5: the lease is ours (go on to the record), in doubt (read it), or lost (not an error).
@@ -176,12 +107,12 @@ impl Worker {
             // In doubt: the read decides.
             Written::InDoubt => {
                 let request = StoreRequest::Get { key: keys::split(&id) };
-                let op = self.outbox.send(
+                self.send_step(
+                    &id,
                     Bucket::Lease,
                     request,
                     Pending::LeaseAcquireResolve { split: id.clone(), sent, write: op },
                 );
-                self.tenancies[&id].op = Some(op);
             }
             // Lost the race or the store is down: not an error.
             Written::Conflict | Written::Unavailable => self.give_up_acquire(&id),
@@ -214,26 +145,22 @@ impl Worker {
         }
         let h = &self.tenancies[&id];
         let epoch = h.epoch;
-        let read = Read::of(result);
-        if let Read::Found(e) = &read
-            && h.lease.rev.is_some_and(|known| e.revision < known)
-        {
+        let mine = match LeaseRead::<LeaseRecord>::of(result, h.lease.rev) {
             // A lagging replica (a resume knows the lease's revision): read again.
-            let pending = Pending::LeaseAcquireResolve { split: id.clone(), sent, write };
-            self.tenancies[&id].op = None;
-            return self.outbox.retry_later(
-                now,
-                Bucket::Lease,
-                StoreRequest::Get { key: keys::split(&id) },
-                pending,
-            );
-        }
-        let mine = match read {
-            Read::Found(e) => records::decode::<LeaseRecord>(&e.value)
-                .ok()
-                .filter(|l| l.owner == self.me && l.epoch == epoch)
-                .map(|l| (e.revision, l.write == write.0)),
-            Read::Absent | Read::Failed(_) => None,
+            LeaseRead::Lagging => {
+                let pending = Pending::LeaseAcquireResolve { split: id.clone(), sent, write };
+                return self.retry_step(
+                    now,
+                    &id,
+                    Bucket::Lease,
+                    StoreRequest::Get { key: keys::split(&id) },
+                    pending,
+                );
+            }
+            LeaseRead::Found(rev, Some(l)) if l.owner == self.me && l.epoch == epoch => {
+                Some((rev, l.write == write.0))
+            }
+            LeaseRead::Found(..) | LeaseRead::Gone | LeaseRead::Unavailable => None,
         };
         match mine {
             Some((rev, true)) => self.lease_acquired(&id, rev, sent),
@@ -331,18 +258,23 @@ impl Worker {
         match answer {
             Written::Applied(rev) => self.claim_written(now, &id, rev),
             Written::Conflict | Written::InDoubt => {
-                let op = self.outbox.send(
+                self.send_step(
+                    &id,
                     Bucket::State,
                     StoreRequest::Get { key: keys::split(&id) },
                     Pending::RecordClaimRead { split: id.clone() },
                 );
-                self.tenancies[&id].op = Some(op);
             }
             Written::Fatal(e) => self.fatal_store(e),
             Written::Unavailable => {
                 let request = StoreRequest::Get { key: keys::split(&id) };
-                self.tenancies[&id].op = None;
-                self.outbox.retry_later(now, Bucket::State, request, Pending::RecordClaimRead { split: id });
+                self.retry_step(
+                    now,
+                    &id,
+                    Bucket::State,
+                    request,
+                    Pending::RecordClaimRead { split: id.clone() },
+                );
             }
         }
     }
@@ -369,12 +301,12 @@ impl Worker {
             RecordRead::Gone => return self.abandon(&id),
             // Decides nothing: read again.
             RecordRead::Lagging | RecordRead::Unavailable => {
-                self.tenancies[&id].op = None;
-                return self.outbox.retry_later(
+                return self.retry_step(
                     now,
+                    &id,
                     Bucket::State,
                     StoreRequest::Get { key: keys::split(&id) },
-                    Pending::RecordClaimRead { split: id },
+                    Pending::RecordClaimRead { split: id.clone() },
                 );
             }
         };

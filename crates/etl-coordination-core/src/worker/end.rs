@@ -3,7 +3,7 @@
 
 use crate::ids::{Epoch, OpId, Revision, SplitId};
 use crate::io::{Action, Event, StopReason};
-use crate::records::{self, SplitRecord, SplitState, keys};
+use crate::records::{self, SplitState, keys};
 use crate::store::{Bucket, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 
@@ -68,8 +68,7 @@ impl Worker {
             value: records::encode(h.ending.record.as_ref().expect("an end record")),
             ttl: None,
         };
-        let op = self.outbox.send(Bucket::State, request, Pending::RecordEnd { split: id.clone() });
-        self.tenancies[id].op = Some(op);
+        self.send_step(id, Bucket::State, request, Pending::RecordEnd { split: id.clone() });
     }
 
     pub(super) fn on_record_end(&mut self, now: Timestamp, op: OpId, id: SplitId, result: StoreResult) {
@@ -82,12 +81,12 @@ impl Worker {
             // No write of ours is in doubt: someone else wrote the record; the tenancy is over.
             Written::Conflict if !self.tenancies[&id].written.in_doubt => self.delete_lease(&id),
             Written::Conflict | Written::InDoubt => {
-                let op = self.outbox.send(
+                self.send_step(
+                    &id,
                     Bucket::State,
                     StoreRequest::Get { key: keys::split(&id) },
                     Pending::RecordEndRead { split: id.clone() },
                 );
-                self.tenancies[&id].op = Some(op);
             }
             Written::Fatal(e) => self.fatal_store(e),
             Written::Unavailable => {
@@ -161,12 +160,5 @@ impl Worker {
             _ => self.outbox.event(Event::Released { split: id.clone() }),
         }
         self.delete_lease(id);
-    }
-}
-
-impl Worker {
-    /// The record a graceful release writes (P10).
-    pub(super) fn release_record(&self, current: &SplitRecord) -> SplitRecord {
-        current.ended(&End::Release, self.cfg.tuning.max_attempts)
     }
 }

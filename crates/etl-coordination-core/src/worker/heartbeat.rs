@@ -8,7 +8,8 @@ use crate::records::{self, LeaseRecord, keys};
 use crate::store::{Bucket, StoreReply, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 
-use super::outbox::{Pending, Read, Written};
+use super::outbox::{Pending, Written};
+use super::resolve::LeaseRead;
 use super::tenancy::{End, Stage};
 use super::{Phase, Worker};
 
@@ -121,21 +122,17 @@ impl Worker {
         h.lease.renewing = None;
         let epoch = h.epoch;
         let known = h.lease.rev;
-        match Read::of(result) {
-            Read::Found(e) if known.is_some_and(|k| e.revision < k) => self.after_renewal(&id),
-            Read::Found(e) => match records::decode::<LeaseRecord>(&e.value) {
-                Ok(l) if l.owner == self.me && l.epoch == epoch => {
-                    if Some(e.revision) != known {
-                        let sent = write.filter(|(w, _)| w.0 == l.write).map_or(Timestamp::ZERO, |(_, s)| s);
-                        self.lease_renewed(now, &id, e.revision, sent);
-                    } else {
-                        self.after_renewal(&id);
-                    }
+        match LeaseRead::<LeaseRecord>::of(result, known) {
+            LeaseRead::Found(rev, Some(l)) if l.owner == self.me && l.epoch == epoch => {
+                if Some(rev) != known {
+                    let sent = write.filter(|(w, _)| w.0 == l.write).map_or(Timestamp::ZERO, |(_, s)| s);
+                    self.lease_renewed(now, &id, rev, sent);
+                } else {
+                    self.after_renewal(&id);
                 }
-                _ => self.revoke(&id, StopReason::Fenced),
-            },
-            Read::Absent => self.revoke(&id, StopReason::Fenced),
-            Read::Failed(_) => self.after_renewal(&id),
+            }
+            LeaseRead::Found(..) | LeaseRead::Gone => self.revoke(&id, StopReason::Fenced),
+            LeaseRead::Lagging | LeaseRead::Unavailable => self.after_renewal(&id),
         }
     }
 
@@ -224,8 +221,6 @@ impl Worker {
             value,
             ttl: self.ttl(),
         };
-        let op =
-            self.outbox.send(Bucket::Lease, request, Pending::LeaseAcquire { split: id.clone(), sent: now });
-        self.tenancies[id].op = Some(op);
+        self.send_step(id, Bucket::Lease, request, Pending::LeaseAcquire { split: id.clone(), sent: now });
     }
 }

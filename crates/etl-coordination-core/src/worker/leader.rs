@@ -1,15 +1,16 @@
 //! Leadership (P4): the leader lease (won by create, kept by renewals, P7), the term bump on the
 //! plan head that fences a deposed leader's writes (I9), and stepping down.
 
-use crate::ids::{OpId, Owner, Revision};
+use crate::ids::{OpId, Revision};
 use crate::io::Event;
 use crate::plan::PlanKind;
 use crate::records::{self, LeaderRecord, ManifestRef, PlanHead, PlanStatus, keys};
-use crate::store::{Bucket, StoreError, StoreRequest, StoreResult};
+use crate::store::{Bucket, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 
 use super::outbox::{Pending, Read, Written};
 use super::plan::PlanStage;
+use super::resolve::LeaseRead;
 use super::{Phase, Worker};
 
 /// This worker's leadership.
@@ -114,17 +115,14 @@ impl Worker {
         if !is_attempt && !is_renewal {
             return;
         }
-        let mut read = Read::of(result);
-        if matches!(&read, Read::Found(e) if e.revision < self.view.leader_seen) {
-            // A lagging replica (the watch already showed a newer revision): decides nothing.
-            read = Read::Failed(StoreError::Unavailable("a stale read of the leader key".into()));
-        }
-        let mine = match &read {
-            Read::Found(e) => records::decode::<LeaderRecord>(&e.value)
-                .ok()
-                .filter(|l| l.owner == self.me)
-                .map(|l| (e.revision, l)),
-            Read::Absent | Read::Failed(_) => None,
+        // A revision older than the watch showed (or, for a renewal, than ours) comes from a
+        // lagging replica: it decides nothing, as a failed read.
+        let ours = self.leader.as_ref().filter(|_| is_renewal).map_or(Revision(0), |l| l.rev);
+        let known = self.view.leader_seen.max(ours);
+        let (mine, undecided) = match LeaseRead::<LeaderRecord>::of(result, Some(known)) {
+            LeaseRead::Found(rev, Some(l)) if l.owner == self.me => (Some((rev, l)), false),
+            LeaseRead::Found(..) | LeaseRead::Gone => (None, false),
+            LeaseRead::Lagging | LeaseRead::Unavailable => (None, true),
         };
         if is_attempt {
             // The key names us, but which write put it there cannot be told: this attempt, an
@@ -145,18 +143,16 @@ impl Worker {
         let trust = self.cfg.tuning.lease_trust();
         let l = self.leader.as_mut().expect("leader");
         l.renewing = None;
-        match (mine, read) {
-            // A lagging replica: decides nothing.
-            (_, Read::Found(e)) if e.revision < l.rev => {}
-            (Some(rev), _) => {
+        match mine {
+            _ if undecided => {}
+            Some(rev) => {
                 if rev != l.rev {
                     // Any renewal since the last acknowledged one may have written it (P11).
                     l.rev = rev;
                     l.trusted_until = l.unacked_since.take().unwrap_or(sent) + trust;
                 }
             }
-            (None, Read::Failed(_)) => {}
-            (None, _) => self.step_down(),
+            None => self.step_down(),
         }
     }
 
@@ -232,56 +228,11 @@ impl Worker {
         }
     }
 
-    /// Which leadership stint this is (0: none).
-    pub(super) fn stint(&self) -> u64 {
-        self.leader.as_ref().map_or(0, |l| l.stint)
-    }
-
     /// Stops leading (the lease expires, or someone else took it).
     pub(super) fn step_down(&mut self) {
         if let Some(l) = self.leader.take() {
             let term = l.head.as_ref().map_or(0, |(_, h)| h.term);
             self.outbox.event(Event::Leadership { leader: false, term });
-        }
-    }
-
-    /// P4: bump the term before planning, so a deposed leader's in-flight plan write loses its
-    /// swap.
-    pub(super) fn bump_term(&mut self, current: Option<(Revision, PlanHead)>) {
-        let (request, head) = Self::term_bump(&self.me, current);
-        self.outbox.send(Bucket::State, request, Pending::HeadWrite { stint: self.stint(), head });
-    }
-
-    /// The head write that bumps the term over `current`.
-    fn term_bump(me: &Owner, current: Option<(Revision, PlanHead)>) -> (StoreRequest, PlanHead) {
-        match current {
-            None => {
-                let head =
-                    PlanHead { term: 1, leader: me.clone(), status: PlanStatus::Planning, manifest: None };
-                (
-                    StoreRequest::Create { key: keys::plan_head(), value: records::encode(&head), ttl: None },
-                    head,
-                )
-            }
-            Some((rev, old)) => {
-                // A published Final plan needs no re-planning: keep it published.
-                let needs_plan = old.manifest.is_none_or(|m| m.kind == PlanKind::Open);
-                let head = PlanHead {
-                    term: old.term + 1,
-                    leader: me.clone(),
-                    status: if needs_plan { PlanStatus::Planning } else { PlanStatus::Published },
-                    manifest: old.manifest,
-                };
-                (
-                    StoreRequest::CompareAndSwap {
-                        key: keys::plan_head(),
-                        expected: rev,
-                        value: records::encode(&head),
-                        ttl: None,
-                    },
-                    head,
-                )
-            }
         }
     }
 

@@ -13,7 +13,6 @@
 //! `timers` every deadline.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use crate::config::Config;
 use crate::ids::{Epoch, OpId, Owner, SplitId};
@@ -22,17 +21,20 @@ use crate::store::{StoreReply, StoreResult};
 use crate::time::Timestamp;
 use crate::view::View;
 
+mod acquire;
 mod claim;
 mod commit;
 mod drain;
 mod end;
 mod heartbeat;
 mod leader;
+mod lease;
 mod manifest;
 mod outbox;
 mod plan;
 mod presence;
 mod resolve;
+mod retries;
 mod startup;
 mod steal;
 mod tenancy;
@@ -194,11 +196,6 @@ impl Worker {
         let mut next: Option<Timestamp> = None;
         self.for_each_timer(|_, at| next = Some(next.map_or(at, |n| n.min(at))));
         next
-    }
-
-    /// The TTL every lease-bucket write carries.
-    fn ttl(&self) -> Option<Duration> {
-        Some(self.cfg.tuning.lease_duration)
     }
 
     /// Routes a store answer to the rule that sent the request.

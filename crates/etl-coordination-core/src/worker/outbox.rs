@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::ids::{OpId, Revision, SplitId};
 use crate::io::{Action, Event, FatalError, SplitCounts, WatchId};
-use crate::records::{ManifestRef, PlanHead};
+use crate::records::{self, ManifestRef, PlanHead};
 use crate::store::{Bucket, Entry, Key, StoreError, StoreReply, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 
@@ -270,17 +270,6 @@ impl Outbox {
 }
 
 impl Worker {
-    /// Sends the delayed retries that are due and still wanted.
-    pub(super) fn send_due_retries(&mut self, now: Timestamp) {
-        for r in self.outbox.take_due(now) {
-            if !self.retry_wanted(&r.pending, &r.request) {
-                continue;
-            }
-            let op = self.outbox.send(r.bucket, r.request, r.pending.clone());
-            self.rebind_retry(op, &r.pending);
-        }
-    }
-
     /// Stops the worker on a condition it cannot continue from; nothing follows.
     pub(super) fn fatal(&mut self, e: FatalError) {
         self.outbox.push(Action::Fatal(e));
@@ -327,4 +316,23 @@ pub(super) struct Gauges {
     splits: SplitCounts,
     undecodable_state: u32,
     undecodable_lease: u32,
+}
+
+impl Worker {
+    /// A value that cannot be decoded: remembered until the key holds a value that decodes (or
+    /// none), so that it is reported once per value and counted while it stays.
+    pub(super) fn note_undecodable(&mut self, bucket: Bucket, entry: &Entry, err: &records::RecordError) {
+        self.note_bad_value(bucket, &entry.key, entry.revision, err.to_string());
+    }
+
+    /// A value (of `key` at `rev`) that decodes but cannot be used (a manifest listing another
+    /// number of splits than its head says): noted and reported like an undecodable one.
+    pub(super) fn note_bad_value(&mut self, bucket: Bucket, key: &Key, rev: Revision, error: String) {
+        let slot = (bucket, key.clone());
+        if self.view.undecodable.get(&slot).is_some_and(|r| *r >= rev) {
+            return;
+        }
+        self.view.undecodable.insert(slot, rev);
+        self.outbox.event(Event::Undecodable { key: key.to_string(), error });
+    }
 }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::Bytes;
 
-use crate::ids::{Epoch, Revision, SplitId};
+use crate::ids::{Epoch, Owner, Revision, SplitId};
 use crate::io::{Action, Event};
 use crate::plan::{Plan, PlanKind};
 use crate::records::{self, Descriptor, ManifestChunk, ManifestRef, PlanHead, PlanStatus, SplitRecord, keys};
@@ -422,4 +422,51 @@ fn validate_plan(plan: &Plan) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+impl Worker {
+    /// Which leadership stint this is (0: none).
+    pub(super) fn stint(&self) -> u64 {
+        self.leader.as_ref().map_or(0, |l| l.stint)
+    }
+
+    /// P4: bump the term before planning, so a deposed leader's in-flight plan write loses its
+    /// swap.
+    pub(super) fn bump_term(&mut self, current: Option<(Revision, PlanHead)>) {
+        let (request, head) = Self::term_bump(&self.me, current);
+        self.outbox.send(Bucket::State, request, Pending::HeadWrite { stint: self.stint(), head });
+    }
+
+    /// The head write that bumps the term over `current`.
+    pub(super) fn term_bump(me: &Owner, current: Option<(Revision, PlanHead)>) -> (StoreRequest, PlanHead) {
+        match current {
+            None => {
+                let head =
+                    PlanHead { term: 1, leader: me.clone(), status: PlanStatus::Planning, manifest: None };
+                (
+                    StoreRequest::Create { key: keys::plan_head(), value: records::encode(&head), ttl: None },
+                    head,
+                )
+            }
+            Some((rev, old)) => {
+                // A published Final plan needs no re-planning: keep it published.
+                let needs_plan = old.manifest.is_none_or(|m| m.kind == PlanKind::Open);
+                let head = PlanHead {
+                    term: old.term + 1,
+                    leader: me.clone(),
+                    status: if needs_plan { PlanStatus::Planning } else { PlanStatus::Published },
+                    manifest: old.manifest,
+                };
+                (
+                    StoreRequest::CompareAndSwap {
+                        key: keys::plan_head(),
+                        expected: rev,
+                        value: records::encode(&head),
+                        ttl: None,
+                    },
+                    head,
+                )
+            }
+        }
+    }
 }

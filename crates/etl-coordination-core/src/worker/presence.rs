@@ -10,6 +10,7 @@ use crate::store::{Bucket, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 
 use super::outbox::{Pending, Read, Written};
+use super::resolve::LeaseRead;
 use super::{Phase, Worker};
 
 /// This worker's presence key.
@@ -248,22 +249,21 @@ impl Worker {
     /// than ours comes from a lagging replica and decides nothing.
     pub(super) fn on_presence_resolve(&mut self, now: Timestamp, result: StoreResult) {
         self.presence.renewing = None;
-        match Read::of(result) {
-            Read::Found(entry) if self.presence.rev.is_some_and(|r| entry.revision < r) => {}
-            Read::Found(entry) => match records::decode::<PresenceRecord>(&entry.value) {
-                Ok(rec) if rec.incarnation == self.me.incarnation => self.presence.rev = Some(entry.revision),
-                Ok(rec) => self.contested(now, entry.revision, rec.incarnation.0),
-                Err(_) => self.contested(now, entry.revision, 0),
-            },
+        match LeaseRead::<PresenceRecord>::of(result, self.presence.rev) {
+            LeaseRead::Found(rev, Some(rec)) if rec.incarnation == self.me.incarnation => {
+                self.presence.rev = Some(rev)
+            }
+            LeaseRead::Found(rev, Some(rec)) => self.contested(now, rev, rec.incarnation.0),
+            LeaseRead::Found(rev, None) => self.contested(now, rev, 0),
             // Our presence expired (store outage, long pause): announce again, unless leaving.
-            Read::Absent if self.presence.retired => {}
-            Read::Absent => {
+            LeaseRead::Gone if self.presence.retired => {}
+            LeaseRead::Gone => {
                 self.presence.rev = None;
                 let request = self.presence_create();
                 let op = self.outbox.send(Bucket::Lease, request, Pending::PresenceCreate);
                 self.presence.renewing = Some(op);
             }
-            Read::Failed(_) => {}
+            LeaseRead::Lagging | LeaseRead::Unavailable => {}
         }
     }
 

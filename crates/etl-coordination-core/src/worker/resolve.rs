@@ -1,7 +1,11 @@
 //! One resolver for writes of ours whose answer was lost, in doubt or a conflict: the read of
 //! the key decides, and what it can decide is the same for every rule. A value older than a
 //! revision we know comes from a lagging replica and decides nothing (decided here, once); our
-//! own value means the write landed; anything else is for the rule to read.
+//! own value means the write landed; anything else is for the rule to read. Records
+//! ([`RecordRead`]) and the keys of the lease bucket ([`LeaseRead`]: a split's lease, our
+//! presence, the leader key) each have their verdict.
+
+use serde::de::DeserializeOwned;
 
 use crate::ids::{Epoch, Owner, Revision};
 use crate::records::{self, SplitRecord, SplitState};
@@ -48,4 +52,31 @@ impl RecordRead {
 /// without bumping the epoch, so nobody else wrote since.
 pub(super) fn still_ours(rec: &SplitRecord, owner: &Owner, epoch: Epoch) -> bool {
     rec.epoch == epoch && rec.owner.as_ref() == Some(owner) && rec.state == SplitState::Owned
+}
+
+/// What a read of a key of the lease bucket (a split's lease, a presence key, the leader key)
+/// says after a write of ours to it was lost or in doubt. Which value is ours differs by key
+/// (an owner and epoch, an incarnation, a write id), so the rule reads the value.
+#[derive(Debug)]
+pub(super) enum LeaseRead<R> {
+    /// The value at a revision not older than the one we know (`None`: nobody can decode it).
+    Found(Revision, Option<R>),
+    /// No value: deleted or expired.
+    Gone,
+    /// Answered by a replica behind a revision we know: decides nothing.
+    Lagging,
+    /// The read failed: decides nothing.
+    Unavailable,
+}
+
+impl<R: DeserializeOwned> LeaseRead<R> {
+    /// Judges the answer to a read of a key whose latest revision we know is `known` (if any).
+    pub(super) fn of(result: StoreResult, known: Option<Revision>) -> Self {
+        match Read::of(result) {
+            Read::Found(e) if known.is_some_and(|k| e.revision < k) => LeaseRead::Lagging,
+            Read::Found(e) => LeaseRead::Found(e.revision, records::decode::<R>(&e.value).ok()),
+            Read::Absent => LeaseRead::Gone,
+            Read::Failed(_) => LeaseRead::Unavailable,
+        }
+    }
 }

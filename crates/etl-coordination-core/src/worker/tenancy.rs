@@ -261,50 +261,6 @@ impl Worker {
         }
     }
 
-    /// Whether a delayed retry still belongs to a live step: the split may have been lost and
-    /// re-acquired meanwhile (a new tenancy runs its own reads), or already moved on.
-    /// A delayed write must also be the very write its step would send now: a claim CAS of an
-    /// earlier tenancy of the split (given up meanwhile) never goes out for a later one, and a
-    /// head write only for the leadership stint that queued it.
-    pub(super) fn retry_wanted(&self, pending: &Pending, request: &StoreRequest) -> bool {
-        match pending {
-            Pending::DescRead { split } => {
-                self.tenancies.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::ReadingDesc)
-            }
-            Pending::RecordClaimRead { split } => {
-                self.tenancies.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::WritingRecord)
-            }
-            Pending::RecordClaim { split } => {
-                self.tenancies.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::WritingRecord)
-                    && self.claim_request(split).0 == *request
-            }
-            Pending::LeaseAcquireResolve { split, .. } => {
-                self.tenancies.get(split).is_some_and(|h| h.op.is_none() && h.stage == Stage::AcquiringLease)
-            }
-            Pending::HeadWrite { stint, .. } => self.leader.as_ref().is_some_and(|l| l.stint == *stint),
-            // A chunk read of a load that was dropped meanwhile would be answered for nothing.
-            Pending::ManifestChunk { load, .. } => {
-                self.manifest_load.as_ref().is_some_and(|l| l.id == *load && !l.failed)
-            }
-            _ => true,
-        }
-    }
-
-    /// A retried op is the new current op of whatever it belongs to.
-    pub(super) fn rebind_retry(&mut self, op: OpId, pending: &Pending) {
-        match pending {
-            Pending::DescRead { split }
-            | Pending::RecordClaimRead { split }
-            | Pending::RecordClaim { split }
-            | Pending::LeaseAcquireResolve { split, .. } => {
-                if let Some(h) = self.tenancies.get_mut(split) {
-                    h.op = Some(op);
-                }
-            }
-            _ => {}
-        }
-    }
-
     /// Whether `op` is the current step of the tenancy of `id` (older answers are stale).
     pub(super) fn is_current(&self, id: &SplitId, op: OpId) -> bool {
         self.tenancies.get(id).is_some_and(|h| h.op == Some(op))
@@ -388,12 +344,12 @@ impl Worker {
             self.tenancies.remove(id);
             return;
         };
-        let op = self.outbox.send(
+        self.send_step(
+            id,
             Bucket::Lease,
             StoreRequest::Delete { key: keys::split(id), expected: rev },
             Pending::LeaseDelete { split: id.clone() },
         );
-        self.tenancies[id].op = Some(op);
     }
 
     /// The tenancy is over either way; a delete that did not land is retried by `retire` (the
@@ -405,5 +361,39 @@ impl Worker {
                 self.on_retire(now, keys::split(&id), result);
             }
         }
+    }
+
+    /// The record a graceful release writes (P10).
+    pub(super) fn release_record(&self, current: &SplitRecord) -> SplitRecord {
+        current.ended(&End::Release, self.cfg.tuning.max_attempts)
+    }
+}
+
+impl Worker {
+    /// Sends a step of the tenancy of `id`: its answer is the tenancy's current op (older
+    /// answers are stale).
+    pub(super) fn send_step(
+        &mut self,
+        id: &SplitId,
+        bucket: Bucket,
+        request: StoreRequest,
+        pending: Pending,
+    ) {
+        let op = self.outbox.send(bucket, request, pending);
+        self.tenancies[id].op = Some(op);
+    }
+
+    /// Retries a step of the tenancy of `id` after the backoff; no op is current meanwhile (the
+    /// retry becomes current when it is sent).
+    pub(super) fn retry_step(
+        &mut self,
+        now: Timestamp,
+        id: &SplitId,
+        bucket: Bucket,
+        request: StoreRequest,
+        pending: Pending,
+    ) {
+        self.tenancies[id].op = None;
+        self.outbox.retry_later(now, bucket, request, pending);
     }
 }

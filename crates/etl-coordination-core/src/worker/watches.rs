@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use crate::ids::{Revision, SplitId};
-use crate::io::{Action, Event, StopReason, WatchId};
+use crate::io::{Action, StopReason, WatchId};
 use crate::records::{self, LeaderRecord, LeaseRecord, PlanHead, PresenceRecord, SplitRecord, keys};
 use crate::store::{Bucket, Entry, Key, StoreRequest, WatchEvent};
 use crate::time::Timestamp;
@@ -105,23 +105,6 @@ impl Worker {
             self.apply_entry(watch, e);
         }
         self.fence_after_snapshot(watch);
-    }
-
-    /// A value that cannot be decoded: remembered until the key holds a value that decodes (or
-    /// none), so that it is reported once per value and counted while it stays.
-    pub(super) fn note_undecodable(&mut self, bucket: Bucket, entry: &Entry, err: &records::RecordError) {
-        self.note_bad_value(bucket, &entry.key, entry.revision, err.to_string());
-    }
-
-    /// A value (of `key` at `rev`) that decodes but cannot be used (a manifest listing another
-    /// number of splits than its head says): noted and reported like an undecodable one.
-    pub(super) fn note_bad_value(&mut self, bucket: Bucket, key: &Key, rev: Revision, error: String) {
-        let slot = (bucket, key.clone());
-        if self.view.undecodable.get(&slot).is_some_and(|r| *r >= rev) {
-            return;
-        }
-        self.view.undecodable.insert(slot, rev);
-        self.outbox.event(Event::Undecodable { key: key.to_string(), error });
     }
 
     /// The key holds a value that decodes at `rev`, or none: no longer undecodable.
