@@ -35,6 +35,8 @@ pub fn unix_ms() -> u64 {
 #[derive(Clone, Debug)]
 pub struct JsonlSink {
     out: Arc<Mutex<Option<BufWriter<File>>>>,
+    /// Whether the file can be synced (a regular file; `/dev/null` or a pipe cannot).
+    syncable: bool,
 }
 
 impl JsonlSink {
@@ -47,20 +49,24 @@ impl JsonlSink {
             let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
             file.set_len(whole as u64)?;
         }
-        Ok(JsonlSink { out: Arc::new(Mutex::new(Some(BufWriter::new(file)))) })
+        let syncable = file.metadata()?.is_file();
+        Ok(JsonlSink { out: Arc::new(Mutex::new(Some(BufWriter::with_capacity(1 << 20, file)))), syncable })
     }
 
     /// A sink that drops everything (when no `--sink` is given).
     pub fn discard() -> Self {
-        JsonlSink { out: Arc::new(Mutex::new(None)) }
+        JsonlSink { out: Arc::new(Mutex::new(None)), syncable: false }
     }
 
-    /// Buffers one record.
+    /// Buffers one record, whole or not at all: the line is made first and handed to the
+    /// buffer in one write, so a write that fails (the buffer had to go to a full disk) leaves
+    /// no part of it behind, and writing it again later does not corrupt the file.
     pub fn write_line(&self, line: &SinkLine) -> std::io::Result<()> {
+        let mut bytes = serde_json::to_vec(line)?;
+        bytes.push(b'\n');
         let mut g = self.out.lock().expect("sink lock");
         if let Some(w) = g.as_mut() {
-            serde_json::to_writer(&mut *w, line)?;
-            w.write_all(b"\n")?;
+            w.write_all(&bytes)?;
         }
         Ok(())
     }
@@ -71,8 +77,12 @@ impl JsonlSink {
     pub fn sync(&self) -> std::io::Result<()> {
         let mut g = self.out.lock().expect("sink lock");
         if let Some(w) = g.as_mut() {
+            // What does not reach the file stays in the buffer (a full disk): a later sync
+            // writes it, after what did.
             w.flush()?;
-            w.get_ref().sync_data()?;
+            if self.syncable {
+                w.get_ref().sync_data()?;
+            }
         }
         Ok(())
     }
@@ -103,7 +113,8 @@ impl Sink<Line> for JsonlSink {
             instance: lane.instance().to_string(),
             at_ms: unix_ms(),
         };
-        self.write_line(&line).map_err(SinkError::new)
+        // A full disk or quota is an outage (transient), waited out in place.
+        self.write_line(&line).map_err(SinkError::from)
     }
 
     async fn flush(&self) -> Result<(), SinkError> {
@@ -111,7 +122,7 @@ impl Sink<Line> for JsonlSink {
         tokio::task::spawn_blocking(move || sink.sync())
             .await
             .map_err(SinkError::new)?
-            .map_err(SinkError::new)
+            .map_err(SinkError::from)
     }
 }
 

@@ -609,3 +609,71 @@ fn with_on_lane_stall_release_a_split_that_always_hangs_ends_quarantined() {
     assert!(q.contains("lane stalled: no progress committed for 1s"), "the last error says why: {q}");
     assert_eq!(child.wait().unwrap().code(), Some(0), "stalled with --on-stall warn");
 }
+
+/// A tmpfs mounted for one test, unmounted when it ends.
+struct Tmpfs(std::path::PathBuf);
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// The sink's disk fills up: every lane waits the outage out in place (nothing is charged to a
+/// split, nothing quarantined), and once space is freed the job completes with every record in
+/// the sink once. Needs root (it mounts a 2 MiB tmpfs); skipped, saying so, for anyone else.
+#[test]
+fn a_full_disk_under_the_sink_is_waited_out_and_the_job_completes() {
+    let uid =
+        Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    if uid.ok().as_deref() != Some("0") {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    let (tmp, data) = data_dir();
+    let expected = input(&data, 6, 1000);
+    let disk = tmp.path().join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let status =
+        Command::new("mount").args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"]).arg(&disk).status().unwrap();
+    assert!(status.success(), "mounting a tmpfs at {} failed (root without mount rights?)", disk.display());
+    let _mounted = Tmpfs(disk.clone());
+    // Leave about 64 KiB: the sink fills it within the first split.
+    let filler = disk.join("filler");
+    std::fs::write(&filler, vec![0u8; 2 * 1024 * 1024 - 64 * 1024]).unwrap();
+    let sink = disk.join("out.jsonl");
+    let mut child = etl_coord()
+        .args([
+            "worker",
+            "--job",
+            "full",
+            "--store",
+            "memory",
+            "--instance-id",
+            "solo",
+            "--lease-duration",
+            "3s",
+        ])
+        .args(["--source", &format!("files:{}", data.display()), "--split-size", "20000", "--sink"])
+        .arg(&sink)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rx = follow_stderr(&mut child);
+    let full = lines_until(&rx, "No space left on device");
+    std::fs::remove_file(&filler).unwrap();
+    let after = lines_until(&rx, "recovered from a transient failure");
+    let status = child.wait().unwrap();
+    let rest: Vec<String> = rx.try_iter().collect();
+    assert_eq!(status.code(), Some(0), "{after:#?}\n{rest:#?}");
+    let logged: Vec<&String> = full.iter().chain(&after).chain(&rest).collect();
+    assert!(!logged.iter().any(|l| l.contains("quarantined")), "nothing quarantined");
+    assert!(
+        !logged.iter().any(|l| l.contains("the sink failed")),
+        "no tenancy ended as failed (the outage was waited out): {logged:#?}"
+    );
+    let lines = JsonlSink::read(&sink).unwrap();
+    let seen: BTreeSet<String> = lines.iter().map(|l| l.record.clone()).collect();
+    assert_eq!(seen, expected, "every input record in the sink");
+    assert_eq!(lines.len(), expected.len(), "each once: a failed write was read again, not written twice");
+}

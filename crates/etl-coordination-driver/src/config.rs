@@ -61,6 +61,12 @@ pub struct DriverConfig {
     pub lane_stall_timeout: Option<Duration>,
     /// What to do about a stalled lane.
     pub on_lane_stall: OnLaneStall,
+    /// How long a lane waits out a transient failure of its source or sink (a full disk, a
+    /// restarting warehouse, a throttled object store) in place, with backoff, before it counts
+    /// as a failure of the split (one attempt). A success renews it. `Duration::ZERO`: no
+    /// waiting (every transient failure fails the tenancy at once). Default: 5 minutes (below
+    /// the lane stall timeout, so a lane waiting out an outage is not reported stalled).
+    pub transient_retry_budget: Duration,
 }
 
 /// The request timeout for a store that has no budget of its own (see
@@ -69,6 +75,9 @@ pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Default of [`DriverConfig::lane_stall_timeout`].
 pub const DEFAULT_LANE_STALL_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Default of [`DriverConfig::transient_retry_budget`].
+pub const DEFAULT_TRANSIENT_RETRY_BUDGET: Duration = Duration::from_secs(300);
 
 impl Default for DriverConfig {
     fn default() -> Self {
@@ -80,6 +89,7 @@ impl Default for DriverConfig {
             stay_after_end: false,
             lane_stall_timeout: Some(DEFAULT_LANE_STALL_TIMEOUT),
             on_lane_stall: OnLaneStall::Warn,
+            transient_retry_budget: DEFAULT_TRANSIENT_RETRY_BUDGET,
         }
     }
 }

@@ -72,10 +72,17 @@ pub enum SourceError {
     /// same, and is quarantined at `max_attempts`.
     #[error("unprocessable: {0}")]
     Unprocessable(String),
+    /// The input is unavailable for a while (a connection reset, a throttled or failing
+    /// server, a timeout): says nothing about the split. The lane waits and reads again from
+    /// the record after the last one written, with backoff, within
+    /// [`DriverConfig::transient_retry_budget`](crate::DriverConfig::transient_retry_budget);
+    /// past the budget it ends as [`SourceError::Failed`].
+    #[error("transient: {0}")]
+    Transient(String),
 }
 
 impl SourceError {
-    /// A failure worth retrying.
+    /// A failure worth retrying elsewhere (the tenancy ends as failed).
     pub fn failed(e: impl std::fmt::Display) -> Self {
         SourceError::Failed(e.to_string())
     }
@@ -84,19 +91,112 @@ impl SourceError {
     pub fn unprocessable(e: impl std::fmt::Display) -> Self {
         SourceError::Unprocessable(e.to_string())
     }
+
+    /// An outage of the input, retried in place.
+    pub fn transient(e: impl std::fmt::Display) -> Self {
+        SourceError::Transient(e.to_string())
+    }
+
+    /// Whether the lane retries it in place.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, SourceError::Transient(_))
+    }
 }
 
-/// A sink could not write or flush; the lane ends as failed (one attempt if it committed
-/// nothing) and its uncommitted records replay.
+/// An I/O error as a source reports it: [`SourceError::Transient`] when [`is_transient_io`]
+/// says so, else [`SourceError::Failed`] (with the message chain of its sources).
+impl From<std::io::Error> for SourceError {
+    fn from(e: std::io::Error) -> Self {
+        if is_transient_io(e.kind()) {
+            SourceError::transient(chain(&e))
+        } else {
+            SourceError::failed(chain(&e))
+        }
+    }
+}
+
+/// A sink could not write or flush. A permanent error ends the lane as failed (one attempt if it
+/// committed nothing) and its uncommitted records replay elsewhere; a transient one (the disk
+/// is full, the warehouse restarts, a throttled or unreachable service) is retried in place
+/// within [`DriverConfig::transient_retry_budget`](crate::DriverConfig::transient_retry_budget).
+///
+/// What a transient error promises about the sink's state: after a failed `write`, the record
+/// was not taken (the pipeline reads it again and writes it again); after a failed `flush`,
+/// what was written before is still held and a later `flush` makes it durable. A sink that
+/// cannot promise this reports a permanent error.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("sink: {0}")]
-pub struct SinkError(pub String);
+#[error("sink: {message}")]
+pub struct SinkError {
+    message: String,
+    transient: bool,
+}
 
 impl SinkError {
-    /// From any error.
+    /// A permanent failure, from any error (the lane ends as failed).
     pub fn new(e: impl std::fmt::Display) -> Self {
-        SinkError(e.to_string())
+        SinkError { message: e.to_string(), transient: false }
     }
+
+    /// An outage of the sink, retried in place.
+    pub fn transient(e: impl std::fmt::Display) -> Self {
+        SinkError { message: e.to_string(), transient: true }
+    }
+
+    /// Whether the lane retries it in place.
+    pub fn is_transient(&self) -> bool {
+        self.transient
+    }
+
+    /// What went wrong.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+/// An I/O error as a sink reports it: transient when [`is_transient_io`] says so (a full
+/// disk among them), else permanent; the message keeps the chain of its sources.
+impl From<std::io::Error> for SinkError {
+    fn from(e: std::io::Error) -> Self {
+        if is_transient_io(e.kind()) { SinkError::transient(chain(&e)) } else { SinkError::new(chain(&e)) }
+    }
+}
+
+/// Whether an I/O error of this kind is an outage that passes (retry in place) rather than a
+/// fault of the split or of the configuration: a full disk or quota, a timeout, an interrupted
+/// call, a connection refused, reset, aborted or never made, a busy resource, an unreachable
+/// host or network. Not found, permission denied, invalid input or data and the rest are not.
+pub fn is_transient_io(kind: std::io::ErrorKind) -> bool {
+    use std::io::ErrorKind as K;
+    matches!(
+        kind,
+        K::StorageFull
+            | K::QuotaExceeded
+            | K::TimedOut
+            | K::Interrupted
+            | K::WouldBlock
+            | K::ConnectionRefused
+            | K::ConnectionReset
+            | K::ConnectionAborted
+            | K::NotConnected
+            | K::BrokenPipe
+            | K::HostUnreachable
+            | K::NetworkUnreachable
+            | K::NetworkDown
+            | K::ResourceBusy
+            | K::UnexpectedEof
+    )
+}
+
+/// An error's message followed by those of its sources (`a: b: c`).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
 }
 
 /// What a lane is: the split, this tenancy's epoch, the worker, the planner's descriptor, and a

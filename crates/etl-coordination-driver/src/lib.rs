@@ -66,10 +66,16 @@ mod planner;
 mod report;
 mod stores;
 mod task;
+mod transient;
 mod watches;
 
-pub use config::{DEFAULT_LANE_STALL_TIMEOUT, DEFAULT_OP_TIMEOUT, DriverConfig, OnLaneStall, OnStall};
-pub use contract::{CommitCadence, LaneInfo, NextRecord, Sink, SinkError, Source, SourceError, SplitReader};
+pub use config::{
+    DEFAULT_LANE_STALL_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_TRANSIENT_RETRY_BUDGET, DriverConfig,
+    OnLaneStall, OnStall,
+};
+pub use contract::{
+    CommitCadence, LaneInfo, NextRecord, Sink, SinkError, Source, SourceError, SplitReader, is_transient_io,
+};
 pub use etl_coordination_core::{
     AcquisitionReason, CommitOutcome, Epoch, InstanceId, JobName, Plan, PlanKind, PlannedSplit, SplitId,
     StopReason, Tuning,

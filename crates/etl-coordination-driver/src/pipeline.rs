@@ -35,6 +35,7 @@ use crate::lane::{Lane, Stop};
 use crate::outcome::{DriverError, JobOutcome};
 use crate::planner::{PlanError, Planner};
 use crate::stores::JobStores;
+use crate::transient::{Transient, Wait};
 
 use crate::contract::{CommitCadence, LaneInfo, Sink, SinkError, Source, SourceError, SplitReader};
 
@@ -91,6 +92,7 @@ impl<St: Store, So: Source, Si: Sink<So::Record>> Pipeline<St, So, Si> {
 
     /// Starts the worker, and a task that runs its lanes and ends when the last one has.
     fn spawn(self) -> Result<(DriverHandle, tokio::task::JoinHandle<()>), DriverError> {
+        let budget = self.config.transient_retry_budget;
         let (handle, mut lanes) = CoordinationDriver::start(self.stores, self.source.clone(), self.config)?;
         let (source, sink, cadence) = (self.source, self.sink, self.cadence);
         let instance = handle.instance_id().clone();
@@ -100,7 +102,7 @@ impl<St: Store, So: Source, Si: Sink<So::Record>> Pipeline<St, So, Si> {
                 tokio::select! {
                     lane = lanes.next() => match lane {
                         Some(lane) => {
-                            running.spawn(run_lane(lane, source.clone(), sink.clone(), cadence, instance.clone()));
+                            running.spawn(run_lane(lane, source.clone(), sink.clone(), cadence, instance.clone(), budget));
                         }
                         None => break,
                     },
@@ -178,6 +180,7 @@ async fn run_lane<So: Source, Si: Sink<So::Record>>(
     sink: Arc<Si>,
     cadence: CommitCadence,
     instance: InstanceId,
+    budget: Duration,
 ) {
     let span = info_span!("lane", split = %lane.split(), epoch = lane.epoch().0);
     let info = LaneInfo {
@@ -202,7 +205,7 @@ async fn run_lane<So: Source, Si: Sink<So::Record>>(
         cancel.cancel();
     });
     async move {
-        let (emitted, end) = lane_loop(lane, &info, &*source, &*sink, cadence).await;
+        let (emitted, end) = lane_loop(lane, &info, &*source, &*sink, cadence, budget).await;
         info!(emitted, end = ?end, "lane ended");
     }
     .instrument(span)
@@ -214,7 +217,7 @@ fn report(lane: Lane, e: SourceError) -> LaneEnd {
     warn!(error = %e, "reading the split failed");
     match e {
         SourceError::Unprocessable(why) => lane.unprocessable(why),
-        SourceError::Failed(why) => lane.fail(why),
+        SourceError::Failed(why) | SourceError::Transient(why) => lane.fail(why),
     }
     LaneEnd::Failed
 }
@@ -244,41 +247,123 @@ fn encode<P: Serialize>(p: &P) -> Bytes {
 /// The progress a split that had no record ends with (JSON, like every progress).
 const NO_PROGRESS: &[u8] = b"null";
 
+/// The state of a lane between reads: what was written since the last commit.
+struct Written {
+    /// Records emitted by this lane.
+    emitted: u64,
+    /// The progress after the last record written (`None`: none yet).
+    last: Option<Bytes>,
+    /// Records written since the last commit (0: `last` is committed, or there is none).
+    pending: u64,
+    last_commit: Instant,
+}
+
+/// Runs a lane: reads its split from the resume point, writes each record to the sink, commits
+/// on the cadence, and ends as the split, the stop signal or an error says. A transient error
+/// of the source or the sink is waited out in place (see [`Transient`]): the reader is opened
+/// again at the record after the last one written (a failed write's record is read again), and
+/// a flush is tried again.
 async fn lane_loop<So: Source, Si: Sink<So::Record>>(
     mut lane: Lane,
     info: &LaneInfo,
     source: &So,
     sink: &Si,
     cadence: CommitCadence,
+    budget: Duration,
 ) -> (u64, LaneEnd) {
     let resume = lane.resume_from().cloned();
-    let from = match &resume {
+    let mut retry = Transient::new(budget);
+    let mut w = Written { emitted: 0, last: None, pending: 0, last_commit: Instant::now() };
+    loop {
+        let at = w.last.clone().or_else(|| resume.clone());
+        let opened = tokio::select! {
+            biased;
+            stop = lane.revoked() => return (w.emitted, stop_lane(lane, sink, &w, stop).await),
+            r = open_at(source, info, at.as_ref()) => r,
+        };
+        let reader = match opened {
+            Ok(r) => r,
+            Err(e) if e.is_transient() => {
+                match retry.wait_out(&mut lane, "opening the split", e.to_string()).await {
+                    Wait::Again => continue,
+                    Wait::Stop(stop) => return (w.emitted, stop_lane(lane, sink, &w, stop).await),
+                    Wait::Spent(why) => return (w.emitted, report(lane, SourceError::Failed(why))),
+                }
+            }
+            Err(e) => return (w.emitted, report(lane, e)),
+        };
+        match read_split::<So, Si>(
+            &mut lane,
+            info,
+            reader,
+            sink,
+            cadence,
+            &mut retry,
+            &mut w,
+            resume.as_ref(),
+        )
+        .await
+        {
+            // A transient failure was waited out: open again where the lane is.
+            ReadEnd::Reopen => continue,
+            ReadEnd::Stop(stop) => return (w.emitted, stop_lane(lane, sink, &w, stop).await),
+            ReadEnd::Source(e) => return (w.emitted, report(lane, e)),
+            ReadEnd::Sink(e) => return (w.emitted, sink_failed(lane, e)),
+            ReadEnd::Commit(end) => return (w.emitted, end.apply(lane)),
+            ReadEnd::Finished(progress) => return (w.emitted, finish(lane, progress).await),
+        }
+    }
+}
+
+/// Opens the reader at `at` (the progress of the record before, as committed or written).
+async fn open_at<So: Source>(
+    source: &So,
+    info: &LaneInfo,
+    at: Option<&Bytes>,
+) -> Result<So::Reader, SourceError> {
+    let from = match at {
         None => None,
         Some(b) if b.as_ref() == NO_PROGRESS => None,
         Some(b) => match serde_json::from_slice::<So::Progress>(b) {
             Ok(p) => Some(p),
             Err(e) => {
                 let why = format!("the committed progress does not decode as this source's progress: {e}");
-                return (0, report(lane, SourceError::Unprocessable(why)));
+                return Err(SourceError::Unprocessable(why));
             }
         },
     };
-    let opened = tokio::select! {
-        biased;
-        stop = lane.revoked() => Err(stop),
-        r = source.open(info, from) => Ok(r),
-    };
-    let mut reader = match opened {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => return (0, report(lane, e)),
-        Err(stop) => return (0, stop_now(lane, stop)),
-    };
-    let mut emitted = 0u64;
-    // The progress after the last record written, and how many records were written since the
-    // last commit (0: `last` is committed, or there is none).
-    let mut last: Option<Bytes> = None;
-    let mut pending = 0u64;
-    let mut last_commit = Instant::now();
+    source.open(info, from).await
+}
+
+/// How reading with one reader ended.
+enum ReadEnd {
+    /// A transient failure was waited out: open the reader again.
+    Reopen,
+    /// The lane was told to stop.
+    Stop(Stop),
+    /// The source failed (for good, or past the transient budget).
+    Source(SourceError),
+    /// The sink failed (for good, or past the transient budget).
+    Sink(SinkError),
+    /// A commit ended the lane.
+    Commit(CommitEnd),
+    /// The split ended: finish it with this progress.
+    Finished(Bytes),
+}
+
+/// Reads with `reader` until the split ends, the lane stops, a failure ends it, or a transient
+/// failure calls for a new reader.
+#[allow(clippy::too_many_arguments)]
+async fn read_split<So: Source, Si: Sink<So::Record>>(
+    lane: &mut Lane,
+    info: &LaneInfo,
+    mut reader: So::Reader,
+    sink: &Si,
+    cadence: CommitCadence,
+    retry: &mut Transient,
+    w: &mut Written,
+    resume: Option<&Bytes>,
+) -> ReadEnd {
     loop {
         // One read. While it waits, the time cadence commits what was written: the read's future
         // is kept (not dropped and started again), so a reader that is not cancel-safe loses
@@ -288,57 +373,74 @@ async fn lane_loop<So: Source, Si: Sink<So::Record>>(
         let next = loop {
             tokio::select! {
                 biased;
-                stop = lane.revoked() => break Err(stop),
-                () = tokio::time::sleep_until(last_commit + cadence.interval), if pending > 0 => {
-                    match flush_and_commit(&mut lane, sink.flush(), last.clone().expect("written")).await {
-                        Ok(true) => (pending, last_commit) = (0, Instant::now()),
+                stop = lane.revoked() => return ReadEnd::Stop(stop),
+                () = tokio::time::sleep_until(w.last_commit + cadence.interval), if w.pending > 0 => {
+                    match flush_and_commit(lane, sink, retry, w.last.clone().expect("written")).await {
+                        Ok(true) => (w.pending, w.last_commit) = (0, Instant::now()),
                         // A stop came: the next round sees it.
                         Ok(false) => {}
-                        Err(end) => return (emitted, end.apply(lane)),
+                        Err(end) => return ReadEnd::Commit(end),
                     }
                 }
-                r = &mut read => break Ok(r),
-            }
-        };
-        let next = match next {
-            Ok(next) => next,
-            Err(stop) => {
-                if stop.reason == StopReason::Draining && pending > 0 {
-                    drain_commit(&mut lane, sink.flush(), last.clone().expect("written"), stop).await;
-                }
-                return (emitted, stop_now(lane, stop));
+                r = &mut read => break r,
             }
         };
         match next {
-            Err(e) => return (emitted, report(lane, e)),
+            Err(e) if e.is_transient() => {
+                return match retry.wait_out(lane, "reading the split", e.to_string()).await {
+                    Wait::Again => ReadEnd::Reopen,
+                    Wait::Stop(stop) => ReadEnd::Stop(stop),
+                    Wait::Spent(why) => ReadEnd::Source(SourceError::Failed(why)),
+                };
+            }
+            Err(e) => return ReadEnd::Source(e),
             Ok(None) => {
-                if let Err(e) = sink.flush().await {
-                    return (emitted, sink_failed(lane, e));
-                }
-                let end = last.or(resume).unwrap_or(Bytes::from_static(NO_PROGRESS));
-                return (emitted, finish(lane, end).await);
+                return match flush_retrying(lane, sink, retry).await {
+                    Ok(()) => ReadEnd::Finished(
+                        w.last.clone().or(resume.cloned()).unwrap_or(Bytes::from_static(NO_PROGRESS)),
+                    ),
+                    Err(FlushEnd::Stop(stop)) => ReadEnd::Stop(stop),
+                    Err(FlushEnd::Failed(e)) => ReadEnd::Sink(e),
+                };
             }
             Ok(Some((record, progress))) => {
-                if let Err(e) = sink.write(info, record).await {
-                    return (emitted, sink_failed(lane, e));
+                match sink.write(info, record).await {
+                    Ok(()) => retry.recovered(),
+                    // Not taken: the record is read again from a new reader.
+                    Err(e) if e.is_transient() => {
+                        return match retry.wait_out(lane, "writing to the sink", e.to_string()).await {
+                            Wait::Again => ReadEnd::Reopen,
+                            Wait::Stop(stop) => ReadEnd::Stop(stop),
+                            Wait::Spent(why) => ReadEnd::Sink(SinkError::new(why)),
+                        };
+                    }
+                    Err(e) => return ReadEnd::Sink(e),
                 }
-                emitted += 1;
-                pending += 1;
-                last = Some(encode(&progress));
-                if pending >= cadence.records || last_commit.elapsed() >= cadence.interval {
+                w.emitted += 1;
+                w.pending += 1;
+                w.last = Some(encode(&progress));
+                if w.pending >= cadence.records || w.last_commit.elapsed() >= cadence.interval {
                     // Commit before going on: a lane never runs more than one commit interval
                     // ahead of its durable progress, so a store outage bounds both the replay
                     // and what a zombie (a lane that lost its split without hearing of it) emits
                     // twice.
-                    match flush_and_commit(&mut lane, sink.flush(), last.clone().expect("written")).await {
-                        Ok(true) => (pending, last_commit) = (0, Instant::now()),
+                    match flush_and_commit(lane, sink, retry, w.last.clone().expect("written")).await {
+                        Ok(true) => (w.pending, w.last_commit) = (0, Instant::now()),
                         Ok(false) => {}
-                        Err(end) => return (emitted, end.apply(lane)),
+                        Err(end) => return ReadEnd::Commit(end),
                     }
                 }
             }
         }
     }
+}
+
+/// A lane told to stop: a draining one commits what it wrote first (its split is released).
+async fn stop_lane<R, Si: Sink<R>>(mut lane: Lane, sink: &Si, w: &Written, stop: Stop) -> LaneEnd {
+    if stop.reason == StopReason::Draining && w.pending > 0 {
+        drain_commit(&mut lane, sink.flush(), w.last.clone().expect("written"), stop).await;
+    }
+    stop_now(lane, stop)
 }
 
 /// Why a lane ends after [`flush_and_commit`].
@@ -358,15 +460,53 @@ impl CommitEnd {
     }
 }
 
-/// Flushes the sink, then commits `progress` (never ahead of the sink), trying again while the
-/// store cannot take it. `Ok(true)`: durable; `Ok(false)`: a stop came while the store could
-/// not take it (the progress stays uncommitted); `Err`: the lane must end.
-async fn flush_and_commit(
+/// Why [`flush_retrying`] did not flush.
+enum FlushEnd {
+    /// The lane was told to stop while waiting out a transient failure.
+    Stop(Stop),
+    /// A permanent failure, or a transient one past the budget.
+    Failed(SinkError),
+}
+
+/// Flushes the sink, waiting out transient failures.
+async fn flush_retrying<R, Si: Sink<R>>(
     lane: &mut Lane,
-    flush: impl Future<Output = Result<(), SinkError>>,
+    sink: &Si,
+    retry: &mut Transient,
+) -> Result<(), FlushEnd> {
+    loop {
+        match sink.flush().await {
+            Ok(()) => {
+                retry.recovered();
+                return Ok(());
+            }
+            Err(e) if e.is_transient() => {
+                match retry.wait_out(lane, "flushing the sink", e.to_string()).await {
+                    Wait::Again => {}
+                    Wait::Stop(stop) => return Err(FlushEnd::Stop(stop)),
+                    Wait::Spent(why) => return Err(FlushEnd::Failed(SinkError::new(why))),
+                }
+            }
+            Err(e) => return Err(FlushEnd::Failed(e)),
+        }
+    }
+}
+
+/// Flushes the sink (waiting out transient failures), then commits `progress` (never ahead of
+/// the sink), trying again while the store cannot take it. `Ok(true)`: durable; `Ok(false)`: a
+/// stop came while the sink or the store could not take it (the progress stays uncommitted);
+/// `Err`: the lane must end.
+async fn flush_and_commit<R, Si: Sink<R>>(
+    lane: &mut Lane,
+    sink: &Si,
+    retry: &mut Transient,
     progress: Bytes,
 ) -> Result<bool, CommitEnd> {
-    flush.await.map_err(CommitEnd::Sink)?;
+    match flush_retrying(lane, sink, retry).await {
+        Ok(()) => {}
+        Err(FlushEnd::Stop(_)) => return Ok(false),
+        Err(FlushEnd::Failed(e)) => return Err(CommitEnd::Sink(e)),
+    }
     let mut delays = retry_delays();
     loop {
         match lane.commit(progress.clone()).await {

@@ -470,3 +470,191 @@ async fn a_sink_that_cannot_flush_fails_the_split_and_nothing_is_committed() {
     assert!(error.contains("no space left on device"), "{error}");
     assert_eq!(committed(&stores, "s00").await, None, "never committed ahead of the sink");
 }
+
+/// A sink that is down (every write and flush fails with a full disk) until `up_at`, then
+/// works like a [`Recorder`]. A failed write takes nothing; a failed flush keeps what it held.
+#[derive(Clone)]
+struct Outage {
+    inner: Recorder,
+    up_at: tokio::time::Instant,
+    failures: Arc<Mutex<u64>>,
+}
+
+impl Outage {
+    fn down(&self) -> bool {
+        let down = tokio::time::Instant::now() < self.up_at;
+        if down {
+            *self.failures.lock().unwrap() += 1;
+        }
+        down
+    }
+}
+
+impl Sink<(SplitId, u64)> for Outage {
+    async fn write(&self, lane: &LaneInfo, record: (SplitId, u64)) -> Result<(), SinkError> {
+        if self.down() {
+            return Err(std::io::Error::from(std::io::ErrorKind::StorageFull).into());
+        }
+        self.inner.write(lane, record).await
+    }
+
+    async fn flush(&self) -> Result<(), SinkError> {
+        if self.down() {
+            return Err(SinkError::transient("the warehouse is restarting"));
+        }
+        self.inner.flush().await
+    }
+}
+
+async fn attempts(stores: &JobStores<etl_coordination_memory::MemoryStore>, s: &str) -> u32 {
+    let rec = stores.state.get(&keys::split(&SplitId::new(s).unwrap())).await.unwrap().unwrap();
+    records::decode::<SplitRecord>(&rec.value).unwrap().attempts
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sink_outage_within_the_budget_is_waited_out_in_place_and_charges_no_attempt() {
+    let stores = fresh_stores();
+    let sink = Outage {
+        inner: Recorder::default(),
+        up_at: tokio::time::Instant::now() + Duration::from_secs(40),
+        failures: Arc::default(),
+    };
+    let problems = sink.inner.spawn_commit_check(&stores);
+    let mut cfg = config("a");
+    cfg.transient_retry_budget = Duration::from_secs(120);
+    let p = Pipeline::new(stores.clone(), numbers(3, 30), sink.clone()).config(cfg).commit_every(cadence());
+    assert_eq!(p.run_until(std::future::pending()).await.unwrap(), JobOutcome::Complete);
+    sink.inner.assert_complete(3, 30);
+    assert!(*sink.failures.lock().unwrap() > 3, "the sink was down for a while");
+    for s in ["s00", "s01", "s02"] {
+        assert_eq!(attempts(&stores, s).await, 0, "{s}: an outage is not the split's fault");
+    }
+    // A failed write's record was read again, not skipped, and nothing was written twice by
+    // one lane (the reader reopened after the last record written).
+    let written = sink.inner.written.lock().unwrap().clone();
+    let distinct: BTreeSet<(SplitId, u64)> = written.iter().map(|(s, i, ..)| (s.clone(), *i)).collect();
+    assert_eq!(distinct.len(), written.len(), "no record written twice");
+    assert!(problems.lock().unwrap().is_empty(), "{:?}", problems.lock().unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sink_outage_past_the_budget_fails_the_tenancy_naming_the_budget() {
+    let stores = fresh_stores();
+    let sink = Outage {
+        inner: Recorder::default(),
+        up_at: tokio::time::Instant::now() + Duration::from_secs(3600),
+        failures: Arc::default(),
+    };
+    let mut cfg = config("a");
+    cfg.on_stall = OnStall::Warn;
+    cfg.transient_retry_budget = Duration::from_secs(20);
+    let p = Pipeline::new(stores.clone(), numbers(1, 20), sink).config(cfg).commit_every(cadence());
+    let JobOutcome::Stalled { quarantined } = p.run_until(std::future::pending()).await.unwrap() else {
+        panic!("a stall")
+    };
+    let error = quarantined[0].1.clone().unwrap();
+    assert!(error.contains("past the transient retry budget of 20s"), "{error}");
+    assert_eq!(committed(&stores, "s00").await, None, "never committed ahead of the sink");
+}
+
+/// Splits whose reads fail transiently (a throttled object store) at one record, `times` times
+/// in all, then read on.
+#[derive(Clone)]
+struct Throttled {
+    inner: Numbers,
+    at: u64,
+    left: Arc<Mutex<u64>>,
+    opens: Arc<Mutex<Vec<Option<u64>>>>,
+}
+
+impl Planner for Throttled {
+    fn fingerprint(&self) -> String {
+        self.inner.fingerprint()
+    }
+
+    async fn plan(&self) -> Result<Plan, PlanError> {
+        self.inner.plan().await
+    }
+}
+
+struct ThrottledReader {
+    inner: NumbersReader,
+    at: u64,
+    left: Arc<Mutex<u64>>,
+}
+
+impl Source for Throttled {
+    type Record = (SplitId, u64);
+    type Progress = u64;
+    type Reader = ThrottledReader;
+
+    async fn open(&self, lane: &LaneInfo, from: Option<u64>) -> Result<ThrottledReader, SourceError> {
+        self.opens.lock().unwrap().push(from);
+        let inner = self.inner.open(lane, from).await?;
+        Ok(ThrottledReader { inner, at: self.at, left: self.left.clone() })
+    }
+}
+
+impl SplitReader for ThrottledReader {
+    type Record = (SplitId, u64);
+    type Progress = u64;
+
+    async fn next(&mut self) -> NextRecord<(SplitId, u64), u64> {
+        if self.inner.next == self.at {
+            let mut left = self.left.lock().unwrap();
+            if *left > 0 {
+                *left -= 1;
+                return Err(SourceError::transient("503 SlowDown"));
+            }
+        }
+        self.inner.next().await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transient_source_error_reopens_the_reader_after_the_last_record_written() {
+    let stores = fresh_stores();
+    let sink = Recorder::default();
+    let source =
+        Throttled { inner: numbers(1, 30), at: 12, left: Arc::new(Mutex::new(4)), opens: Arc::default() };
+    let mut cfg = config("a");
+    cfg.transient_retry_budget = Duration::from_secs(60);
+    let p = Pipeline::new(stores.clone(), source.clone(), sink.clone()).config(cfg).commit_every(cadence());
+    assert_eq!(p.run_until(std::future::pending()).await.unwrap(), JobOutcome::Complete);
+    sink.assert_complete(1, 30);
+    assert_eq!(attempts(&stores, "s00").await, 0);
+    // Opened at the start, then four times at the record after the last one written (12).
+    assert_eq!(*source.opens.lock().unwrap(), [None, Some(12), Some(12), Some(12), Some(12)]);
+    let written = sink.written.lock().unwrap().len();
+    assert_eq!(written, 30, "nothing read twice");
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_no_budget_a_transient_error_fails_the_tenancy_at_once() {
+    let stores = fresh_stores();
+    let source =
+        Throttled { inner: numbers(1, 30), at: 3, left: Arc::new(Mutex::new(100)), opens: Arc::default() };
+    let mut cfg = config("a");
+    cfg.on_stall = OnStall::Warn;
+    cfg.transient_retry_budget = Duration::ZERO;
+    let p = Pipeline::new(stores.clone(), source, Recorder::default()).config(cfg).commit_every(cadence());
+    let JobOutcome::Stalled { quarantined } = p.run_until(std::future::pending()).await.unwrap() else {
+        panic!("a stall")
+    };
+    assert!(quarantined[0].1.clone().unwrap().contains("503 SlowDown"));
+}
+
+#[test]
+fn io_errors_are_transient_when_they_are_outages() {
+    use std::io::{Error, ErrorKind as K};
+    for k in [K::StorageFull, K::TimedOut, K::ConnectionReset, K::ConnectionRefused, K::Interrupted] {
+        assert!(SinkError::from(Error::from(k)).is_transient(), "{k:?}");
+        assert!(SourceError::from(Error::from(k)).is_transient(), "{k:?}");
+    }
+    for k in [K::NotFound, K::PermissionDenied, K::InvalidData, K::InvalidInput] {
+        assert!(!SinkError::from(Error::from(k)).is_transient(), "{k:?}");
+        assert!(matches!(SourceError::from(Error::from(k)), SourceError::Failed(_)), "{k:?}");
+    }
+    let e = SinkError::from(Error::other(Error::new(K::StorageFull, "disk")));
+    assert!(e.to_string().contains("disk"), "{e}");
+}

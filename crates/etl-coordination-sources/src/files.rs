@@ -275,10 +275,7 @@ async fn open_object(
     // A plain object resumes at its byte offset; a compressed one is read from its start.
     let start = if kind == Compression::None { progress.offset } else { 0 };
     let options = GetOptions { range: Some(GetRange::Bounded(start..size)), ..GetOptions::default() };
-    let got = store
-        .get_opts(&ObjectPath::from(path), options)
-        .await
-        .map_err(|e| SourceError::failed(format!("reading {path}: {e}")))?;
+    let got = store.get_opts(&ObjectPath::from(path), options).await.map_err(|e| store_error(path, e))?;
     let bytes = got.into_stream().map(|r| r.map_err(std::io::Error::other));
     let raw = tokio_util::io::StreamReader::new(bytes.boxed());
     let lines: Box<dyn AsyncBufRead + Send + Unpin> = match kind {
@@ -296,6 +293,28 @@ async fn open_object(
     };
     let skip = if kind == Compression::None { 0 } else { progress.line };
     Ok(Current { lines, skip, buf: Vec::new() })
+}
+
+/// An object store's error as a source reports it: what retrying cannot change (missing,
+/// forbidden, unauthenticated, unsupported) fails the tenancy; anything else (a server error
+/// or throttling the client's own retries did not get past, a connection that dropped) is an
+/// outage, waited out in place.
+fn store_error(path: &str, e: object_store::Error) -> SourceError {
+    use object_store::Error as E;
+    let msg = format!("reading {path}: {e}");
+    match e {
+        E::NotFound { .. }
+        | E::InvalidPath { .. }
+        | E::NotSupported { .. }
+        | E::AlreadyExists { .. }
+        | E::Precondition { .. }
+        | E::NotModified { .. }
+        | E::NotImplemented
+        | E::PermissionDenied { .. }
+        | E::Unauthenticated { .. }
+        | E::UnknownConfigurationKey { .. } => SourceError::failed(msg),
+        _ => SourceError::transient(msg),
+    }
 }
 
 impl SplitReader for FilesReader {
@@ -322,6 +341,11 @@ impl SplitReader for FilesReader {
                 // Not gzip or zstd after all, or truncated: every try would fail the same way.
                 std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof => {
                     SourceError::unprocessable(format!("decoding {path}: {e}"))
+                }
+                // The object store's stream failed mid-body (a reset, a timeout), or the local
+                // disk: an outage, read again from the record after the last one written.
+                k if etl_coordination_driver::is_transient_io(k) || k == std::io::ErrorKind::Other => {
+                    SourceError::transient(format!("reading {path}: {e}"))
                 }
                 _ => SourceError::failed(format!("reading {path}: {e}")),
             })?;

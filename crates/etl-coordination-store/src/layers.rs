@@ -79,6 +79,9 @@ pub enum CallOutcome {
     Conflict,
     /// Any other error (unavailable, in doubt, invalid, fatal).
     Failed,
+    /// The caller dropped the call before it ended (a [`Timeout`] above it ran out): whether a
+    /// write landed is unknown.
+    Cancelled,
 }
 
 impl CallOutcome {
@@ -214,9 +217,10 @@ impl<S: Store, O: StoreObserver> Observed<S, O> {
         key: Option<&Key>,
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let started = Instant::now();
+        let mut guard = Unended { observer: &self.observer, op, key, started: Instant::now(), ended: false };
         let result = fut.await;
-        let call = Call { op, key, elapsed: started.elapsed(), outcome: CallOutcome::of(&result) };
+        guard.ended = true;
+        let call = Call { op, key, elapsed: guard.started.elapsed(), outcome: CallOutcome::of(&result) };
         self.observer.observe(&call);
         result
     }
@@ -255,6 +259,30 @@ impl<S: Store, O: StoreObserver> Store for Observed<S, O> {
 
     fn op_timeout(&self) -> Option<Duration> {
         self.inner.op_timeout()
+    }
+}
+
+/// A call in progress: reported as [`CallOutcome::Cancelled`] if it is dropped before it ends,
+/// so an observer sees every call it was asked to make.
+struct Unended<'a, O: StoreObserver> {
+    observer: &'a O,
+    op: Op,
+    key: Option<&'a Key>,
+    started: Instant,
+    ended: bool,
+}
+
+impl<O: StoreObserver> Drop for Unended<'_, O> {
+    fn drop(&mut self) {
+        if !self.ended {
+            let call = Call {
+                op: self.op,
+                key: self.key,
+                elapsed: self.started.elapsed(),
+                outcome: CallOutcome::Cancelled,
+            };
+            self.observer.observe(&call);
+        }
     }
 }
 

@@ -83,8 +83,11 @@ async fn a_request_past_its_budget_is_in_doubt_if_it_writes_and_unavailable_if_i
     assert!(matches!(e, StoreError::AlreadyExists(_)), "{e:?}");
 }
 
+/// One observed call: its op, key, outcome and duration.
+type Seen = (Op, Option<String>, CallOutcome, Duration);
+
 #[derive(Default)]
-struct Log(Mutex<Vec<(Op, Option<String>, CallOutcome, Duration)>>);
+struct Log(Mutex<Vec<Seen>>);
 
 impl StoreObserver for Log {
     fn observe(&self, call: &Call<'_>) {
@@ -139,4 +142,18 @@ async fn a_counting_store_counts_each_kind_and_its_clones_share_the_counts() {
     let c = clone.counts();
     assert_eq!((c.get(Op::Create), c.get(Op::Get), c.get(Op::Delete), c.get(Op::List)), (1, 2, 1, 1));
     assert_eq!((c.writes(), c.total()), (2, 5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_cut_short_by_a_timeout_above_is_observed_as_cancelled() {
+    let log = Arc::new(Log::default());
+    let slow = Slow { inner: MemoryStore::new(), delay: Duration::from_secs(3) };
+    let store = Timeout::new(Observed::new(slow, log.clone()), Duration::from_secs(1));
+    store.create(&key("a"), Bytes::from_static(b"1"), None).await.unwrap_err();
+    let seen = log.0.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(
+        (seen[0].0, seen[0].2, seen[0].3),
+        (Op::Create, CallOutcome::Cancelled, Duration::from_secs(1))
+    );
 }

@@ -71,8 +71,9 @@ pub(crate) struct StoreArgs {
     /// implies --nats-tls (else NATS_CA).
     #[arg(long, env = "ETL_COORD_NATS_TLS_CA")]
     pub(crate) nats_tls_ca: Option<PathBuf>,
-    /// NATS: timeout of one request, for the NATS client and the worker alike (a write without
-    /// an answer within it is in doubt and resolved by reading).
+    /// NATS: timeout of one request of the NATS client (a write without an answer within it
+    /// is in doubt and resolved by reading); the worker waits this long for an answer too, and
+    /// at least 5s (a listing or a create can take several requests).
     #[arg(long, default_value = "5s", value_parser = parse_duration, env = "ETL_COORD_NATS_OP_TIMEOUT")]
     pub(crate) nats_op_timeout: Duration,
 }

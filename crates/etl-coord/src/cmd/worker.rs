@@ -73,6 +73,11 @@ pub(crate) struct WorkerArgs {
     /// attempt is consumed if the tenancy committed nothing).
     #[arg(long, default_value = "warn", value_parser = ["warn", "release"], env = "ETL_COORD_ON_LANE_STALL")]
     pub(crate) on_lane_stall: String,
+    /// How long a lane waits out an outage of its source or sink (a full disk, a throttled or
+    /// restarting service: errors that say so) in place, with backoff, before it counts as a
+    /// failure of the split (one attempt). 0s: no waiting.
+    #[arg(long, default_value = "5m", value_parser = parse_duration, env = "ETL_COORD_TRANSIENT_RETRY_BUDGET")]
+    pub(crate) transient_retry_budget: Duration,
     /// Files source: target bytes per split.
     #[arg(long, default_value_t = DEFAULT_SPLIT_BYTES, env = "ETL_COORD_SPLIT_SIZE")]
     pub(crate) split_size: u64,
@@ -206,6 +211,7 @@ fn driver_config(a: &WorkerArgs) -> anyhow::Result<DriverConfig> {
     config.lane_stall_timeout = Some(a.lane_stall_timeout).filter(|t| !t.is_zero());
     config.on_lane_stall =
         if a.on_lane_stall == "release" { OnLaneStall::Release } else { OnLaneStall::Warn };
+    config.transient_retry_budget = a.transient_retry_budget;
     Ok(config)
 }
 
