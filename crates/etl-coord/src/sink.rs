@@ -31,6 +31,9 @@ pub fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// The write buffer: a line shorter than this is buffered whole or not at all.
+const BUFFER: usize = 1 << 20;
+
 /// Appends records to a file; shared by every lane of a process.
 #[derive(Clone, Debug)]
 pub struct JsonlSink {
@@ -50,7 +53,7 @@ impl JsonlSink {
             file.set_len(whole as u64)?;
         }
         let syncable = file.metadata()?.is_file();
-        Ok(JsonlSink { out: Arc::new(Mutex::new(Some(BufWriter::with_capacity(1 << 20, file)))), syncable })
+        Ok(JsonlSink { out: Arc::new(Mutex::new(Some(BufWriter::with_capacity(BUFFER, file)))), syncable })
     }
 
     /// A sink that drops everything (when no `--sink` is given).
@@ -62,11 +65,36 @@ impl JsonlSink {
     /// buffer in one write, so a write that fails (the buffer had to go to a full disk) leaves
     /// no part of it behind, and writing it again later does not corrupt the file.
     pub fn write_line(&self, line: &SinkLine) -> std::io::Result<()> {
+        self.write_bytes(&Self::line_bytes(line)?)
+    }
+
+    fn line_bytes(line: &SinkLine) -> std::io::Result<Vec<u8>> {
         let mut bytes = serde_json::to_vec(line)?;
         bytes.push(b'\n');
+        Ok(bytes)
+    }
+
+    fn write_bytes(&self, bytes: &[u8]) -> std::io::Result<()> {
         let mut g = self.out.lock().expect("sink lock");
         if let Some(w) = g.as_mut() {
-            w.write_all(&bytes)?;
+            w.write_all(bytes)?;
+        }
+        Ok(())
+    }
+
+    /// [`JsonlSink::sync`] for the pipeline: what the buffer could not write is kept and
+    /// tried again (a full disk: transient); a failed `fsync` is not retried (permanent): the
+    /// kernel may have dropped the pages it could not write, and a second `fsync` would then
+    /// report success for data that is not on disk.
+    fn sync_for_commit(&self) -> Result<(), SinkError> {
+        let mut g = self.out.lock().expect("sink lock");
+        if let Some(w) = g.as_mut() {
+            w.flush().map_err(SinkError::from)?;
+            if self.syncable {
+                w.get_ref().sync_data().map_err(|e| {
+                    SinkError::new(format!("fsync failed, not retried (the data may be lost): {e}"))
+                })?;
+            }
         }
         Ok(())
     }
@@ -113,16 +141,17 @@ impl Sink<Line> for JsonlSink {
             instance: lane.instance().to_string(),
             at_ms: unix_ms(),
         };
-        // A full disk or quota is an outage (transient), waited out in place.
-        self.write_line(&line).map_err(SinkError::from)
+        let bytes = JsonlSink::line_bytes(&line).map_err(SinkError::new)?;
+        // A full disk or quota is an outage (transient), waited out in place: the line is
+        // whole in the buffer or absent. A line as large as the buffer goes to the file
+        // directly and may be cut short by a full disk: not retried (it would be doubled).
+        let whole = bytes.len() < BUFFER;
+        self.write_bytes(&bytes).map_err(|e| if whole { SinkError::from(e) } else { SinkError::new(e) })
     }
 
     async fn flush(&self) -> Result<(), SinkError> {
         let sink = self.clone();
-        tokio::task::spawn_blocking(move || sink.sync())
-            .await
-            .map_err(SinkError::new)?
-            .map_err(SinkError::from)
+        tokio::task::spawn_blocking(move || sink.sync_for_commit()).await.map_err(SinkError::new)?
     }
 }
 

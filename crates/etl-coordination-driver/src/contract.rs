@@ -163,8 +163,9 @@ impl From<std::io::Error> for SinkError {
 
 /// Whether an I/O error of this kind is an outage that passes (retry in place) rather than a
 /// fault of the split or of the configuration: a full disk or quota, a timeout, an interrupted
-/// call, a connection refused, reset, aborted or never made, a busy resource, an unreachable
-/// host or network. Not found, permission denied, invalid input or data and the rest are not.
+/// call or one that would block, a connection refused, reset, aborted or not made, a busy
+/// resource, an unreachable host or network. Not found, permission denied, invalid input or
+/// data, a truncated input (unexpected end), a closed pipe and the rest are not.
 pub fn is_transient_io(kind: std::io::ErrorKind) -> bool {
     use std::io::ErrorKind as K;
     matches!(
@@ -178,12 +179,10 @@ pub fn is_transient_io(kind: std::io::ErrorKind) -> bool {
             | K::ConnectionReset
             | K::ConnectionAborted
             | K::NotConnected
-            | K::BrokenPipe
             | K::HostUnreachable
             | K::NetworkUnreachable
             | K::NetworkDown
             | K::ResourceBusy
-            | K::UnexpectedEof
     )
 }
 

@@ -35,7 +35,7 @@ use crate::lane::{Lane, Stop};
 use crate::outcome::{DriverError, JobOutcome};
 use crate::planner::{PlanError, Planner};
 use crate::stores::JobStores;
-use crate::transient::{Transient, Wait};
+use crate::transient::{Side, Transient, Wait};
 
 use crate::contract::{CommitCadence, LaneInfo, Sink, SinkError, Source, SourceError, SplitReader};
 
@@ -284,7 +284,7 @@ async fn lane_loop<So: Source, Si: Sink<So::Record>>(
         let reader = match opened {
             Ok(r) => r,
             Err(e) if e.is_transient() => {
-                match retry.wait_out(&mut lane, "opening the split", e.to_string()).await {
+                match retry.wait_out(&mut lane, Side::Source, "opening the split", e.to_string()).await {
                     Wait::Again => continue,
                     Wait::Stop(stop) => return (w.emitted, stop_lane(lane, sink, &w, stop).await),
                     Wait::Spent(why) => return (w.emitted, report(lane, SourceError::Failed(why))),
@@ -385,9 +385,13 @@ async fn read_split<So: Source, Si: Sink<So::Record>>(
                 r = &mut read => break r,
             }
         };
+        if next.is_ok() {
+            // The source answers again: its outage (if it had one) is over.
+            retry.recovered(Side::Source);
+        }
         match next {
             Err(e) if e.is_transient() => {
-                return match retry.wait_out(lane, "reading the split", e.to_string()).await {
+                return match retry.wait_out(lane, Side::Source, "reading the split", e.to_string()).await {
                     Wait::Again => ReadEnd::Reopen,
                     Wait::Stop(stop) => ReadEnd::Stop(stop),
                     Wait::Spent(why) => ReadEnd::Source(SourceError::Failed(why)),
@@ -405,10 +409,13 @@ async fn read_split<So: Source, Si: Sink<So::Record>>(
             }
             Ok(Some((record, progress))) => {
                 match sink.write(info, record).await {
-                    Ok(()) => retry.recovered(),
+                    Ok(()) => retry.recovered(Side::Sink),
                     // Not taken: the record is read again from a new reader.
                     Err(e) if e.is_transient() => {
-                        return match retry.wait_out(lane, "writing to the sink", e.to_string()).await {
+                        return match retry
+                            .wait_out(lane, Side::Sink, "writing to the sink", e.to_string())
+                            .await
+                        {
                             Wait::Again => ReadEnd::Reopen,
                             Wait::Stop(stop) => ReadEnd::Stop(stop),
                             Wait::Spent(why) => ReadEnd::Sink(SinkError::new(why)),
@@ -477,11 +484,11 @@ async fn flush_retrying<R, Si: Sink<R>>(
     loop {
         match sink.flush().await {
             Ok(()) => {
-                retry.recovered();
+                retry.recovered(Side::Sink);
                 return Ok(());
             }
             Err(e) if e.is_transient() => {
-                match retry.wait_out(lane, "flushing the sink", e.to_string()).await {
+                match retry.wait_out(lane, Side::Sink, "flushing the sink", e.to_string()).await {
                     Wait::Again => {}
                     Wait::Stop(stop) => return Err(FlushEnd::Stop(stop)),
                     Wait::Spent(why) => return Err(FlushEnd::Failed(SinkError::new(why))),

@@ -22,11 +22,19 @@ pub(crate) enum Wait {
     Spent(String),
 }
 
+/// Which side of the lane failed: a success of the same side ends the outage (a read that
+/// works says nothing about a sink that is down).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Side {
+    Source,
+    Sink,
+}
+
 /// One lane's transient failures in a row.
 pub(crate) struct Transient {
     budget: Duration,
-    /// When the current run of failures began, and how many tries failed since.
-    since: Option<(Instant, u32)>,
+    /// The side that is failing, when its run of failures began, and how many tries failed.
+    since: Option<(Side, Instant, u32)>,
     delays: Box<dyn Iterator<Item = Duration> + Send>,
 }
 
@@ -37,9 +45,13 @@ impl Transient {
 
     /// A transient failure of `what`: waits (200 ms doubling up to 30 s, each plus a random
     /// extra of up to itself, within what is left of the budget) unless the lane stops first.
-    pub(crate) async fn wait_out(&mut self, lane: &mut Lane, what: &str, error: String) -> Wait {
+    pub(crate) async fn wait_out(&mut self, lane: &mut Lane, side: Side, what: &str, error: String) -> Wait {
         let now = Instant::now();
-        let (since, tries) = self.since.get_or_insert((now, 0));
+        if self.since.is_some_and(|(s, ..)| s != side) {
+            // The other side fails now: its outage is the one that counts from here.
+            self.since = None;
+        }
+        let (_, since, tries) = self.since.get_or_insert((side, now, 0));
         *tries += 1;
         let (since, tries) = (*since, *tries);
         let spent = now.saturating_duration_since(since);
@@ -62,9 +74,13 @@ impl Transient {
         }
     }
 
-    /// A try succeeded: the next failure starts a new run with the whole budget.
-    pub(crate) fn recovered(&mut self) {
-        if let Some((since, tries)) = self.since.take() {
+    /// A try of `side` succeeded: if that side was failing, the next failure starts a new run
+    /// with the whole budget.
+    pub(crate) fn recovered(&mut self, side: Side) {
+        if let Some((s, since, tries)) = self.since
+            && s == side
+        {
+            self.since = None;
             info!(tries, after = ?since.elapsed(), "recovered from a transient failure");
             self.delays = Box::new(delays());
         }

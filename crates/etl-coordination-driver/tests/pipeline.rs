@@ -471,28 +471,39 @@ async fn a_sink_that_cannot_flush_fails_the_split_and_nothing_is_committed() {
     assert_eq!(committed(&stores, "s00").await, None, "never committed ahead of the sink");
 }
 
-/// A sink that is down (every write and flush fails with a full disk) until `up_at`, then
-/// works like a [`Recorder`]. A failed write takes nothing; a failed flush keeps what it held.
+/// A sink that is down (every write and flush fails: a full disk) from `down_from` until
+/// `up_at`, and works like a [`Recorder`] otherwise. A failed write takes nothing; a failed
+/// flush keeps what it held.
 #[derive(Clone)]
 struct Outage {
     inner: Recorder,
+    down_from: tokio::time::Instant,
     up_at: tokio::time::Instant,
-    failures: Arc<Mutex<u64>>,
+    /// Failed writes and failed flushes.
+    failures: Arc<Mutex<(u64, u64)>>,
 }
 
 impl Outage {
-    fn down(&self) -> bool {
-        let down = tokio::time::Instant::now() < self.up_at;
-        if down {
-            *self.failures.lock().unwrap() += 1;
+    fn new(down_from: Duration, up_at: Duration) -> Outage {
+        let now = tokio::time::Instant::now();
+        Outage {
+            inner: Recorder::default(),
+            down_from: now + down_from,
+            up_at: now + up_at,
+            failures: Arc::default(),
         }
-        down
+    }
+
+    fn down(&self) -> bool {
+        let now = tokio::time::Instant::now();
+        now >= self.down_from && now < self.up_at
     }
 }
 
 impl Sink<(SplitId, u64)> for Outage {
     async fn write(&self, lane: &LaneInfo, record: (SplitId, u64)) -> Result<(), SinkError> {
         if self.down() {
+            self.failures.lock().unwrap().0 += 1;
             return Err(std::io::Error::from(std::io::ErrorKind::StorageFull).into());
         }
         self.inner.write(lane, record).await
@@ -500,6 +511,7 @@ impl Sink<(SplitId, u64)> for Outage {
 
     async fn flush(&self) -> Result<(), SinkError> {
         if self.down() {
+            self.failures.lock().unwrap().1 += 1;
             return Err(SinkError::transient("the warehouse is restarting"));
         }
         self.inner.flush().await
@@ -514,18 +526,17 @@ async fn attempts(stores: &JobStores<etl_coordination_memory::MemoryStore>, s: &
 #[tokio::test(start_paused = true)]
 async fn a_sink_outage_within_the_budget_is_waited_out_in_place_and_charges_no_attempt() {
     let stores = fresh_stores();
-    let sink = Outage {
-        inner: Recorder::default(),
-        up_at: tokio::time::Instant::now() + Duration::from_secs(40),
-        failures: Arc::default(),
-    };
+    // Down from the middle of the splits (records written and committed, a few written and not
+    // yet flushed) for 40 s.
+    let sink = Outage::new(Duration::from_millis(175), Duration::from_secs(40));
     let problems = sink.inner.spawn_commit_check(&stores);
     let mut cfg = config("a");
     cfg.transient_retry_budget = Duration::from_secs(120);
     let p = Pipeline::new(stores.clone(), numbers(3, 30), sink.clone()).config(cfg).commit_every(cadence());
     assert_eq!(p.run_until(std::future::pending()).await.unwrap(), JobOutcome::Complete);
     sink.inner.assert_complete(3, 30);
-    assert!(*sink.failures.lock().unwrap() > 3, "the sink was down for a while");
+    let (writes, flushes) = *sink.failures.lock().unwrap();
+    assert!(writes > 3 && flushes > 0, "writes and flushes failed while it was down: {writes}, {flushes}");
     for s in ["s00", "s01", "s02"] {
         assert_eq!(attempts(&stores, s).await, 0, "{s}: an outage is not the split's fault");
     }
@@ -540,21 +551,40 @@ async fn a_sink_outage_within_the_budget_is_waited_out_in_place_and_charges_no_a
 #[tokio::test(start_paused = true)]
 async fn a_sink_outage_past_the_budget_fails_the_tenancy_naming_the_budget() {
     let stores = fresh_stores();
-    let sink = Outage {
-        inner: Recorder::default(),
-        up_at: tokio::time::Instant::now() + Duration::from_secs(3600),
-        failures: Arc::default(),
-    };
+    let sink = Outage::new(Duration::from_millis(150), Duration::from_secs(3600));
     let mut cfg = config("a");
     cfg.on_stall = OnStall::Warn;
     cfg.transient_retry_budget = Duration::from_secs(20);
-    let p = Pipeline::new(stores.clone(), numbers(1, 20), sink).config(cfg).commit_every(cadence());
-    let JobOutcome::Stalled { quarantined } = p.run_until(std::future::pending()).await.unwrap() else {
-        panic!("a stall")
-    };
+    let p = Pipeline::new(stores.clone(), numbers(1, 20), sink.clone()).config(cfg).commit_every(cadence());
+    let outcome = p.run_until(std::future::pending()).await.unwrap();
+    let JobOutcome::Stalled { quarantined } = outcome else { panic!("a stall, not {outcome:?}") };
     let error = quarantined[0].1.clone().unwrap();
     assert!(error.contains("past the transient retry budget of 20s"), "{error}");
-    assert_eq!(committed(&stores, "s00").await, None, "never committed ahead of the sink");
+    let durable = sink.inner.durable.lock().unwrap().values().map(BTreeSet::len).sum::<usize>() as u64;
+    assert_eq!(committed(&stores, "s00").await.unwrap_or(0), durable, "committed exactly what was flushed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_is_not_held_up_by_a_lane_waiting_out_an_outage() {
+    let stores = fresh_stores();
+    let sink = Outage::new(Duration::from_millis(150), Duration::from_secs(3600));
+    let mut cfg = config("a");
+    cfg.transient_retry_budget = Duration::from_secs(600);
+    let p = Pipeline::new(stores.clone(), numbers(2, 50), sink).config(cfg).commit_every(cadence());
+    let asked = Arc::new(Mutex::new(None));
+    let at = asked.clone();
+    let shutdown = async move {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        *at.lock().unwrap() = Some(tokio::time::Instant::now());
+    };
+    assert_eq!(p.run_until(shutdown).await.unwrap(), JobOutcome::Drained);
+    let took = asked.lock().unwrap().unwrap().elapsed();
+    // The lanes were waiting (up to 30 s between tries); the drain stops them at once, well
+    // within the drain timeout (2 s).
+    assert!(took < Duration::from_secs(2), "the drain took {took:?}");
+    for s in ["s00", "s01"] {
+        assert_eq!(attempts(&stores, s).await, 0, "{s}: released, no attempt");
+    }
 }
 
 /// Splits whose reads fail transiently (a throttled object store) at one record, `times` times
@@ -651,7 +681,15 @@ fn io_errors_are_transient_when_they_are_outages() {
         assert!(SinkError::from(Error::from(k)).is_transient(), "{k:?}");
         assert!(SourceError::from(Error::from(k)).is_transient(), "{k:?}");
     }
-    for k in [K::NotFound, K::PermissionDenied, K::InvalidData, K::InvalidInput] {
+    for k in [
+        K::NotFound,
+        K::PermissionDenied,
+        K::InvalidData,
+        K::InvalidInput,
+        K::UnexpectedEof,
+        K::BrokenPipe,
+        K::Other,
+    ] {
         assert!(!SinkError::from(Error::from(k)).is_transient(), "{k:?}");
         assert!(matches!(SourceError::from(Error::from(k)), SourceError::Failed(_)), "{k:?}");
     }

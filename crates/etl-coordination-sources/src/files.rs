@@ -313,8 +313,33 @@ fn store_error(path: &str, e: object_store::Error) -> SourceError {
         | E::PermissionDenied { .. }
         | E::Unauthenticated { .. }
         | E::UnknownConfigurationKey { .. } => SourceError::failed(msg),
-        _ => SourceError::transient(msg),
+        // A local file system's I/O error is judged by its kind (a file cut short or unreadable
+        // is not an outage); a remote store's (a server error, throttling past the client's own
+        // retries, a connection dropped) is.
+        ref other => match io_kind(other) {
+            Some(kind) if !etl_coordination_driver::is_transient_io(kind) => SourceError::failed(msg),
+            _ if is_local(other) => SourceError::failed(msg),
+            _ => SourceError::transient(msg),
+        },
     }
+}
+
+/// The kind of the first I/O error in `e`'s source chain.
+fn io_kind(e: &object_store::Error) -> Option<std::io::ErrorKind> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = cur {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return Some(io.kind());
+        }
+        cur = s.source();
+    }
+    None
+}
+
+/// Whether `e` comes from the local file system store (its errors other than I/O ones, such as
+/// a range past a file's end, are the file's, never an outage).
+fn is_local(e: &object_store::Error) -> bool {
+    matches!(e, object_store::Error::Generic { store, .. } if *store == "LocalFileSystem")
 }
 
 impl SplitReader for FilesReader {
@@ -342,9 +367,15 @@ impl SplitReader for FilesReader {
                 std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof => {
                     SourceError::unprocessable(format!("decoding {path}: {e}"))
                 }
-                // The object store's stream failed mid-body (a reset, a timeout), or the local
-                // disk: an outage, read again from the record after the last one written.
-                k if etl_coordination_driver::is_transient_io(k) || k == std::io::ErrorKind::Other => {
+                // The object store's body stream failed (a reset, a timeout: classified as its
+                // errors are), or an outage of the local disk: read again from the record after
+                // the last one written. A decoder's error (corrupt gzip or zstd) is not.
+                _ if e.get_ref().and_then(|i| i.downcast_ref::<object_store::Error>()).is_some() => {
+                    let inner =
+                        e.into_inner().expect("checked").downcast::<object_store::Error>().expect("checked");
+                    store_error(&path, *inner)
+                }
+                k if etl_coordination_driver::is_transient_io(k) => {
                     SourceError::transient(format!("reading {path}: {e}"))
                 }
                 _ => SourceError::failed(format!("reading {path}: {e}")),
