@@ -316,11 +316,11 @@ fn store_error(path: &str, e: object_store::Error) -> SourceError {
         // A local file system's I/O error is judged by its kind (a file cut short or unreadable
         // is not an outage); a remote store's (a server error, throttling past the client's own
         // retries, a connection dropped) is.
-        ref other => match io_kind(other) {
-            Some(kind) if !etl_coordination_driver::is_transient_io(kind) => SourceError::failed(msg),
-            _ if is_local(other) => SourceError::failed(msg),
-            _ => SourceError::transient(msg),
+        ref other if is_local(other) => match io_kind(other) {
+            Some(kind) if etl_coordination_driver::is_transient_io(kind) => SourceError::transient(msg),
+            _ => SourceError::failed(msg),
         },
+        _ => SourceError::transient(msg),
     }
 }
 
@@ -414,6 +414,30 @@ mod tests {
     use etl_coordination_driver::{Epoch, InstanceId};
 
     use super::*;
+
+    /// What retrying cannot change fails the tenancy; a remote store's other errors are
+    /// outages; the local file system's are judged by their I/O kind (a file cut short or
+    /// unreadable is not an outage, a full disk is).
+    #[test]
+    fn object_store_errors_are_outages_only_when_retrying_can_help() {
+        use object_store::Error as E;
+        let boxed = |e: std::io::Error| -> Box<dyn std::error::Error + Send + Sync> { Box::new(e) };
+        let io = |k: std::io::ErrorKind| std::io::Error::from(k);
+        let not_found = E::NotFound { path: "a".into(), source: boxed(io(std::io::ErrorKind::NotFound)) };
+        assert!(matches!(store_error("a", not_found), SourceError::Failed(_)));
+        let denied =
+            E::PermissionDenied { path: "a".into(), source: boxed(io(std::io::ErrorKind::PermissionDenied)) };
+        assert!(matches!(store_error("a", denied), SourceError::Failed(_)));
+        let throttled = E::Generic { store: "S3", source: "503 SlowDown after 10 retries".into() };
+        assert!(store_error("a", throttled).is_transient());
+        let reset = E::Generic { store: "S3", source: boxed(io(std::io::ErrorKind::ConnectionReset)) };
+        assert!(store_error("a", reset).is_transient());
+        let bad_range = E::Generic { store: "LocalFileSystem", source: "range 10..20 past the end".into() };
+        assert!(matches!(store_error("a", bad_range), SourceError::Failed(_)));
+        let full =
+            E::Generic { store: "LocalFileSystem", source: boxed(io(std::io::ErrorKind::StorageFull)) };
+        assert!(store_error("a", full).is_transient(), "a full local disk is an outage");
+    }
 
     #[test]
     fn packing_is_deterministic_and_respects_the_target() {
