@@ -129,6 +129,8 @@ impl Fleet {
         config.tuning.lease_duration = self.opts.lease_duration;
         config.tuning.max_in_flight = self.opts.max_in_flight;
         config.tuning.drain_timeout = Duration::from_secs(5);
+        // A demo is minutes long: a split whose owner was killed waits a few seconds, not 15.
+        config.tuning.claim_backoff = Duration::from_secs(2);
         config
     }
 

@@ -2,6 +2,7 @@
 //! `requeue` (return a quarantined split to the queue).
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use etl_coordination_core::records::{
@@ -110,6 +111,10 @@ pub struct SplitView {
     pub progress: Option<String>,
     /// Last error.
     pub last_error: Option<String>,
+    /// An unleased split that failed: how long workers wait, from when they see its failure,
+    /// before claiming it again (P12; set by [`with_claim_backoff`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claim_backoff_secs: Option<u64>,
 }
 
 impl SplitView {
@@ -131,6 +136,7 @@ impl SplitView {
             attempts: 0,
             progress: None,
             last_error: Some(why),
+            claim_backoff_secs: None,
         }
     }
 }
@@ -324,6 +330,7 @@ impl Reading {
                     attempts: r.attempts,
                     progress: r.progress.map(|p| render_progress(&p)),
                     last_error: r.last_error,
+                    claim_backoff_secs: None,
                 },
                 Err(err) => {
                     let advice = undecodable_advice(&key, &err);
@@ -361,6 +368,19 @@ pub enum Output {
     Table,
     /// A table with every column in full, and whether each split has a live lease.
     Wide,
+}
+
+/// Says, for every unleased split that failed, how long the workers wait before claiming it
+/// again, given their `--claim-backoff` (the store keeps no clock time, so the wait runs from
+/// when each worker sees the failure: the worker's log line `split failed` says when).
+pub fn with_claim_backoff(s: &mut Status, claim_backoff: Duration) {
+    let mut tuning = etl_coordination_core::Tuning::default();
+    tuning.claim_backoff = claim_backoff;
+    for x in &mut s.splits {
+        if x.state == "Unleased" && x.attempts > 0 {
+            x.claim_backoff_secs = Some(tuning.claim_backoff_after(x.attempts).as_secs());
+        }
+    }
 }
 
 /// Keeps only the splits whose state is one of `states` (case-insensitive); all if empty.
@@ -433,6 +453,10 @@ fn render_splits(splits: &[SplitView], output: Output) -> String {
     if output == Output::Wide {
         header.insert(3, "LEASED");
     }
+    let backoffs = splits.iter().any(|x| x.claim_backoff_secs.is_some());
+    if backoffs {
+        header.push("RETRY");
+    }
     table.set_header(header);
     for x in splits {
         let mut row = vec![
@@ -451,6 +475,9 @@ fn render_splits(splits: &[SplitView], output: Output) -> String {
                 (None, false) => "-".to_owned(),
             };
             row.insert(3, leased);
+        }
+        if backoffs {
+            row.push(x.claim_backoff_secs.map_or_else(|| "-".into(), |b| format!("{b}s after failure")));
         }
         table.add_row(row);
     }
@@ -590,4 +617,45 @@ pub async fn apply_reset<S: Store>(stores: &JobStores<S>, plan: &ResetPlan) -> a
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(id: &str, state: &str, attempts: u32) -> SplitView {
+        SplitView {
+            id: id.into(),
+            state: state.into(),
+            owner: None,
+            leased: false,
+            lease_holder: None,
+            epoch: 3,
+            attempts,
+            progress: None,
+            last_error: Some("disk full".into()),
+            claim_backoff_secs: None,
+        }
+    }
+
+    #[test]
+    fn status_says_how_long_a_failed_split_waits_before_it_is_claimed_again() {
+        let mut s = Status {
+            splits: vec![split("a", "Unleased", 2), split("b", "Unleased", 0), split("c", "Quarantined", 4)],
+            ..Status::default()
+        };
+        with_claim_backoff(&mut s, Duration::from_secs(15));
+        let waits: Vec<Option<u64>> = s.splits.iter().map(|x| x.claim_backoff_secs).collect();
+        assert_eq!(
+            waits,
+            vec![Some(30), None, None],
+            "only a failed split in the queue waits: 15s doubled once"
+        );
+        let table = render(&s, Output::Table);
+        assert!(table.contains("RETRY") && table.contains("30s after failure"), "{table}");
+        assert!(serde_json::to_string(&s).unwrap().contains("\"claim_backoff_secs\":30"));
+        // No failed split in the queue: no column.
+        s.splits.remove(0);
+        assert!(!render(&s, Output::Table).contains("RETRY"));
+    }
 }

@@ -126,6 +126,8 @@ fn an_unprocessable_split_is_quarantined_and_the_worker_exits_3() {
         "3s",
         "--unprocessable-marker",
         "BROKEN",
+        "--claim-backoff",
+        "1s",
     ]));
     assert_eq!(code, 3, "{out}\n{err}");
     assert!(err.contains("quarantined") && err.contains("requeue"), "{err}");
@@ -146,6 +148,8 @@ fn an_unprocessable_split_is_quarantined_and_the_worker_exits_3() {
         "3s",
         "--unprocessable-marker",
         "BROKEN",
+        "--claim-backoff",
+        "1s",
         "--on-stall",
         "warn",
     ]));
@@ -601,7 +605,7 @@ fn a_lane_that_makes_no_progress_is_reported_stalled() {
 fn with_on_lane_stall_release_a_split_that_always_hangs_ends_quarantined() {
     let (_tmp, mut child, rx) = hanging_worker(
         "t-stall-release",
-        &["--on-lane-stall", "release", "--max-attempts", "2", "--on-stall", "warn"],
+        &["--on-lane-stall", "release", "--max-attempts", "2", "--on-stall", "warn", "--claim-backoff", "1s"],
     );
     let seen = lines_until(&rx, "split quarantined");
     assert_eq!(seen.iter().filter(|l| l.contains("releasing the split as failed")).count(), 2, "{seen:#?}");

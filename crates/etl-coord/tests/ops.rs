@@ -23,6 +23,7 @@ async fn status_shows_a_quarantined_split_and_requeue_returns_it_to_the_queue() 
     config.instance_id = Some(InstanceId::new("w1").unwrap());
     config.tuning.lease_duration = Duration::from_secs(2);
     config.tuning.max_attempts = 2;
+    config.tuning.claim_backoff = Duration::from_secs(1);
     config.on_stall = OnStall::Warn;
     let faults = Faults { unprocessable_marker: Some("BROKEN".into()), ..Faults::default() };
     let handle = Pipeline::new(stores.clone(), Faulty { source, faults }, JsonlSink::discard())

@@ -60,6 +60,13 @@ pub struct Tuning {
     /// recorded and the planner is called again after a backoff). A planner that hangs must not
     /// wedge the job.
     pub plan_timeout: Duration,
+    /// How long a split whose tenancies failed waits before it is claimed again (P12): the
+    /// backoff after `n` charged failures is `claim_backoff * 2^(n-1)`, at most
+    /// [`defaults::CLAIM_BACKOFF_CAP`], so `max_attempts` failures span minutes, not
+    /// milliseconds. Each worker measures it from when it sees the failure (no clock is
+    /// compared between workers). Zero re-offers a failed split at once. Liveness only: the
+    /// fencing of claims does not depend on it.
+    pub claim_backoff: Duration,
 }
 
 /// Defaults from the product document.
@@ -77,6 +84,10 @@ pub mod defaults {
     pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
     /// 10 min.
     pub const PLAN_TIMEOUT: Duration = Duration::from_secs(600);
+    /// 15 s (then 30 s, 60 s, ...: three failures of a split with 4 attempts span 105 s).
+    pub const CLAIM_BACKOFF: Duration = Duration::from_secs(15);
+    /// 10 min: the longest a failed split waits, whatever its attempts.
+    pub const CLAIM_BACKOFF_CAP: Duration = Duration::from_secs(600);
 }
 
 impl Default for Tuning {
@@ -88,6 +99,7 @@ impl Default for Tuning {
             replan_interval: defaults::REPLAN_INTERVAL,
             drain_timeout: defaults::DRAIN_TIMEOUT,
             plan_timeout: defaults::PLAN_TIMEOUT,
+            claim_backoff: defaults::CLAIM_BACKOFF,
         }
     }
 }
@@ -122,7 +134,20 @@ impl Tuning {
         if self.plan_timeout < Duration::from_secs(1) || self.plan_timeout > Duration::from_secs(24 * 3600) {
             return err("plan_timeout", format!("{:?}", self.plan_timeout), "must be between 1s and 24h");
         }
+        if self.claim_backoff > defaults::CLAIM_BACKOFF_CAP {
+            return err("claim_backoff", format!("{:?}", self.claim_backoff), "must be at most 10m");
+        }
         Ok(())
+    }
+
+    /// P12: how long a split with `attempts` charged failures waits before it is claimed again
+    /// (zero for a split that has not failed).
+    pub fn claim_backoff_after(&self, attempts: u32) -> Duration {
+        if attempts == 0 {
+            return Duration::ZERO;
+        }
+        let doubled = self.claim_backoff.saturating_mul(1u32 << (attempts - 1).min(20));
+        doubled.min(defaults::CLAIM_BACKOFF_CAP)
     }
 
     /// Heartbeat interval: a third of the lease (P7).

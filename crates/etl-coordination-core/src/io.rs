@@ -286,6 +286,18 @@ pub enum Event {
         /// The last error.
         last_error: Option<String>,
     },
+    /// A tenancy of this worker failed and its split went back to the queue (P12); it is claimed
+    /// again once its backoff has passed.
+    Failed {
+        /// The split.
+        split: SplitId,
+        /// Attempts charged so far (the split is quarantined at `max_attempts`).
+        attempts: u32,
+        /// The error recorded.
+        error: Option<String>,
+        /// How long every worker waits, from when it sees the failure, before claiming it.
+        retry_in: std::time::Duration,
+    },
     /// A split was released gracefully.
     Released {
         /// The split.

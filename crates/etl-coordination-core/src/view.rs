@@ -34,6 +34,13 @@ pub(crate) struct SplitView {
     counted_holder: Option<InstanceId>,
 }
 
+impl SplitView {
+    /// Whether the split is in the claimable index.
+    pub fn claim_key_set(&self) -> bool {
+        self.claim_key.is_some()
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Counted {
     done: bool,

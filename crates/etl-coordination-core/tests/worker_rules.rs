@@ -1000,8 +1000,13 @@ fn p12_failures_consume_attempts_and_quarantine_exactly_at_the_cap() {
     let rec = r.kv.record("s0");
     assert_eq!(rec.attempts, 1);
     assert_eq!(rec.last_error.as_deref(), Some("bad row"));
-    // It went back to the queue and was offered again (to this worker, the only one): it fails
-    // again, and max_attempts is 2.
+    assert!(r.events().iter().any(|e| matches!(
+        e,
+        Event::Failed { attempts: 1, retry_in, .. } if *retry_in == Duration::from_secs(15)
+    )));
+    // It went back to the queue and is offered again after its backoff (to this worker, the
+    // only one): it fails again, and max_attempts is 2.
+    r.advance(Duration::from_secs(15));
     let (split, epoch) = r.started().last().cloned().unwrap();
     assert_eq!((split.as_str(), epoch), ("s0", Epoch(2)));
     r.feed(Input::Fail { split: sid("s0"), epoch: Epoch(2), error: "still bad".into(), unprocessable: true });
@@ -1014,6 +1019,63 @@ fn p12_failures_consume_attempts_and_quarantine_exactly_at_the_cap() {
         _ => None,
     });
     assert_eq!(outcome, Some(Outcome::Stalled { quarantined: vec![(sid("s0"), Some("still bad".into()))] }));
+}
+
+/// Advances `r` a second at a time until `split` is started again (at most `limit`); returns
+/// how long that took.
+fn seconds_until_restarted(r: &mut Rig, split: &str, limit: u64) -> Option<u64> {
+    let before = r.started().iter().filter(|(s, _)| s.as_str() == split).count();
+    for t in 1..=limit {
+        r.advance(Duration::from_secs(1));
+        if r.started().iter().filter(|(s, _)| s.as_str() == split).count() > before {
+            return Some(t);
+        }
+    }
+    None
+}
+
+#[test]
+fn p12_a_failed_split_is_claimed_again_only_after_a_backoff_that_doubles_with_its_attempts() {
+    let mut c = cfg("w1", 1);
+    c.tuning.max_attempts = 4;
+    c.tuning.claim_backoff = Duration::from_secs(5);
+    let mut r = Rig::new(c);
+    r.plan = Some(plan(2, PlanKind::Final));
+    r.feed(Input::Start);
+    assert_eq!(r.started().len(), 2);
+    // A failure of s0 does not hold up s1, nor is s0 offered again at once (it used to be, and
+    // four attempts were spent in milliseconds).
+    r.feed(Input::Fail { split: sid("s0"), epoch: Epoch(1), error: "disk".into(), unprocessable: false });
+    assert_eq!(r.started().len(), 2, "not offered again at once");
+    assert_eq!(seconds_until_restarted(&mut r, "s0", 60), Some(5), "the first backoff is claim_backoff");
+    let (_, epoch) = r.started().last().cloned().unwrap();
+    r.feed(Input::Fail { split: sid("s0"), epoch, error: "disk".into(), unprocessable: false });
+    assert_eq!(seconds_until_restarted(&mut r, "s0", 60), Some(10), "the second is twice as long");
+    let (_, epoch) = r.started().last().cloned().unwrap();
+    r.feed(Input::Fail { split: sid("s0"), epoch, error: "disk".into(), unprocessable: false });
+    assert_eq!(seconds_until_restarted(&mut r, "s0", 60), Some(20));
+    // A tenancy that committed progress clears the attempts: no backoff after its failure.
+    let (_, epoch) = r.started().last().cloned().unwrap();
+    r.feed(Input::Commit { split: sid("s0"), epoch, progress: Bytes::from_static(b"p1") });
+    r.feed(Input::Fail { split: sid("s0"), epoch, error: "disk".into(), unprocessable: false });
+    assert_eq!(r.kv.record("s0").attempts, 0);
+    assert_eq!(r.started().last().map(|(s, _)| s.as_str().to_owned()), Some("s0".into()), "offered at once");
+}
+
+#[test]
+fn p12_the_end_of_a_claim_backoff_is_a_deadline_of_the_worker() {
+    // Heartbeats every 20 s: only the backoff can wake the worker after 5 s.
+    let mut c = cfg("w1", 1);
+    c.tuning.lease_duration = Duration::from_secs(60);
+    c.tuning.claim_backoff = Duration::from_secs(5);
+    let mut r = Rig::new(c);
+    r.plan = Some(plan(1, PlanKind::Final));
+    r.feed(Input::Start);
+    r.feed(Input::Fail { split: sid("s0"), epoch: Epoch(1), error: "disk".into(), unprocessable: false });
+    assert_eq!(r.w.next_deadline(), Some(r.now + Duration::from_secs(5)));
+    r.advance(Duration::from_secs(5));
+    assert_eq!(r.started().len(), 2, "claimed when the backoff ended");
+    assert!(r.w.next_deadline() > Some(r.now + Duration::from_secs(5)), "and the backoff's deadline is gone");
 }
 
 #[test]

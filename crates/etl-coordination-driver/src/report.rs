@@ -145,6 +145,13 @@ pub(crate) fn log_event(e: &Event) {
         Event::Quarantined { split, attempts, last_error } => {
             warn!(%split, attempts, last_error = last_error.as_deref().unwrap_or(""), "split quarantined")
         }
+        Event::Failed { split, attempts, error, retry_in } => warn!(
+            %split,
+            attempts,
+            error = error.as_deref().unwrap_or(""),
+            retry_in = ?retry_in,
+            "split failed; it is claimed again once its backoff has passed"
+        ),
         Event::Released { split } => info!(%split, "split released"),
         Event::Finished { split } => info!(%split, "split done"),
         Event::Gauges { owned, live_workers, splits, undecodable_state, undecodable_lease } => {

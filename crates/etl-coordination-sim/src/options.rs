@@ -85,6 +85,8 @@ pub struct Options {
     /// Another program overwrites split records with bytes nobody can decode (safety phase),
     /// and an operator resets each one (`requeue --reset`) a while later.
     pub foreign_writes: bool,
+    /// Knob: how long a failed split waits before it is claimed again (doubling per attempt).
+    pub claim_backoff: Duration,
 }
 
 impl Options {
@@ -134,6 +136,7 @@ impl Options {
             // what it was before these existed (seeds quoted in the docs still reproduce).
             stay_after_end: Rng::new(seed ^ 0x57a7).chance(0.3),
             foreign_writes: Rng::new(seed ^ 0xf0e1).chance(0.3),
+            claim_backoff: Duration::from_millis(Rng::new(seed ^ 0xbac0).range(0, 3_000)),
         }
     }
 
@@ -168,6 +171,7 @@ impl Options {
             drain_timeout: Duration::from_secs(2),
             stay_after_end: false,
             foreign_writes: false,
+            claim_backoff: Duration::from_secs(1),
         };
         match scenario {
             Scenario::Random => base,

@@ -26,6 +26,10 @@ pub(crate) struct StatusArgs {
     /// Print the status again every --interval until interrupted.
     #[arg(short, long)]
     pub(crate) watch: bool,
+    /// The workers' --claim-backoff: status shows how long each failed split waits before it
+    /// is claimed again.
+    #[arg(long, default_value = "15s", value_parser = parse_duration, env = "ETL_COORD_CLAIM_BACKOFF")]
+    pub(crate) claim_backoff: Duration,
     /// How often --watch prints.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub(crate) interval: Duration,
@@ -57,6 +61,7 @@ pub(crate) async fn run(a: StatusArgs) -> anyhow::Result<ExitCode> {
             Err(e) => return Err(e),
         };
         ops::filter(&mut s, &a.state);
+        ops::with_claim_backoff(&mut s, a.claim_backoff);
         let text = if a.json || a.output == "json" {
             format!("{}\n", serde_json::to_string_pretty(&s)?)
         } else {

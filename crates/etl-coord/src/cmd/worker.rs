@@ -45,6 +45,10 @@ pub(crate) struct WorkerArgs {
     /// Failing tenancies before a split is quarantined.
     #[arg(long, default_value_t = 4, env = "ETL_COORD_MAX_ATTEMPTS")]
     pub(crate) max_attempts: u32,
+    /// How long a split whose tenancy failed waits before it is claimed again; it doubles
+    /// with each failure (at most 10m), so max-attempts failures span minutes. 0s: at once.
+    #[arg(long, default_value = "15s", value_parser = parse_duration, env = "ETL_COORD_CLAIM_BACKOFF")]
+    pub(crate) claim_backoff: Duration,
     /// How often the leader re-runs an open plan.
     #[arg(long, default_value = "60s", value_parser = parse_duration, env = "ETL_COORD_REPLAN_INTERVAL")]
     pub(crate) replan_interval: Duration,
@@ -117,6 +121,7 @@ fn tuning(a: &WorkerArgs) -> Tuning {
     t.replan_interval = a.replan_interval;
     t.drain_timeout = a.drain_timeout;
     t.plan_timeout = a.plan_timeout;
+    t.claim_backoff = a.claim_backoff;
     t
 }
 

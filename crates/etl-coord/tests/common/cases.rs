@@ -172,7 +172,8 @@ pub fn poison_quarantined(nats: &Nats, job: &str) {
     let job = job.to_owned();
     let (tmp, data) = dataset(3, 100);
     std::fs::write(data.join("poison.txt"), "ok\nPOISON\n").unwrap();
-    let args = ["--split-size", "6000", "--max-attempts", "2", "--poison-marker", "POISON"];
+    let args =
+        ["--split-size", "6000", "--max-attempts", "2", "--poison-marker", "POISON", "--claim-backoff", "2s"];
     // A supervisor, as Kubernetes would be: restart crashed workers under the same id.
     let ids = ["pa", "pb"];
     let mut exits = std::collections::BTreeMap::new();

@@ -1,12 +1,78 @@
 //! The acquisition cycle (P3, P5, P9): reclaim what our previous incarnation held, claim up to
 //! the fair share in claim order, and steal when nothing is left to claim.
 
-use crate::ids::{Epoch, SplitId};
+use std::collections::BTreeMap;
+
+use crate::config::Tuning;
+use crate::ids::{Epoch, InstanceId, Revision, SplitId};
 use crate::io::AcquisitionReason;
 use crate::records::SplitState;
 use crate::time::Timestamp;
+use crate::view::SplitView;
 
 use super::Worker;
+
+/// P12: splits that failed and wait before they are claimed again, with the record revision
+/// that showed the failure and when the wait ends. Each worker measures the wait from when it
+/// first saw that revision claimable, on its own clock: nothing is compared between clocks.
+#[derive(Debug, Default)]
+pub(super) struct ClaimBackoffs {
+    waits: BTreeMap<SplitId, (Revision, Option<Timestamp>)>,
+}
+
+impl ClaimBackoffs {
+    /// Whether a claimable split that failed before is still waiting out its backoff. The wait
+    /// for the record at its current revision starts when this worker first sees it claimable
+    /// and lasts [`Tuning::claim_backoff_after`] its attempts. A record naming this instance
+    /// (a starved tenancy of ours, our previous incarnation) is not waited on: the resume and
+    /// the reclaim are not new attempts at a failing split.
+    fn waiting(
+        &mut self,
+        now: Timestamp,
+        id: &SplitId,
+        sv: &SplitView,
+        tuning: &Tuning,
+        me: &InstanceId,
+    ) -> bool {
+        let Some(rec) = sv.record.as_ref() else { return false };
+        if rec.attempts == 0 || rec.owner.as_ref().is_some_and(|o| &o.instance == me) {
+            return false;
+        }
+        let fresh = (sv.record_rev, Some(now + tuning.claim_backoff_after(rec.attempts)));
+        let wait = self.waits.entry(id.clone()).or_insert(fresh);
+        if wait.0 != sv.record_rev {
+            *wait = fresh;
+        }
+        match wait.1 {
+            Some(due) if now < due => true,
+            // Waited out: kept (without a deadline) so that it is not waited for again.
+            _ => {
+                wait.1 = None;
+                false
+            }
+        }
+    }
+
+    /// Marks the waits that ended by `now` as waited out, so their deadline fires once (the
+    /// acquisition after the tick may not look at them: a worker at its fair share or leaving).
+    pub(super) fn elapse(&mut self, now: Timestamp) {
+        for (_, due) in self.waits.values_mut() {
+            if due.is_some_and(|d| d <= now) {
+                *due = None;
+            }
+        }
+    }
+
+    /// Whether `id` was found waiting by the last look at it.
+    fn is_waiting(&self, id: &SplitId) -> bool {
+        self.waits.get(id).is_some_and(|(_, due)| due.is_some())
+    }
+
+    /// The earliest end of a wait still running, if any.
+    pub(super) fn next_due(&self) -> Option<Timestamp> {
+        self.waits.values().filter_map(|&(_, due)| due).min()
+    }
+}
 
 impl Worker {
     /// P3 reclaim, then P5 claims up to the fair share, then (nothing left to claim) P9.
@@ -14,6 +80,7 @@ impl Worker {
         if self.view.manifest.is_none() {
             return;
         }
+        self.forget_stale_backoffs();
         let max = self.cfg.tuning.max_in_flight as usize;
         // P3: reclaim what our previous incarnation held, at once, up to capacity.
         let reclaim: Vec<SplitId> = self
@@ -40,6 +107,9 @@ impl Worker {
             if self.tenancies.contains(id) || self.tenancies.is_blocked(id) {
                 continue;
             }
+            if self.backoffs.waiting(now, id, &self.view.splits[id], &self.cfg.tuning, &self.me.instance) {
+                continue;
+            }
             picks.push(id.clone());
             want -= 1;
         }
@@ -48,10 +118,25 @@ impl Worker {
             let reason = self.claim_reason(&id);
             self.start_acquire(now, &id, reason);
         }
-        let nothing_unclaimed = self.view.claimable.iter().all(|(_, id)| self.tenancies.contains(id));
+        // A split waiting out its backoff is not there to claim: an idle worker steals meanwhile
+        // rather than wait beside a loaded one.
+        let nothing_unclaimed = self
+            .view
+            .claimable
+            .iter()
+            .all(|(_, id)| self.tenancies.contains(id) || self.backoffs.is_waiting(id));
         if !claimed_any && want > 0 && nothing_unclaimed {
             self.maybe_steal(now);
         }
+    }
+
+    /// Drops the waits of splits that are no longer claimable at the revision waited on (taken,
+    /// finished, requeued), so they neither wake the worker nor outlive the failure.
+    fn forget_stale_backoffs(&mut self) {
+        let view = &self.view;
+        self.backoffs.waits.retain(|id, (rev, _)| {
+            view.splits.get(id).is_some_and(|sv| sv.record_rev == *rev && sv.claim_key_set())
+        });
     }
 
     /// The number of splits this worker aims to hold (P5).

@@ -157,6 +157,12 @@ impl Worker {
                 attempts: record.attempts,
                 last_error: record.last_error,
             }),
+            _ if record.last_end.is_some_and(|e| e.consumes_attempt()) => self.outbox.event(Event::Failed {
+                split: id.clone(),
+                attempts: record.attempts,
+                retry_in: self.cfg.tuning.claim_backoff_after(record.attempts),
+                error: record.last_error,
+            }),
             _ => self.outbox.event(Event::Released { split: id.clone() }),
         }
         self.delete_lease(id);

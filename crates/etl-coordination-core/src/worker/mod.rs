@@ -41,6 +41,7 @@ mod tenancy;
 mod timers;
 mod watches;
 
+use acquire::ClaimBackoffs;
 use drain::Leaving;
 use leader::Leading;
 use manifest::ManifestLoad;
@@ -76,6 +77,9 @@ pub struct Worker {
     heartbeat_at: Option<Timestamp>,
     resync_at: Option<Timestamp>,
     last_steal_at: Option<Timestamp>,
+    /// P12: failed splits waiting out their claim backoff, by the record revision that
+    /// showed the failure.
+    backoffs: ClaimBackoffs,
     manifest_load: Option<ManifestLoad>,
     leaving: Option<Leaving>,
     /// The gauges last reported (none yet: the first report always goes out).
@@ -124,6 +128,7 @@ impl Worker {
             heartbeat_at: None,
             resync_at: None,
             last_steal_at: None,
+            backoffs: ClaimBackoffs::default(),
             manifest_load: None,
             leaving: None,
             gauges: None,

@@ -39,6 +39,8 @@ pub(super) enum Timer {
     Replan,
     /// P4: a failed planning step is retried.
     PlanRetry,
+    /// P12: a failed split's claim backoff ends (acquisition runs after every input).
+    ClaimBackoff,
     /// P4: the planner did not answer within `plan_timeout`.
     PlanTimeout,
 }
@@ -90,6 +92,9 @@ impl Worker {
                 _ => {}
             }
         }
+        if let Some(at) = self.backoffs.next_due() {
+            f(Timer::ClaimBackoff, at);
+        }
         if let Some(l) = &self.leaving {
             let at = if l.deadline_passed { l.deadline + self.cfg.tuning.lease_duration } else { l.deadline };
             f(Timer::DrainDeadline, at);
@@ -131,6 +136,8 @@ impl Worker {
             Timer::DrainDeadline => self.drain_deadline_passed(now),
             Timer::Replan => self.replan_due(now),
             Timer::PlanRetry => self.plan_retry_due(now),
+            // The acquisition after this input claims what is due.
+            Timer::ClaimBackoff => self.backoffs.elapse(now),
             Timer::PlanTimeout => self.plan_timed_out(now),
         }
     }

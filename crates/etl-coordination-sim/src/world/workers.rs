@@ -110,6 +110,7 @@ impl World {
         t.replan_interval = Duration::from_secs(2);
         t.drain_timeout = self.opts.drain_timeout;
         t.plan_timeout = Duration::from_secs(5);
+        t.claim_backoff = self.opts.claim_backoff;
         cfg.stay_after_end = self.opts.stay_after_end;
         cfg.validate().expect("sim config is valid");
         s.core = Some(Worker::new(cfg));
