@@ -508,6 +508,79 @@ pub async fn requeue<S: Store>(stores: &JobStores<S>, split: &SplitId) -> anyhow
     Ok(())
 }
 
+/// The quarantined splits a bulk requeue (`requeue --state quarantined`) would return to the
+/// queue, read and ready to write: list them to the operator, then [`apply_requeue`].
+#[derive(Clone, Debug, Default)]
+pub struct RequeuePlan {
+    /// Each split with the revision its requeue expects and its record as read.
+    pub splits: Vec<(SplitId, Revision, SplitRecord)>,
+    /// Quarantined splits left out because their last error does not contain the filter.
+    pub not_matching: usize,
+}
+
+/// What [`apply_requeue`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequeueReport {
+    /// Requeued.
+    pub requeued: Vec<SplitId>,
+    /// Changed since the plan was read (requeued by someone else, reset): left as they are.
+    pub changed: Vec<SplitId>,
+}
+
+/// Reads every quarantined split of the job (one listing of the split records), keeping only
+/// those whose last error contains `error_contains` (case-sensitive) when it is given.
+pub async fn plan_requeue<S: Store>(
+    stores: &JobStores<S>,
+    error_contains: Option<&str>,
+) -> anyhow::Result<RequeuePlan> {
+    let mut plan = RequeuePlan::default();
+    for e in stores.state.list(&keys::split_prefix()).await? {
+        let Some(id) = keys::parse_split(&e.key) else { continue };
+        // An undecodable record is not known to be quarantined: `status` flags it.
+        let Ok(rec) = records::decode::<SplitRecord>(&e.value) else { continue };
+        if rec.state != SplitState::Quarantined {
+            continue;
+        }
+        let matches =
+            error_contains.is_none_or(|text| rec.last_error.as_deref().is_some_and(|err| err.contains(text)));
+        if matches {
+            plan.splits.push((id, e.revision, rec));
+        } else {
+            plan.not_matching += 1;
+        }
+    }
+    plan.splits.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(plan)
+}
+
+/// Requeues every split of `plan` (each by a CAS at the revision read: a split that changed
+/// meanwhile is left as it is and reported), attempts reset, progress kept.
+pub async fn apply_requeue<S: Store>(
+    stores: &JobStores<S>,
+    plan: &RequeuePlan,
+) -> anyhow::Result<RequeueReport> {
+    let mut report = RequeueReport::default();
+    for (id, rev, rec) in &plan.splits {
+        match stores
+            .state
+            .compare_and_swap(&keys::split(id), *rev, records::encode(&rec.requeued()), None)
+            .await
+        {
+            Ok(_) => report.requeued.push(id.clone()),
+            Err(StoreError::RevisionMismatch(_)) => report.changed.push(id.clone()),
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!(
+                    "requeueing split {id} failed after {} of {} were requeued; run the command again \
+                     (those already requeued are no longer quarantined)",
+                    report.requeued.len(),
+                    plan.splits.len()
+                )));
+            }
+        }
+    }
+    Ok(report)
+}
+
 /// A reset of one split (`requeue --reset`), read and ready to write.
 #[derive(Clone, Debug)]
 pub struct ResetPlan {

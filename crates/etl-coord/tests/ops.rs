@@ -51,10 +51,21 @@ async fn status_shows_a_quarantined_split_and_requeue_returns_it_to_the_queue() 
     let done = status.splits.iter().find(|s| s.state == "Done").unwrap();
     let err = ops::requeue(&stores, &SplitId::new(done.id.clone()).unwrap()).await.unwrap_err();
     assert!(err.to_string().contains("not Quarantined"), "{err}");
-    ops::requeue(&stores, &bad).await.unwrap();
+    // The bulk requeue lists what it would do; a filter that matches nothing lists nothing.
+    let none = ops::plan_requeue(&stores, Some("no such error")).await.unwrap();
+    assert!(none.splits.is_empty() && none.not_matching == 1);
+    let plan = ops::plan_requeue(&stores, Some("b.txt:2")).await.unwrap();
+    assert_eq!(plan.splits.iter().map(|s| s.0.clone()).collect::<Vec<_>>(), vec![bad.clone()]);
+    let report = ops::apply_requeue(&stores, &plan).await.unwrap();
+    assert_eq!(report, ops::RequeueReport { requeued: vec![bad.clone()], changed: vec![] });
+    // The same listing again, as if someone had requeued it between the listing and the
+    // write: left alone, reported as changed.
+    let report = ops::apply_requeue(&stores, &plan).await.unwrap();
+    assert_eq!(report, ops::RequeueReport { requeued: vec![], changed: vec![bad.clone()] });
     let after = ops::status(&stores).await.unwrap();
     let split = after.splits.iter().find(|s| s.id == bad.as_str()).unwrap();
     assert_eq!((split.state.as_str(), split.attempts, split.owner.clone()), ("Unleased", 0, None));
+    assert!(ops::plan_requeue(&stores, None).await.unwrap().splits.is_empty(), "nothing quarantined now");
 }
 
 #[tokio::test]

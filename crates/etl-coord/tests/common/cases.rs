@@ -330,7 +330,10 @@ pub fn undecodable_record_reset(nats: &Nats, job: &str) {
 /// operator requeues after fixing its cause, and the job completes without a restart.
 pub fn requeue_resumes_waiting_workers(nats: &Nats, job: &str) {
     let (tmp, data) = dataset(2, 100);
-    std::fs::write(data.join("broken.txt"), "one\nBROKEN!\nthree\n").unwrap();
+    // Each broken file larger than a split, so each is a split of its own.
+    let broken = |line: &str| format!("one\n{line}\n{}", "three\n".repeat(600));
+    std::fs::write(data.join("broken.txt"), broken("BROKEN!")).unwrap();
+    std::fs::write(data.join("other.txt"), broken("BROKEN!")).unwrap();
     let (aa, ab) = (super::free_addr(), super::free_addr());
     let (sa, sb) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
     let args = |admin: &str| {
@@ -344,19 +347,40 @@ pub fn requeue_resumes_waiting_workers(nats: &Nats, job: &str) {
     super::wait_for_metric(&[&aa, &ab], "etl_coordination_job_state", r#"state="stalled"}"#, 1.0);
     let st = nats.status_json(job);
     let q: Vec<_> = st["splits"].as_array().unwrap().iter().filter(|s| s["state"] == "Quarantined").collect();
-    assert_eq!(q.len(), 1, "{st}");
-    let split = q[0]["id"].as_str().unwrap().to_owned();
-    // Fix the cause (same length: the split's descriptor names the file's size), then requeue.
-    std::fs::write(data.join("broken.txt"), "one\nfixed!!\nthree\n").unwrap();
-    let out = nats
-        .command()
-        .args(["requeue", "--job", job, "--store", &nats.url, "--split", &split])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(q.len(), 2, "{st}");
+    let requeue = |extra: &[&str]| {
+        let out = nats
+            .command()
+            .args(["requeue", "--job", job, "--store", &nats.url])
+            .args(extra)
+            .output()
+            .unwrap();
+        let text =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.code(), text)
+    };
+    // The listing first: only the split whose error matches, and nothing changes.
+    let (code, text) = requeue(&["--state", "quarantined", "--error-contains", "other.txt", "--dry-run"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("1 quarantined splits whose last error contains \"other.txt\""), "{text}");
+    assert!(text.contains("1 other quarantined splits do not match") && text.contains("dry run"), "{text}");
+    assert!(!text.contains("broken.txt"), "{text}");
+    // Without a terminal to confirm on: refused, naming --yes.
+    let (code, text) = requeue(&["--state", "quarantined"]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("--yes"), "{text}");
+    let st = nats.status_json(job);
+    assert_eq!(st["summary"]["quarantined"], 2, "nothing requeued yet: {st}");
+    // Fix the cause (same length: the split's descriptor names the file's size), then requeue
+    // every quarantined split at once.
+    std::fs::write(data.join("broken.txt"), broken("fixed!!")).unwrap();
+    std::fs::write(data.join("other.txt"), broken("fixed!!")).unwrap();
+    let (code, text) = requeue(&["--state", "quarantined", "--yes"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("2 splits requeued"), "{text}");
     super::wait_for_metric(&[&aa, &ab], "etl_coordination_job_state", r#"state="complete"}"#, 1.0);
     let seen = records_in(&[&sa, &sb]);
-    assert!(seen.contains("broken.txt:2") && seen.contains("broken.txt:3"), "{seen:?}");
+    assert!(seen.contains("broken.txt:2") && seen.contains("other.txt:3"), "{seen:?}");
     assert!(input_keys(&data).unwrap().is_subset(&seen), "no loss");
     for child in [&a, &b] {
         signal(child, "-TERM");
