@@ -6,7 +6,7 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use etl_coordination_driver::{LaneInfo, Sink, SinkError};
+use etl_coordination_driver::{BadRecord, BoxFuture, DeadLetters, LaneInfo, Sink, SinkError};
 use etl_coordination_sources::Line;
 use serde::{Deserialize, Serialize};
 
@@ -152,6 +152,77 @@ impl Sink<Line> for JsonlSink {
     async fn flush(&self) -> Result<(), SinkError> {
         let sink = self.clone();
         tokio::task::spawn_blocking(move || sink.sync_for_commit()).await.map_err(SinkError::new)?
+    }
+}
+
+/// One bad record kept by the dead-letter file (`--dead-letter`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLine {
+    /// The split it came from.
+    pub split: String,
+    /// Where it is in the input (`path:line`).
+    pub position: String,
+    /// Why it was skipped.
+    pub error: String,
+    /// Its bytes, as text (bytes that are not UTF-8 replaced by U+FFFD: see `raw_hex`).
+    pub raw: String,
+    /// Its exact bytes in hexadecimal, when they are not UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_hex: Option<String>,
+    /// The epoch of the lane that skipped it.
+    pub epoch: u64,
+    /// The instance that skipped it.
+    pub instance: String,
+}
+
+/// The dead-letter file of `--on-bad-record skip`: a JSON Lines file of [`DeadLine`]s,
+/// buffered, written and made durable as the sink is (a commit past a skipped record waits
+/// for it).
+#[derive(Clone, Debug)]
+pub struct DeadLetterFile(pub JsonlSink);
+
+impl DeadLetters for DeadLetterFile {
+    fn write<'a>(
+        &'a self,
+        lane: &'a LaneInfo,
+        record: &'a BadRecord,
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async move {
+            let text = std::str::from_utf8(&record.raw);
+            let line = DeadLine {
+                split: lane.split().to_string(),
+                position: record.position.clone(),
+                error: record.error.clone(),
+                raw: String::from_utf8_lossy(&record.raw).into_owned(),
+                raw_hex: text.is_err().then(|| record.raw.iter().map(|b| format!("{b:02x}")).collect()),
+                epoch: lane.epoch().0,
+                instance: lane.instance().to_string(),
+            };
+            let mut bytes = serde_json::to_vec(&line).map_err(SinkError::new)?;
+            bytes.push(b'\n');
+            let whole = bytes.len() < BUFFER;
+            self.0.write_bytes(&bytes).map_err(|e| if whole { SinkError::from(e) } else { SinkError::new(e) })
+        })
+    }
+
+    fn flush(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(Sink::<Line>::flush(&self.0))
+    }
+}
+
+impl DeadLetterFile {
+    /// Reads a dead-letter file back (for checks); a last line cut short is not read.
+    pub fn read(path: &Path) -> std::io::Result<Vec<DeadLine>> {
+        let mut text = std::fs::read_to_string(path)?;
+        if !text.ends_with('\n') {
+            text.truncate(text.rfind('\n').map_or(0, |i| i + 1));
+        }
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                serde_json::from_str(l).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+            })
+            .collect()
     }
 }
 

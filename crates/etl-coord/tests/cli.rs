@@ -681,3 +681,121 @@ fn a_full_disk_under_the_sink_is_waited_out_and_the_job_completes() {
     assert_eq!(seen, expected, "every input record in the sink");
     assert_eq!(lines.len(), expected.len(), "each once: a failed write was read again, not written twice");
 }
+
+/// Input with two lines that are not UTF-8 (`mixed.txt:2` and `:4`) among good ones.
+fn input_with_bad_lines(data: &Path) -> BTreeSet<String> {
+    let mut expected = input(data, 3, 200);
+    std::fs::write(data.join("mixed.txt"), b"ok 1\nbad\xff\nok 3\n\xfe\xfe\nok 5\n").unwrap();
+    expected.extend(["mixed.txt:1", "mixed.txt:3", "mixed.txt:5"].map(String::from));
+    expected
+}
+
+#[test]
+fn by_default_a_line_that_is_not_utf8_quarantines_its_split_naming_it() {
+    let (_tmp, data) = data_dir();
+    input_with_bad_lines(&data);
+    let (code, out, err) = run(etl_coord().args([
+        "worker",
+        "--store",
+        "memory",
+        "--job",
+        "tbad",
+        "--source",
+        &format!("files:{}", data.display()),
+        "--max-attempts",
+        "2",
+        "--claim-backoff",
+        "1s",
+    ]));
+    assert_eq!(code, 3, "{out}\n{err}");
+    assert!(err.contains("bad record at mixed.txt:2: not UTF-8"), "{err}");
+    // One failure, a backoff, the second failure quarantines.
+    assert_eq!(
+        err.matches("split failed; it is claimed again once its backoff has passed").count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains("retry_in=1s"), "{err}");
+}
+
+#[test]
+fn with_on_bad_record_skip_the_job_completes_and_the_dead_letter_file_holds_exactly_the_bad_records() {
+    let (tmp, data) = data_dir();
+    let expected = input_with_bad_lines(&data);
+    let (sink, dead) = (tmp.path().join("out.jsonl"), tmp.path().join("dead.jsonl"));
+    let admin = free_addr();
+    let child = etl_coord()
+        .args([
+            "worker",
+            "--store",
+            "memory",
+            "--job",
+            "tskip",
+            "--source",
+            &format!("files:{}", data.display()),
+            "--sink",
+            sink.to_str().unwrap(),
+            "--on-bad-record",
+            "skip",
+            "--dead-letter",
+            dead.to_str().unwrap(),
+            "--on-complete",
+            "wait",
+            "--admin-addr",
+            &admin,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed if the test fails before it ends the worker.
+    struct Reap(std::process::Child);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Reap(child);
+    wait_for_metric(&[&admin], "etl_coordination_job_state", r#"state="complete"}"#, 1.0);
+    wait_for_metric(&[&admin], "etl_coordination_records_skipped_total", "}", 2.0);
+    std::process::Command::new("kill").args(["-TERM", &child.0.id().to_string()]).status().unwrap();
+    assert_eq!(child.0.wait().unwrap().code(), Some(0));
+    let written: Vec<String> = JsonlSink::read(&sink).unwrap().into_iter().map(|l| l.record).collect();
+    assert_eq!(written.len(), expected.len(), "each good record once");
+    assert_eq!(written.into_iter().collect::<BTreeSet<_>>(), expected);
+    let kept = etl_coord::sink::DeadLetterFile::read(&dead).unwrap();
+    let got: Vec<(&str, &str, Option<&str>)> =
+        kept.iter().map(|d| (d.position.as_str(), d.raw.as_str(), d.raw_hex.as_deref())).collect();
+    assert_eq!(
+        got,
+        vec![
+            ("mixed.txt:2", "bad\u{fffd}", Some("626164ff")),
+            ("mixed.txt:4", "\u{fffd}\u{fffd}", Some("fefe"))
+        ]
+    );
+    assert!(kept.iter().all(|d| d.error.contains("not UTF-8") && d.epoch == 1), "{kept:?}");
+}
+
+#[test]
+fn skipping_bad_records_needs_a_dead_letter_file_and_only_then_takes_one() {
+    let (tmp, data) = data_dir();
+    input(&data, 1, 10);
+    let dead = tmp.path().join("dead.jsonl");
+    let source = format!("files:{}", data.display());
+    let base = ["worker", "--store", "memory", "--job", "tdl", "--source", source.as_str()];
+    let (code, _, err) = run(etl_coord().args(base).args(["--on-bad-record", "skip"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--on-bad-record") && err.contains("--dead-letter"), "{err}");
+    let (code, _, err) = run(etl_coord().args(base).args(["--dead-letter", dead.to_str().unwrap()]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--dead-letter") && err.contains("only written with --on-bad-record skip"), "{err}");
+    let (code, _, err) = run(etl_coord().args(base).args([
+        "--on-bad-record",
+        "skip",
+        "--dead-letter",
+        "/nonexistent/d.jsonl",
+    ]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--dead-letter") && err.contains("does not exist"), "{err}");
+}

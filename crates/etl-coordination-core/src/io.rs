@@ -107,6 +107,17 @@ pub enum Input {
         /// `true` if the source says the split can never be processed.
         unprocessable: bool,
     },
+    /// A lane gives up on its split for good (P12): the split is quarantined now, its
+    /// remaining attempts spent at once, whatever the tenancy committed (the embedding layer's
+    /// cap on bad records skipped in one tenancy). Its progress is kept for a requeue.
+    Quarantine {
+        /// The split.
+        split: SplitId,
+        /// The lane's epoch.
+        epoch: Epoch,
+        /// Error to record as the split's last error.
+        error: String,
+    },
     /// A lane acknowledged an [`Action::StopLane`] (after its last commit).
     LaneStopped {
         /// The split.

@@ -16,6 +16,8 @@ pub(crate) enum End {
     Release,
     /// P12: the source reported a failure; one attempt consumed unless the tenancy progressed.
     Fail { error: String, unprocessable: bool },
+    /// P12: the lane gives up on the split: quarantined now, every attempt spent.
+    GiveUp { error: String },
 }
 
 impl SplitRecord {
@@ -108,6 +110,14 @@ impl SplitRecord {
                 } else {
                     SplitState::Unleased
                 };
+            }
+            End::GiveUp { error } => {
+                // Quarantined exactly at the cap, as every quarantine is: the attempts left are
+                // spent at once.
+                record.attempts = record.attempts.max(max_attempts);
+                record.last_error = Some(error.clone());
+                record.last_end = Some(EndReason::Unprocessable);
+                record.state = SplitState::Quarantined;
             }
         }
         record
@@ -224,6 +234,18 @@ mod tests {
         let r = owned(MAX - 1, false).ended(&fail, MAX);
         assert_eq!((r.state, r.attempts, r.owner), (SplitState::Quarantined, MAX, None));
         assert_eq!(r.last_error.as_deref(), Some("poison"));
+    }
+
+    #[test]
+    fn a_lane_that_gives_up_quarantines_at_once_whatever_it_committed() {
+        let give_up = End::GiveUp { error: "101 bad records skipped".into() };
+        for (attempts, progressed) in [(0, true), (0, false), (MAX - 1, false)] {
+            let r = owned(attempts, progressed).ended(&give_up, MAX);
+            assert_eq!((r.state, r.attempts, r.owner), (SplitState::Quarantined, MAX, None));
+            assert_eq!(r.last_end, Some(EndReason::Unprocessable));
+            assert_eq!(r.last_error.as_deref(), Some("101 bad records skipped"));
+            assert_eq!(r.progress.as_deref(), Some(&b"p1"[..]), "progress kept for a requeue");
+        }
     }
 
     #[test]

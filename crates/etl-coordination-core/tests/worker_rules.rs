@@ -1063,6 +1063,24 @@ fn p12_a_failed_split_is_claimed_again_only_after_a_backoff_that_doubles_with_it
 }
 
 #[test]
+fn p12_a_lane_that_gives_up_quarantines_its_split_at_once_and_keeps_its_progress() {
+    let mut r = running(2);
+    r.feed(Input::Commit { split: sid("s0"), epoch: Epoch(1), progress: Bytes::from_static(b"p1") });
+    // A stale lane of an older epoch is ignored.
+    r.feed(Input::Quarantine { split: sid("s0"), epoch: Epoch(0), error: "stale".into() });
+    assert_eq!(r.kv.record("s0").state, SplitState::Owned);
+    r.feed(Input::Quarantine { split: sid("s0"), epoch: Epoch(1), error: "too many bad records".into() });
+    let rec = r.kv.record("s0");
+    assert_eq!((rec.state, rec.attempts, rec.owner), (SplitState::Quarantined, 2, None));
+    assert_eq!(rec.progress.as_deref(), Some(&b"p1"[..]));
+    assert_eq!(rec.last_error.as_deref(), Some("too many bad records"));
+    assert!(lease_of(&mut r.kv, "s0").is_none(), "the lease is given back");
+    assert!(r.events().iter().any(|e| matches!(e, Event::Quarantined { attempts: 2, .. })));
+    r.advance(Duration::from_secs(60));
+    assert_eq!(r.started().iter().filter(|(s, _)| s.as_str() == "s0").count(), 1, "never offered again");
+}
+
+#[test]
 fn p12_the_end_of_a_claim_backoff_is_a_deadline_of_the_worker() {
     // Heartbeats every 20 s: only the backoff can wake the worker after 5 s.
     let mut c = cfg("w1", 1);

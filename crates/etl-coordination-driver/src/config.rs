@@ -67,7 +67,32 @@ pub struct DriverConfig {
     /// waiting (every transient failure fails the tenancy at once). Default: 5 minutes (below
     /// the lane stall timeout, so a lane waiting out an outage is not reported stalled).
     pub transient_retry_budget: Duration,
+    /// What a bad record ([`SourceError::BadRecord`](crate::SourceError::BadRecord)) does to
+    /// its split. Default: [`OnBadRecord::Quarantine`].
+    pub on_bad_record: OnBadRecord,
 }
+
+/// What a bad record does to its split.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnBadRecord {
+    /// The split ends as unprocessable (one attempt; quarantined at `max_attempts`, with the
+    /// record's position in its last error). Nothing is skipped silently.
+    #[default]
+    Quarantine,
+    /// The record goes to the dead-letter sink
+    /// ([`Pipeline::dead_letters`](crate::Pipeline::dead_letters)) and reading goes on;
+    /// `etl_coordination_records_skipped_total` counts it. A lane that meets more than
+    /// `max_per_split` bad records gives the split up: it is quarantined at once, with its
+    /// progress, for a person to look at the input.
+    Skip {
+        /// The most bad records one tenancy of a split skips.
+        max_per_split: u32,
+    },
+}
+
+/// The default cap of [`OnBadRecord::Skip`].
+pub const DEFAULT_MAX_BAD_RECORDS_PER_SPLIT: u32 = 100;
 
 /// The request timeout for a store that has no budget of its own (see
 /// [`DriverConfig::op_timeout`]).
@@ -90,6 +115,7 @@ impl Default for DriverConfig {
             lane_stall_timeout: Some(DEFAULT_LANE_STALL_TIMEOUT),
             on_lane_stall: OnLaneStall::Warn,
             transient_retry_budget: DEFAULT_TRANSIENT_RETRY_BUDGET,
+            on_bad_record: OnBadRecord::Quarantine,
         }
     }
 }

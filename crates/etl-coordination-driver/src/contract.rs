@@ -79,6 +79,50 @@ pub enum SourceError {
     /// past the budget it ends as [`SourceError::Failed`].
     #[error("transient: {0}")]
     Transient(String),
+    /// One record cannot be made into a record (a malformed row, bytes that are not UTF-8);
+    /// the reader has read past it, and its next [`SplitReader::next`] goes on with the record
+    /// after it. What happens is the worker's [`OnBadRecord`](crate::OnBadRecord) policy: by
+    /// default the split ends as unprocessable (one attempt); with `Skip` the record goes to the
+    /// dead-letter sink and reading goes on.
+    #[error("bad record at {}: {}", .0.position, .0.error)]
+    BadRecord(BadRecord),
+}
+
+/// A record a source read but could not make a record of: what a dead-letter sink keeps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BadRecord {
+    /// Where it is, in the source's terms (`logs/a.json:17`): enough to find it again.
+    pub position: String,
+    /// Why it is bad.
+    pub error: String,
+    /// Its bytes as read.
+    pub raw: Bytes,
+}
+
+impl BadRecord {
+    /// A bad record at `position`, with why and its bytes.
+    pub fn new(position: impl Into<String>, error: impl std::fmt::Display, raw: impl Into<Bytes>) -> Self {
+        BadRecord { position: position.into(), error: error.to_string(), raw: raw.into() }
+    }
+}
+
+/// A boxed future, for the object-safe [`DeadLetters`] trait.
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Where the records skipped under [`OnBadRecord::Skip`](crate::OnBadRecord::Skip) go, with
+/// their split and lane ([`Pipeline::dead_letters`](crate::Pipeline::dead_letters)). Like a
+/// [`Sink`]: `write` may buffer, `flush` makes what was written durable (it is called before
+/// every commit of progress, so a skipped record is kept before the progress past it is), and
+/// a transient error is waited out like the sink's. A record may be written again when its
+/// split is read again after a failure (at-least-once, as the sink's records).
+pub trait DeadLetters: Send + Sync + 'static {
+    /// Keeps one bad record of `lane`.
+    fn write<'a>(&'a self, lane: &'a LaneInfo, record: &'a BadRecord)
+    -> BoxFuture<'a, Result<(), SinkError>>;
+
+    /// Makes everything written so far durable.
+    fn flush(&self) -> BoxFuture<'_, Result<(), SinkError>>;
 }
 
 impl SourceError {
@@ -100,6 +144,15 @@ impl SourceError {
     /// Whether the lane retries it in place.
     pub fn is_transient(&self) -> bool {
         matches!(self, SourceError::Transient(_))
+    }
+
+    /// One bad record: see [`SourceError::BadRecord`].
+    pub fn bad_record(
+        position: impl Into<String>,
+        error: impl std::fmt::Display,
+        raw: impl Into<Bytes>,
+    ) -> Self {
+        SourceError::BadRecord(BadRecord::new(position, error, raw))
     }
 }
 

@@ -17,6 +17,10 @@ pub(crate) enum LaneMsg {
     Fail { split: SplitId, epoch: Epoch, error: String, unprocessable: bool },
     /// `Input::LaneStopped`.
     Stopped { split: SplitId, epoch: Epoch },
+    /// `Input::Quarantine`: the lane gives the split up.
+    GiveUp { split: SplitId, epoch: Epoch, error: String },
+    /// A bad record was skipped (for the metrics only).
+    Skipped,
 }
 
 /// Why and by when a lane must stop.
@@ -186,6 +190,22 @@ impl Lane {
     /// Reports that the split can never be processed; consumes one attempt (P12).
     pub fn unprocessable(mut self, reason: impl Into<String>) {
         self.end_with_failure(reason.into(), true);
+    }
+
+    /// Gives the split up for good: it is quarantined at once, whatever this tenancy committed,
+    /// its progress kept for a requeue (P12).
+    pub fn give_up(mut self, error: impl Into<String>) {
+        self.ended = true;
+        let _ = self.tx.send(LaneMsg::GiveUp {
+            split: self.split.clone(),
+            epoch: self.epoch,
+            error: error.into(),
+        });
+    }
+
+    /// Counts a bad record skipped (`etl_coordination_records_skipped_total`).
+    pub(crate) fn skipped(&self) {
+        let _ = self.tx.send(LaneMsg::Skipped);
     }
 
     fn end_with_failure(&mut self, error: String, unprocessable: bool) {

@@ -61,6 +61,7 @@ mod lane;
 mod lane_table;
 mod msg;
 mod outcome;
+mod outputs;
 mod pipeline;
 mod planner;
 mod report;
@@ -70,11 +71,12 @@ mod transient;
 mod watches;
 
 pub use config::{
-    DEFAULT_LANE_STALL_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_TRANSIENT_RETRY_BUDGET, DriverConfig,
-    OnLaneStall, OnStall,
+    DEFAULT_LANE_STALL_TIMEOUT, DEFAULT_MAX_BAD_RECORDS_PER_SPLIT, DEFAULT_OP_TIMEOUT,
+    DEFAULT_TRANSIENT_RETRY_BUDGET, DriverConfig, OnBadRecord, OnLaneStall, OnStall,
 };
 pub use contract::{
-    CommitCadence, LaneInfo, NextRecord, Sink, SinkError, Source, SourceError, SplitReader, is_transient_io,
+    BadRecord, BoxFuture, CommitCadence, DeadLetters, LaneInfo, NextRecord, Sink, SinkError, Source,
+    SourceError, SplitReader, is_transient_io,
 };
 pub use etl_coordination_core::{
     AcquisitionReason, CommitOutcome, Epoch, InstanceId, JobName, Plan, PlanKind, PlannedSplit, SplitId,

@@ -37,7 +37,11 @@ use crate::planner::{PlanError, Planner};
 use crate::stores::JobStores;
 use crate::transient::{Side, Transient, Wait};
 
-use crate::contract::{CommitCadence, LaneInfo, Sink, SinkError, Source, SourceError, SplitReader};
+use crate::config::OnBadRecord;
+use crate::contract::{
+    BadRecord, CommitCadence, DeadLetters, LaneInfo, Sink, SinkError, Source, SourceError, SplitReader,
+};
+use crate::outputs::Outputs;
 
 /// A coordinated worker whose lanes the library runs: see the module documentation, and the
 /// crate's for an example.
@@ -45,6 +49,7 @@ pub struct Pipeline<St, So, Si> {
     stores: JobStores<St>,
     source: Arc<So>,
     sink: Arc<Si>,
+    dead_letters: Option<Arc<dyn DeadLetters>>,
     config: DriverConfig,
     cadence: CommitCadence,
 }
@@ -67,6 +72,7 @@ impl<St: Store, So: Source, Si: Sink<So::Record>> Pipeline<St, So, Si> {
             stores,
             source: Arc::new(source),
             sink: Arc::new(sink),
+            dead_letters: None,
             config: DriverConfig::default(),
             cadence: CommitCadence::default(),
         }
@@ -75,6 +81,13 @@ impl<St: Store, So: Source, Si: Sink<So::Record>> Pipeline<St, So, Si> {
     /// The worker's settings (instance id, tuning, what a stall means, ...).
     pub fn config(mut self, config: DriverConfig) -> Self {
         self.config = config;
+        self
+    }
+
+    /// Where bad records go under [`OnBadRecord::Skip`] (required by it): each with its split,
+    /// position and error. Flushed with the sink, before every commit.
+    pub fn dead_letters(mut self, dead_letters: impl DeadLetters) -> Self {
+        self.dead_letters = Some(Arc::new(dead_letters));
         self
     }
 
@@ -93,8 +106,17 @@ impl<St: Store, So: Source, Si: Sink<So::Record>> Pipeline<St, So, Si> {
     /// Starts the worker, and a task that runs its lanes and ends when the last one has.
     fn spawn(self) -> Result<(DriverHandle, tokio::task::JoinHandle<()>), DriverError> {
         let budget = self.config.transient_retry_budget;
+        let on_bad = self.config.on_bad_record;
+        if matches!(on_bad, OnBadRecord::Skip { .. }) && self.dead_letters.is_none() {
+            return Err(DriverError::Config(etl_coordination_core::ConfigError {
+                field: "on_bad_record",
+                value: format!("{on_bad:?}"),
+                rule: "Skip needs a dead-letter sink to keep the skipped records: Pipeline::dead_letters",
+            }));
+        }
         let (handle, mut lanes) = CoordinationDriver::start(self.stores, self.source.clone(), self.config)?;
-        let (source, sink, cadence) = (self.source, self.sink, self.cadence);
+        let sink = Arc::new(Outputs { sink: self.sink, dead: self.dead_letters, on_bad });
+        let (source, cadence) = (self.source, self.cadence);
         let instance = handle.instance_id().clone();
         let running = tokio::spawn(async move {
             let mut running = tokio::task::JoinSet::new();
@@ -177,7 +199,7 @@ enum LaneEnd {
 async fn run_lane<So: Source, Si: Sink<So::Record>>(
     lane: Lane,
     source: Arc<So>,
-    sink: Arc<Si>,
+    sink: Arc<Outputs<Si>>,
     cadence: CommitCadence,
     instance: InstanceId,
     budget: Duration,
@@ -217,6 +239,8 @@ fn report(lane: Lane, e: SourceError) -> LaneEnd {
     warn!(error = %e, "reading the split failed");
     match e {
         SourceError::Unprocessable(why) => lane.unprocessable(why),
+        // On-bad-record quarantine (a skipping lane does not get here with one).
+        e @ SourceError::BadRecord(_) => lane.unprocessable(e.to_string()),
         SourceError::Failed(why) | SourceError::Transient(why) => lane.fail(why),
     }
     LaneEnd::Failed
@@ -255,6 +279,8 @@ struct Written {
     last: Option<Bytes>,
     /// Records written since the last commit (0: `last` is committed, or there is none).
     pending: u64,
+    /// Bad records this lane skipped into the dead-letter sink.
+    skipped: u32,
     last_commit: Instant,
 }
 
@@ -267,13 +293,13 @@ async fn lane_loop<So: Source, Si: Sink<So::Record>>(
     mut lane: Lane,
     info: &LaneInfo,
     source: &So,
-    sink: &Si,
+    sink: &Outputs<Si>,
     cadence: CommitCadence,
     budget: Duration,
 ) -> (u64, LaneEnd) {
     let resume = lane.resume_from().cloned();
     let mut retry = Transient::new(budget);
-    let mut w = Written { emitted: 0, last: None, pending: 0, last_commit: Instant::now() };
+    let mut w = Written { emitted: 0, last: None, pending: 0, skipped: 0, last_commit: Instant::now() };
     loop {
         let at = w.last.clone().or_else(|| resume.clone());
         let opened = tokio::select! {
@@ -311,6 +337,11 @@ async fn lane_loop<So: Source, Si: Sink<So::Record>>(
             ReadEnd::Sink(e) => return (w.emitted, sink_failed(lane, e)),
             ReadEnd::Commit(end) => return (w.emitted, end.apply(lane)),
             ReadEnd::Finished(progress) => return (w.emitted, finish(lane, progress).await),
+            ReadEnd::GiveUp(why) => {
+                warn!(error = %why, "too many bad records: giving the split up");
+                lane.give_up(why);
+                return (w.emitted, LaneEnd::Failed);
+            }
         }
     }
 }
@@ -349,6 +380,8 @@ enum ReadEnd {
     Commit(CommitEnd),
     /// The split ended: finish it with this progress.
     Finished(Bytes),
+    /// Too many bad records: give the split up (quarantined at once).
+    GiveUp(String),
 }
 
 /// Reads with `reader` until the split ends, the lane stops, a failure ends it, or a transient
@@ -358,7 +391,7 @@ async fn read_split<So: Source, Si: Sink<So::Record>>(
     lane: &mut Lane,
     info: &LaneInfo,
     mut reader: So::Reader,
-    sink: &Si,
+    sink: &Outputs<Si>,
     cadence: CommitCadence,
     retry: &mut Transient,
     w: &mut Written,
@@ -396,6 +429,12 @@ async fn read_split<So: Source, Si: Sink<So::Record>>(
                     Wait::Stop(stop) => ReadEnd::Stop(stop),
                     Wait::Spent(why) => ReadEnd::Source(SourceError::Failed(why)),
                 };
+            }
+            Err(SourceError::BadRecord(bad)) if matches!(sink.on_bad, OnBadRecord::Skip { .. }) => {
+                match skip(lane, info, sink, retry, w, bad).await {
+                    Some(end) => return end,
+                    None => continue,
+                }
             }
             Err(e) => return ReadEnd::Source(e),
             Ok(None) => {
@@ -439,6 +478,46 @@ async fn read_split<So: Source, Si: Sink<So::Record>>(
                 }
             }
         }
+    }
+}
+
+/// On-bad-record skip: keeps `bad` in the dead-letter sink and goes on reading (`None`), or
+/// says how reading ends: the cap is passed (the split is given up), the dead-letter sink
+/// failed, or its outage was waited out (the reader is opened again, and meets the record
+/// again).
+async fn skip<Si>(
+    lane: &mut Lane,
+    info: &LaneInfo,
+    out: &Outputs<Si>,
+    retry: &mut Transient,
+    w: &mut Written,
+    bad: BadRecord,
+) -> Option<ReadEnd> {
+    let OnBadRecord::Skip { max_per_split } = out.on_bad else { unreachable!("skipping") };
+    if w.skipped >= max_per_split {
+        return Some(ReadEnd::GiveUp(format!(
+            "more than {max_per_split} bad records in one tenancy (the last at {}: {}); those skipped are in \
+             the dead-letter sink: fix the input, then requeue the split",
+            bad.position, bad.error
+        )));
+    }
+    let dead = out.dead.as_ref().expect("checked when the pipeline started");
+    match dead.write(info, &bad).await {
+        Ok(()) => {
+            retry.recovered(Side::Sink);
+            w.skipped += 1;
+            lane.skipped();
+            warn!(position = %bad.position, error = %bad.error, "bad record skipped into the dead-letter sink");
+            None
+        }
+        Err(e) if e.is_transient() => Some(
+            match retry.wait_out(lane, Side::Sink, "writing to the dead-letter sink", e.to_string()).await {
+                Wait::Again => ReadEnd::Reopen,
+                Wait::Stop(stop) => ReadEnd::Stop(stop),
+                Wait::Spent(why) => ReadEnd::Sink(SinkError::new(why)),
+            },
+        ),
+        Err(e) => Some(ReadEnd::Sink(SinkError::new(format!("dead-letter sink: {}", e.message())))),
     }
 }
 

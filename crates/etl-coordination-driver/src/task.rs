@@ -162,8 +162,8 @@ impl<S: Store, P: Planner> Task<S, P> {
                     Some(input) => input,
                     None => continue,
                 },
-                msg = self.lane_rx.recv() => match msg {
-                    Some(m) => self.on_lane(m),
+                msg = self.lane_rx.recv() => match msg.and_then(|m| self.on_lane(m)) {
+                    Some(input) => input,
                     None => continue,
                 },
                 () = sleep_until(deadline) => Input::Tick,
@@ -197,8 +197,8 @@ impl<S: Store, P: Planner> Task<S, P> {
 
     /// A lane's message as the core's input; a commit's answer is routed back by
     /// `Action::CommitDone` (a lane has at most one commit in flight, see `Lane::commit`).
-    fn on_lane(&mut self, msg: LaneMsg) -> Input {
-        match msg {
+    fn on_lane(&mut self, msg: LaneMsg) -> Option<Input> {
+        Some(match msg {
             LaneMsg::Commit { split, epoch, progress, reply } => {
                 self.wait_for_commit(&split, epoch, reply);
                 Input::Commit { split, epoch, progress }
@@ -219,7 +219,16 @@ impl<S: Store, P: Planner> Task<S, P> {
                 self.lane_ended(&split, epoch);
                 Input::LaneStopped { split, epoch }
             }
-        }
+            LaneMsg::GiveUp { split, epoch, error } => {
+                warn!(%split, %epoch, %error, "the lane gave the split up: quarantining it");
+                self.lane_ended(&split, epoch);
+                Input::Quarantine { split, epoch, error }
+            }
+            LaneMsg::Skipped => {
+                self.report.metrics.record_skipped();
+                return None;
+            }
+        })
     }
 
     /// The lane of `split` at `epoch` ended: forget it (and its stall).

@@ -24,6 +24,8 @@ struct Numbers {
     cancels: Arc<Mutex<Vec<SplitId>>>,
     /// Reads wait forever (for more input, as a tail does) after this many records.
     wait_after: Option<u64>,
+    /// Records that are bad: (split, record).
+    bad: Vec<(&'static str, u64)>,
 }
 
 impl Planner for Numbers {
@@ -44,6 +46,7 @@ struct NumbersReader {
     broken: Option<(u64, bool)>,
     hang: bool,
     wait_after: Option<u64>,
+    bad: BTreeSet<u64>,
 }
 
 impl Source for Numbers {
@@ -73,6 +76,7 @@ impl Source for Numbers {
             broken: self.broken.filter(|(s, ..)| mine(s)).map(|(_, at, u)| (at, u)),
             hang,
             wait_after: self.wait_after,
+            bad: self.bad.iter().filter(|(s, _)| mine(s)).map(|(_, at)| *at).collect(),
         })
     }
 }
@@ -101,6 +105,16 @@ impl SplitReader for NumbersReader {
             } else {
                 SourceError::failed(why)
             });
+        }
+        if self.bad.contains(&self.next) {
+            // Read past it: the next read goes on with the record after it.
+            self.next += 1;
+            let raw = format!("garbage {}", self.next - 1);
+            return Err(SourceError::bad_record(
+                format!("{}#{}", self.lane.split(), self.next - 1),
+                "not a number",
+                raw.into_bytes(),
+            ));
         }
         tokio::time::sleep(self.delay).await;
         let i = self.next;
@@ -138,6 +152,29 @@ impl Sink<(SplitId, u64)> for Recorder {
     }
 }
 
+/// A dead-letter sink recording the bad records it keeps (the record number is what follows
+/// `#` in the position).
+#[derive(Clone, Default)]
+struct Dead(Recorder);
+
+impl DeadLetters for Dead {
+    fn write<'a>(
+        &'a self,
+        lane: &'a LaneInfo,
+        record: &'a BadRecord,
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async move {
+            let i: u64 = record.position.rsplit('#').next().unwrap().parse().unwrap();
+            assert_eq!(record.raw.as_ref(), format!("garbage {i}").as_bytes());
+            self.0.write(lane, (lane.split().clone(), i)).await
+        })
+    }
+
+    fn flush(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(self.0.flush())
+    }
+}
+
 impl Recorder {
     fn assert_complete(&self, splits: usize, records: u64) {
         let durable = self.durable.lock().unwrap();
@@ -153,8 +190,19 @@ impl Recorder {
         &self,
         stores: &JobStores<etl_coordination_memory::MemoryStore>,
     ) -> Arc<Mutex<Vec<String>>> {
+        self.spawn_commit_check_with(stores, &Recorder::default())
+    }
+
+    /// [`Recorder::spawn_commit_check`], counting what `dead` made durable as covered too (the
+    /// bad records skipped into it).
+    fn spawn_commit_check_with(
+        &self,
+        stores: &JobStores<etl_coordination_memory::MemoryStore>,
+        dead: &Recorder,
+    ) -> Arc<Mutex<Vec<String>>> {
         let problems = Arc::new(Mutex::new(Vec::new()));
         let (state, durable, out) = (stores.state.clone(), self.durable.clone(), problems.clone());
+        let dead = dead.durable.clone();
         tokio::spawn(async move {
             use futures_util::StreamExt;
             let mut w = state.watch(&keys::split_prefix()).await.unwrap();
@@ -164,8 +212,12 @@ impl Recorder {
                 let Some(p) = rec.progress else { continue };
                 let committed: u64 = serde_json::from_slice(&p).unwrap();
                 let id = keys::parse_split(&e.key).unwrap();
-                let durable = durable.lock().unwrap();
-                let have = durable.get(&id).map_or(0, |d| (0..committed).filter(|i| d.contains(i)).count());
+                let (durable, dead) = (durable.lock().unwrap(), dead.lock().unwrap());
+                let kept = |i: &u64| {
+                    durable.get(&id).is_some_and(|d| d.contains(i))
+                        || dead.get(&id).is_some_and(|d| d.contains(i))
+                };
+                let have = (0..committed).filter(kept).count();
                 if (have as u64) < committed {
                     out.lock().unwrap().push(format!("{id}: progress {committed} committed, {have} durable"));
                 }
@@ -183,6 +235,7 @@ fn numbers(splits: usize, records: u64) -> Numbers {
         hang: None,
         cancels: Arc::default(),
         wait_after: None,
+        bad: Vec::new(),
     }
 }
 
@@ -695,4 +748,104 @@ fn io_errors_are_transient_when_they_are_outages() {
     }
     let e = SinkError::from(Error::other(Error::new(K::StorageFull, "disk")));
     assert!(e.to_string().contains("disk"), "{e}");
+}
+
+fn split_record(stores: &JobStores<etl_coordination_memory::MemoryStore>, split: &str) -> SplitRecord {
+    let key = keys::split(&SplitId::new(split).unwrap());
+    let e = futures_util::FutureExt::now_or_never(stores.state.get(&key)).unwrap().unwrap().unwrap();
+    records::decode(&e.value).unwrap()
+}
+
+fn set(items: &[u64]) -> BTreeSet<u64> {
+    items.iter().copied().collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_on_bad_record_skip_bad_records_go_to_the_dead_letter_sink_and_the_job_completes() {
+    let stores = fresh_stores();
+    let mut src = numbers(2, 20);
+    // Two in a row, and the very last record of a split.
+    src.bad = vec![("s01", 3), ("s01", 4), ("s00", 19)];
+    let mut cfg = config("a");
+    cfg.on_bad_record = OnBadRecord::Skip { max_per_split: 5 };
+    let (sink, dead) = (Recorder::default(), Dead::default());
+    // Every commit is covered by what the sink and the dead-letter sink made durable: a
+    // skipped record is kept before the progress past it is committed.
+    let problems = sink.spawn_commit_check_with(&stores, &dead.0);
+    let p = Pipeline::new(stores.clone(), src, sink.clone())
+        .config(cfg)
+        .dead_letters(dead.clone())
+        .commit_every(cadence());
+    assert_eq!(p.run_until(std::future::pending()).await.unwrap(), JobOutcome::Complete);
+    let (good, kept) = (sink.durable.lock().unwrap().clone(), dead.0.durable.lock().unwrap().clone());
+    let id = |s: &str| SplitId::new(s).unwrap();
+    assert_eq!(good[&id("s00")], (0..19).collect::<BTreeSet<u64>>());
+    assert_eq!(good[&id("s01")], (0..20).filter(|i| ![3, 4].contains(i)).collect::<BTreeSet<u64>>());
+    assert_eq!(kept[&id("s00")], set(&[19]), "exactly the bad records, each kept");
+    assert_eq!(kept[&id("s01")], set(&[3, 4]));
+    assert!(problems.lock().unwrap().is_empty(), "{:?}", problems.lock().unwrap());
+    for s in ["s00", "s01"] {
+        let rec = split_record(&stores, s);
+        assert_eq!((rec.state, rec.attempts, rec.epoch), (records::SplitState::Done, 0, Epoch(1)), "{s}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn more_bad_records_than_the_cap_quarantine_the_split_at_once_with_its_progress() {
+    let stores = fresh_stores();
+    let mut src = numbers(2, 20);
+    src.bad = vec![("s01", 12), ("s01", 13), ("s01", 14)];
+    let mut cfg = config("a");
+    cfg.on_stall = OnStall::Warn;
+    cfg.on_bad_record = OnBadRecord::Skip { max_per_split: 2 };
+    let (sink, dead) = (Recorder::default(), Dead::default());
+    let p = Pipeline::new(stores.clone(), src, sink.clone())
+        .config(cfg)
+        .dead_letters(dead.clone())
+        .commit_every(cadence());
+    let JobOutcome::Stalled { quarantined } = p.run_until(std::future::pending()).await.unwrap() else {
+        panic!("a stall")
+    };
+    let error = quarantined[0].1.clone().unwrap();
+    assert!(
+        error.contains("more than 2 bad records in one tenancy (the last at s01#14: not a number)"),
+        "{error}"
+    );
+    // Quarantined by its first tenancy, although it committed progress (which would spare it
+    // an attempt): a person must look at the input.
+    let rec = split_record(&stores, "s01");
+    assert_eq!((rec.state, rec.attempts, rec.epoch), (records::SplitState::Quarantined, 3, Epoch(1)));
+    let committed: u64 = serde_json::from_slice(rec.progress.as_deref().unwrap()).unwrap();
+    assert!((7..=12).contains(&committed), "its progress is kept: {committed}");
+    assert_eq!(dead.0.durable.lock().unwrap()[&SplitId::new("s01").unwrap()], set(&[12, 13]));
+    assert_eq!(split_record(&stores, "s00").state, records::SplitState::Done, "the rest completes");
+}
+
+#[tokio::test(start_paused = true)]
+async fn by_default_a_bad_record_makes_its_split_unprocessable_and_nothing_is_skipped() {
+    let stores = fresh_stores();
+    let mut src = numbers(2, 20);
+    src.bad = vec![("s01", 5)];
+    let mut cfg = config("a");
+    cfg.on_stall = OnStall::Warn;
+    let sink = Recorder::default();
+    let p = Pipeline::new(stores.clone(), src, sink.clone()).config(cfg).commit_every(cadence());
+    let JobOutcome::Stalled { quarantined } = p.run_until(std::future::pending()).await.unwrap() else {
+        panic!("a stall")
+    };
+    let error = quarantined[0].1.clone().unwrap();
+    assert_eq!(error, "bad record at s01#5: not a number");
+    assert_eq!(split_record(&stores, "s01").last_end, Some(records::EndReason::Unprocessable));
+    let good = sink.durable.lock().unwrap();
+    assert!(!good[&SplitId::new("s01").unwrap()].iter().any(|i| *i > 5), "nothing past it was written");
+}
+
+#[tokio::test]
+async fn skipping_without_a_dead_letter_sink_is_refused_naming_the_setting() {
+    let mut cfg = config("a");
+    cfg.on_bad_record = OnBadRecord::Skip { max_per_split: 5 };
+    let err =
+        Pipeline::new(fresh_stores(), numbers(1, 1), Recorder::default()).config(cfg).start().unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("on_bad_record") && text.contains("Pipeline::dead_letters"), "{text}");
 }

@@ -67,9 +67,11 @@ pub mod names {
     pub const LANES_STALLED: &str = "etl_coordination_lanes_stalled";
     /// Counter: lanes found stalled (each counted once per stall).
     pub const LANE_STALLS_TOTAL: &str = "etl_coordination_lane_stalls_total";
+    /// Counter: bad records this worker's lanes skipped into the dead-letter sink.
+    pub const RECORDS_SKIPPED_TOTAL: &str = "etl_coordination_records_skipped_total";
 
     /// Every family.
-    pub const ALL: [&str; 14] = [
+    pub const ALL: [&str; 15] = [
         SPLITS_OWNED,
         LIVE_WORKERS,
         LEADER,
@@ -84,6 +86,7 @@ pub mod names {
         RECORDS_UNDECODABLE,
         LANES_STALLED,
         LANE_STALLS_TOTAL,
+        RECORDS_SKIPPED_TOTAL,
     ];
 }
 
@@ -191,6 +194,11 @@ pub fn describe() {
         Unit::Count,
         "Lanes found stalled (no committed progress for the lane stall timeout while holding the lease)."
     );
+    describe_counter!(
+        names::RECORDS_SKIPPED_TOTAL,
+        Unit::Count,
+        "Bad records skipped into the dead-letter sink (on-bad-record skip)."
+    );
 }
 
 /// Typed metric handles of one worker.
@@ -215,6 +223,7 @@ impl Metrics {
         }
         m.lanes_stalled(0);
         counter!(names::LANE_STALLS_TOTAL, "coordination_job" => m.job.clone(), "coordination_instance" => m.instance.clone()).increment(0);
+        counter!(names::RECORDS_SKIPPED_TOTAL, "coordination_job" => m.job.clone(), "coordination_instance" => m.instance.clone()).increment(0);
         for reason in ACQUISITION_REASONS {
             counter!(names::ACQUISITIONS_TOTAL, "coordination_job" => m.job.clone(), "coordination_instance" => m.instance.clone(), "reason" => reason).increment(0);
         }
@@ -303,6 +312,11 @@ impl Metrics {
         counter!(names::LANE_STALLS_TOTAL, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone()).increment(1);
     }
 
+    /// `records_skipped_total`.
+    pub fn record_skipped(&self) {
+        counter!(names::RECORDS_SKIPPED_TOTAL, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone()).increment(1);
+    }
+
     /// `writes_total{outcome}`.
     pub fn write(&self, outcome: WriteOutcome) {
         counter!(names::WRITES_TOTAL, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone(), "outcome" => outcome.label()).increment(1);
@@ -370,6 +384,7 @@ mod tests {
         m.records_undecodable("state", 1);
         m.lanes_stalled(1);
         m.lane_stall();
+        m.record_skipped();
         let text = handle.render();
         for family in names::ALL {
             assert!(text.contains(&format!("# HELP {family}")), "{family} has help text:\n{text}");
@@ -398,6 +413,7 @@ mod tests {
             r#"etl_coordination_splits{coordination_job="backfill",coordination_instance="pod-1",state="missing"} 0"#,
             r#"etl_coordination_lanes_stalled{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
             r#"etl_coordination_lane_stalls_total{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
+            r#"etl_coordination_records_skipped_total{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
         ];
         for line in expect {
             assert!(text.contains(line), "missing {line:?} in:\n{text}");

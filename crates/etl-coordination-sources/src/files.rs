@@ -394,11 +394,15 @@ impl SplitReader for FilesReader {
             // Lines are text: bytes that are not UTF-8 are refused, never silently replaced.
             let content = match std::str::from_utf8(&c.buf) {
                 Ok(text) => text.trim_end_matches(['\n', '\r']).to_owned(),
+                // A bad record: the reader is past it (its progress counts it), so a skipping
+                // lane goes on with the next line.
                 Err(e) => {
-                    return Err(SourceError::unprocessable(format!(
-                        "{path}: line {} is not UTF-8 ({e}); convert the object to UTF-8",
-                        self.progress.line
-                    )));
+                    let raw = c.buf.strip_suffix(b"\n").unwrap_or(&c.buf);
+                    return Err(SourceError::bad_record(
+                        format!("{path}:{}", self.progress.line),
+                        format!("not UTF-8 ({e}); convert the object to UTF-8"),
+                        raw.to_vec(),
+                    ));
                 }
             };
             let key = format!("{path}:{}", self.progress.line);
@@ -543,12 +547,20 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn bytes_that_are_not_utf8_are_refused_never_replaced() {
+    async fn a_line_that_is_not_utf8_is_a_bad_record_never_replaced_and_reading_goes_on_after_it() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("a.txt"), b"fine\ncaf\xe9\n").unwrap();
-        let e = read_error(dir.path()).await;
-        assert!(matches!(e, SourceError::Unprocessable(_)), "{e:?}");
-        assert!(e.to_string().contains("line 2 is not UTF-8"), "{e}");
+        std::fs::write(dir.path().join("a.txt"), b"fine\ncaf\xe9\nafter\n").unwrap();
+        let src = FilesSource::open(dir.path().to_str().unwrap(), 1 << 20).unwrap();
+        let split = src.plan_splits().await.unwrap().remove(0);
+        let lane = LaneInfo::new(split.id, Epoch(1), InstanceId::new("t").unwrap(), split.descriptor, 1);
+        let mut r = src.open(&lane, None).await.unwrap();
+        assert_eq!(r.next().await.unwrap().unwrap().0.content, "fine");
+        let Err(SourceError::BadRecord(bad)) = r.next().await else { panic!("a bad record") };
+        assert_eq!((bad.position.as_str(), bad.raw.as_ref()), ("a.txt:2", &b"caf\xe9"[..]));
+        assert!(bad.error.contains("not UTF-8"), "{}", bad.error);
+        // The reader is past it: the next line, with progress counting the bad one.
+        let (line, progress) = r.next().await.unwrap().unwrap();
+        assert_eq!((line.key.as_str(), line.content.as_str(), progress.line), ("a.txt:3", "after", 3));
     }
 
     #[tokio::test]

@@ -8,10 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use etl_coord::sink::JsonlSink;
+use etl_coord::sink::{DeadLetterFile, JsonlSink};
 use etl_coord::sources::{AnySource, DEFAULT_SPLIT_BYTES, DEFAULT_SPLIT_ROWS, Faults, Faulty};
 use etl_coordination_driver::{
-    DriverConfig, DriverError, DriverHandle, InstanceId, JobOutcome, OnLaneStall, OnStall, Pipeline, Tuning,
+    DriverConfig, DriverError, DriverHandle, InstanceId, JobOutcome, OnBadRecord, OnLaneStall, OnStall,
+    Pipeline, Tuning,
 };
 
 use super::admin::admin_server;
@@ -82,6 +83,18 @@ pub(crate) struct WorkerArgs {
     /// failure of the split (one attempt). 0s: no waiting.
     #[arg(long, default_value = "5m", value_parser = parse_duration, env = "ETL_COORD_TRANSIENT_RETRY_BUDGET")]
     pub(crate) transient_retry_budget: Duration,
+    /// What a bad record (a line that is not UTF-8) does: `quarantine` its split (one attempt
+    /// per tenancy that meets it), or `skip` it into the --dead-letter file and go on.
+    #[arg(long, default_value = "quarantine", value_parser = ["quarantine", "skip"], env = "ETL_COORD_ON_BAD_RECORD")]
+    pub(crate) on_bad_record: String,
+    /// With --on-bad-record skip: the JSON Lines file that keeps each skipped record (split,
+    /// position, error, its bytes), made durable before the progress past it is committed.
+    #[arg(long, env = "ETL_COORD_DEAD_LETTER")]
+    pub(crate) dead_letter: Option<PathBuf>,
+    /// With --on-bad-record skip: a lane that meets more bad records than this in one split
+    /// gives the split up (quarantined at once, with its progress) for a person to look at.
+    #[arg(long, default_value_t = etl_coordination_driver::DEFAULT_MAX_BAD_RECORDS_PER_SPLIT, env = "ETL_COORD_MAX_BAD_RECORDS")]
+    pub(crate) max_bad_records: u32,
     /// Files source: target bytes per split.
     #[arg(long, default_value_t = DEFAULT_SPLIT_BYTES, env = "ETL_COORD_SPLIT_SIZE")]
     pub(crate) split_size: u64,
@@ -146,18 +159,28 @@ impl WorkerArgs {
                 None => Usage::new("--source", format!("{}: {msg}", a.source)),
             });
         }
-        if let Some(sink) = &a.sink {
-            let dir =
-                sink.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-            if !dir.is_dir() {
+        for (flag, file) in [("--sink", &a.sink), ("--dead-letter", &a.dead_letter)] {
+            if let Some(file) = file {
+                output_file(flag, file)?;
+            }
+        }
+        match (a.on_bad_record.as_str(), &a.dead_letter) {
+            ("skip", None) => {
                 return Err(Usage::new(
-                    "--sink",
-                    format!("{}: the directory {} does not exist", sink.display(), dir.display()),
+                    "--on-bad-record",
+                    "skip needs --dead-letter FILE, where the skipped records are kept",
                 ));
             }
-            if sink.is_dir() {
-                return Err(Usage::new("--sink", format!("{} is a directory; give a file", sink.display())));
+            ("quarantine", Some(_)) => {
+                return Err(Usage::new(
+                    "--dead-letter",
+                    "is only written with --on-bad-record skip (the default, quarantine, skips nothing)",
+                ));
             }
+            _ => {}
+        }
+        if a.sink.is_some() && a.sink == a.dead_letter {
+            return Err(Usage::new("--dead-letter", "must be another file than --sink"));
         }
         if let Err(e) = default_instance_id(a.instance_id.clone()) {
             return Err(Usage::new(
@@ -167,6 +190,21 @@ impl WorkerArgs {
         }
         a.store.validate()
     }
+}
+
+/// An output file whose directory exists and that is not a directory.
+fn output_file(flag: &str, file: &std::path::Path) -> Result<(), Usage> {
+    let dir = file.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    if !dir.is_dir() {
+        return Err(Usage::new(
+            flag,
+            format!("{}: the directory {} does not exist", file.display(), dir.display()),
+        ));
+    }
+    if file.is_dir() {
+        return Err(Usage::new(flag, format!("{} is a directory; give a file", file.display())));
+    }
+    Ok(())
 }
 
 fn default_instance_id(flag: Option<String>) -> anyhow::Result<Option<InstanceId>> {
@@ -194,7 +232,13 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     };
     let config = driver_config(&a)?;
     let metrics = etl_coordination_metrics::install_prometheus()?;
-    let handle = Pipeline::new(stores, Faulty { source, faults }, sink).config(config).start()?;
+    let mut pipeline = Pipeline::new(stores, Faulty { source, faults }, sink).config(config);
+    if let Some(p) = &a.dead_letter {
+        let file =
+            JsonlSink::open(p).with_context(|| format!("opening the dead-letter file {}", p.display()))?;
+        pipeline = pipeline.dead_letters(DeadLetterFile(file));
+    }
+    let handle = pipeline.start()?;
     let ready = Arc::new(AtomicBool::new(true));
     if let Some(addr) = a.admin_addr {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -217,6 +261,9 @@ fn driver_config(a: &WorkerArgs) -> anyhow::Result<DriverConfig> {
     config.on_lane_stall =
         if a.on_lane_stall == "release" { OnLaneStall::Release } else { OnLaneStall::Warn };
     config.transient_retry_budget = a.transient_retry_budget;
+    if a.on_bad_record == "skip" {
+        config.on_bad_record = OnBadRecord::Skip { max_per_split: a.max_bad_records };
+    }
     Ok(config)
 }
 

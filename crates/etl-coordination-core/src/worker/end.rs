@@ -20,6 +20,13 @@ impl Worker {
         }
     }
 
+    /// P12: the lane gives up on the split: quarantine it now.
+    pub(super) fn on_give_up(&mut self, id: SplitId, epoch: Epoch, error: String) {
+        if self.tenancies.get(&id).is_some_and(|h| h.epoch == epoch) {
+            self.begin_end(&id, End::GiveUp { error });
+        }
+    }
+
     /// P10: a stopping lane acknowledged (after its last commit): release the split.
     pub(super) fn on_lane_stopped(&mut self, id: SplitId, epoch: Epoch) {
         if self

@@ -185,6 +185,7 @@ impl Worker {
             Input::Fail { split, epoch, error, unprocessable } => {
                 self.on_fail(split, epoch, error, unprocessable)
             }
+            Input::Quarantine { split, epoch, error } => self.on_give_up(split, epoch, error),
             Input::LaneStopped { split, epoch } => self.on_lane_stopped(split, epoch),
             Input::Drain => self.on_drain(now),
         }
