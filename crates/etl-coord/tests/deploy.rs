@@ -880,6 +880,7 @@ fn the_alert_rules_pass_promtool_and_their_unit_tests() {
         "EtlCoordinationWorkerSelfFencing",
         "EtlCoordinationLaneStalled",
         "EtlCoordinationUndecodableRecords",
+        "EtlCoordinationBreakerOpen",
     ] {
         assert!(rules.contains(&format!("alert: {alert}")), "{alert} missing");
         let tests = read("prometheus/alerts.test.yml");

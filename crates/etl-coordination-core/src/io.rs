@@ -118,6 +118,22 @@ pub enum Input {
         /// Error to record as the split's last error.
         error: String,
     },
+    /// A lane's tenancy ends without blame (P10, P12): the split is released as by a drain,
+    /// no attempt consumed (the embedding layer's breaker: the failure was the worker's or
+    /// its sink's, not the split's). The lane has stopped.
+    Release {
+        /// The split.
+        split: SplitId,
+        /// The lane's epoch.
+        epoch: Epoch,
+    },
+    /// Caps how many splits this worker holds: it claims (and steals) no more than `limit`
+    /// splits in all; `None` lifts the cap. Splits already held are kept. The embedding
+    /// layer's breaker pauses intake with it (`Some(0)`, or one more than it holds to probe).
+    Intake {
+        /// The most splits to hold.
+        limit: Option<u32>,
+    },
     /// A lane acknowledged an [`Action::StopLane`] (after its last commit).
     LaneStopped {
         /// The split.

@@ -1081,6 +1081,31 @@ fn p12_a_lane_that_gives_up_quarantines_its_split_at_once_and_keeps_its_progress
 }
 
 #[test]
+fn p10_a_release_without_blame_charges_nothing_and_an_intake_cap_holds_claims_back() {
+    let mut r = running(4);
+    assert_eq!(r.started().len(), 4);
+    // The embedding layer's breaker: intake paused, then a failed lane released without blame.
+    r.feed(Input::Intake { limit: Some(0) });
+    r.feed(Input::Release { split: sid("s0"), epoch: Epoch(1) });
+    let rec = r.kv.record("s0");
+    assert_eq!((rec.state, rec.attempts, rec.owner), (SplitState::Unleased, 0, None));
+    assert_eq!(rec.last_end, Some(records::EndReason::Released));
+    for _ in 0..30 {
+        r.advance(Duration::from_secs(1));
+    }
+    assert_eq!(r.started().len(), 4, "not taken back while intake is paused");
+    assert_eq!(r.w.held().count(), 3, "what it held is kept");
+    // A cap at what it holds takes nothing; one more than it holds takes one (a probe).
+    r.feed(Input::Intake { limit: Some(3) });
+    r.advance(Duration::from_secs(1));
+    assert_eq!(r.started().len(), 4);
+    r.feed(Input::Intake { limit: Some(4) });
+    assert_eq!(r.started().last().map(|(s, e)| (s.as_str().to_owned(), *e)), Some(("s0".into(), Epoch(2))));
+    r.feed(Input::Intake { limit: None });
+    assert_eq!(r.w.held().count(), 4);
+}
+
+#[test]
 fn p12_the_end_of_a_claim_backoff_is_a_deadline_of_the_worker() {
     // Heartbeats every 20 s: only the backoff can wake the worker after 5 s.
     let mut c = cfg("w1", 1);

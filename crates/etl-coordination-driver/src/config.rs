@@ -70,6 +70,14 @@ pub struct DriverConfig {
     /// What a bad record ([`SourceError::BadRecord`](crate::SourceError::BadRecord)) does to
     /// its split. Default: [`OnBadRecord::Quarantine`].
     pub on_bad_record: OnBadRecord,
+    /// The breaker: this many distinct splits failing with the same cause within
+    /// [`DriverConfig::breaker_window`] say the cause is the worker's (its sink is down), not
+    /// the splits': their tenancies are released without charge, intake pauses, and after a
+    /// backoff (10 s doubling to 5 min) the worker probes with one split. Failures the source
+    /// calls unprocessable never count. 0 turns it off. Default: 3.
+    pub breaker_threshold: u32,
+    /// See [`DriverConfig::breaker_threshold`]. Default: 1 minute.
+    pub breaker_window: Duration,
 }
 
 /// What a bad record does to its split.
@@ -90,6 +98,12 @@ pub enum OnBadRecord {
         max_per_split: u32,
     },
 }
+
+/// Default of [`DriverConfig::breaker_threshold`].
+pub const DEFAULT_BREAKER_THRESHOLD: u32 = 3;
+
+/// Default of [`DriverConfig::breaker_window`].
+pub const DEFAULT_BREAKER_WINDOW: Duration = Duration::from_secs(60);
 
 /// The default cap of [`OnBadRecord::Skip`].
 pub const DEFAULT_MAX_BAD_RECORDS_PER_SPLIT: u32 = 100;
@@ -116,6 +130,8 @@ impl Default for DriverConfig {
             on_lane_stall: OnLaneStall::Warn,
             transient_retry_budget: DEFAULT_TRANSIENT_RETRY_BUDGET,
             on_bad_record: OnBadRecord::Quarantine,
+            breaker_threshold: DEFAULT_BREAKER_THRESHOLD,
+            breaker_window: DEFAULT_BREAKER_WINDOW,
         }
     }
 }

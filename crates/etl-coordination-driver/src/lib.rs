@@ -54,6 +54,7 @@
 //! # Ok(()) }
 //! ```
 
+mod breaker;
 mod config;
 mod contract;
 mod handle;
@@ -71,8 +72,9 @@ mod transient;
 mod watches;
 
 pub use config::{
-    DEFAULT_LANE_STALL_TIMEOUT, DEFAULT_MAX_BAD_RECORDS_PER_SPLIT, DEFAULT_OP_TIMEOUT,
-    DEFAULT_TRANSIENT_RETRY_BUDGET, DriverConfig, OnBadRecord, OnLaneStall, OnStall,
+    DEFAULT_BREAKER_THRESHOLD, DEFAULT_BREAKER_WINDOW, DEFAULT_LANE_STALL_TIMEOUT,
+    DEFAULT_MAX_BAD_RECORDS_PER_SPLIT, DEFAULT_OP_TIMEOUT, DEFAULT_TRANSIENT_RETRY_BUDGET, DriverConfig,
+    OnBadRecord, OnLaneStall, OnStall,
 };
 pub use contract::{
     BadRecord, BoxFuture, CommitCadence, DeadLetters, LaneInfo, NextRecord, Sink, SinkError, Source,

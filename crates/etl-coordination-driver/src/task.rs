@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::{error, info, trace, warn};
 
+use crate::breaker::{Breaker, State, Verdict};
 use crate::config::{DEFAULT_OP_TIMEOUT, DriverConfig, OnLaneStall, OnStall};
 use crate::lane::{Lane, LaneMsg, Lanes, Stop};
 use crate::lane_table::{LaneEntry, LaneTable};
@@ -66,6 +67,8 @@ pub(crate) struct Task<S, P> {
     done: bool,
     /// The planner call in flight: a new call (after a timeout) aborts the one it replaces.
     planning: Option<tokio::task::AbortHandle>,
+    /// Failures of distinct splits with one cause: the worker's, not the splits'.
+    breaker: Breaker,
 }
 
 impl<S: Store, P: Planner> Task<S, P> {
@@ -117,6 +120,7 @@ impl<S: Store, P: Planner> Task<S, P> {
             waiters: BTreeMap::new(),
             done: false,
             planning: None,
+            breaker: Breaker::new(config.breaker_threshold, config.breaker_window),
         };
         (task, control_tx, Lanes { rx: lanes_rx })
     }
@@ -136,6 +140,7 @@ impl<S: Store, P: Planner> Task<S, P> {
         while !self.done {
             let deadline = self.worker.next_deadline().map(|t| self.instant(t));
             let stall_check = self.next_stall_check();
+            let breaker_probe = self.breaker.probe_at();
             let input = tokio::select! {
                 msg = self.control.recv(), if controlled => match msg {
                     Some(Control::Freeze(d)) => {
@@ -171,6 +176,7 @@ impl<S: Store, P: Planner> Task<S, P> {
                     self.check_stalls();
                     continue;
                 }
+                () = sleep_until(breaker_probe) => self.breaker_probe(),
             };
             self.handle(input);
         }
@@ -201,6 +207,12 @@ impl<S: Store, P: Planner> Task<S, P> {
         Some(match msg {
             LaneMsg::Commit { split, epoch, progress, reply } => {
                 self.wait_for_commit(&split, epoch, reply);
+                // The lane flushed its sink: the worker's outputs answer again.
+                if self.breaker.on_commit() {
+                    info!(%split, "breaker closed: a lane flushed its sink and commits; intake resumes");
+                    self.report.metrics.breaker_open(false);
+                    self.deferred.push(Input::Intake { limit: None });
+                }
                 Input::Commit { split, epoch, progress }
             }
             LaneMsg::Finish { split, epoch, progress, reply } => {
@@ -211,9 +223,26 @@ impl<S: Store, P: Planner> Task<S, P> {
                 Input::Finish { split, epoch, progress }
             }
             LaneMsg::Fail { split, epoch, error, unprocessable } => {
-                warn!(%split, %epoch, %error, unprocessable, "source reported the split failed");
                 self.lane_ended(&split, epoch);
-                Input::Fail { split, epoch, error, unprocessable }
+                let verdict = if unprocessable {
+                    Verdict::Charge
+                } else {
+                    self.breaker.on_failure(Instant::now(), &split, &error)
+                };
+                match verdict {
+                    Verdict::Charge => {
+                        warn!(%split, %epoch, %error, unprocessable, "source reported the split failed");
+                        Input::Fail { split, epoch, error, unprocessable }
+                    }
+                    Verdict::Release { tripped } => {
+                        if tripped {
+                            self.breaker_tripped(&error);
+                        } else {
+                            info!(%split, %epoch, %error, "failed like the others while the breaker is open: released without charge");
+                        }
+                        Input::Release { split, epoch }
+                    }
+                }
             }
             LaneMsg::Stopped { split, epoch } => {
                 self.lane_ended(&split, epoch);
@@ -229,6 +258,31 @@ impl<S: Store, P: Planner> Task<S, P> {
                 return None;
             }
         })
+    }
+
+    /// The breaker opened (or a probe failed): pause intake, say so.
+    fn breaker_tripped(&mut self, error: &str) {
+        let wait = match self.breaker.state() {
+            State::Open { wait, .. } => *wait,
+            _ => Duration::ZERO,
+        };
+        warn!(
+            %error,
+            cause = %crate::breaker::cause(error),
+            probe_in = ?wait,
+            "breaker open: splits on this worker keep failing with the same cause, so the cause is the worker's or its sink's, not theirs; their failures are not charged, intake is paused, and one split will be tried again after the wait"
+        );
+        self.report.metrics.breaker_open(true);
+        self.report.metrics.breaker_trip();
+        self.deferred.push(Input::Intake { limit: Some(0) });
+    }
+
+    /// An open breaker's wait is over: take one split more than the worker holds, to probe.
+    fn breaker_probe(&mut self) -> Input {
+        self.breaker.probe();
+        let held = u32::try_from(self.worker.held().count()).unwrap_or(u32::MAX);
+        info!(held, "breaker probing: taking one more split to see whether the sink answers");
+        Input::Intake { limit: Some(held.saturating_add(1)) }
     }
 
     /// The lane of `split` at `epoch` ended: forget it (and its stall).

@@ -849,3 +849,46 @@ async fn skipping_without_a_dead_letter_sink_is_refused_naming_the_setting() {
     let text = err.to_string();
     assert!(text.contains("on_bad_record") && text.contains("Pipeline::dead_letters"), "{text}");
 }
+
+/// A sink that fails every write and flush for a minute, with an error retrying in place would
+/// not help (a zero retry budget): four splits on one worker.
+async fn sink_down_for_a_minute(
+    breaker_threshold: u32,
+) -> (JobOutcome, JobStores<etl_coordination_memory::MemoryStore>, Outage) {
+    let stores = fresh_stores();
+    let sink = Outage::new(Duration::from_millis(175), Duration::from_secs(60));
+    let mut cfg = config("a");
+    cfg.on_stall = OnStall::Warn;
+    cfg.transient_retry_budget = Duration::ZERO;
+    cfg.tuning.max_attempts = 2;
+    cfg.tuning.claim_backoff = Duration::from_secs(1);
+    cfg.breaker_threshold = breaker_threshold;
+    let p = Pipeline::new(stores.clone(), numbers(4, 30), sink.clone()).config(cfg).commit_every(cadence());
+    (p.run_until(std::future::pending()).await.unwrap(), stores, sink)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_breaker_keeps_a_sink_outage_from_quarantining_the_splits_that_meet_it() {
+    // Without the breaker, every split that meets the outage is charged until it is quarantined.
+    let (outcome, ..) = sink_down_for_a_minute(0).await;
+    assert!(
+        matches!(outcome, JobOutcome::Stalled { ref quarantined } if quarantined.len() == 4),
+        "{outcome:?}"
+    );
+    // With it: the third split failing alike opens it; the rest are released without charge,
+    // intake pauses, probes fail without charge until the sink answers, and the job completes.
+    let (outcome, stores, sink) = sink_down_for_a_minute(3).await;
+    assert_eq!(outcome, JobOutcome::Complete);
+    sink.inner.assert_complete(4, 30);
+    let mut charged = 0;
+    for s in ["s00", "s01", "s02", "s03"] {
+        let rec = split_record(&stores, s);
+        assert_eq!(rec.state, records::SplitState::Done, "{s}");
+        charged += rec.epoch.0 - 1;
+    }
+    let (writes, _) = *sink.failures.lock().unwrap();
+    assert!(writes >= 4, "every lane met the outage: {writes} failed writes");
+    // Tenancies after the first: the two charged before the breaker opened, the probes, and
+    // the takes after it closed; a handful, not a retry storm over a minute.
+    assert!(charged <= 12, "{charged} extra tenancies");
+}

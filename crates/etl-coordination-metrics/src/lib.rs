@@ -69,9 +69,14 @@ pub mod names {
     pub const LANE_STALLS_TOTAL: &str = "etl_coordination_lane_stalls_total";
     /// Counter: bad records this worker's lanes skipped into the dead-letter sink.
     pub const RECORDS_SKIPPED_TOTAL: &str = "etl_coordination_records_skipped_total";
+    /// Gauge: 1 while this worker's breaker is open or probing (intake paused, failures of
+    /// its cause not charged to splits).
+    pub const BREAKER_OPEN: &str = "etl_coordination_breaker_open";
+    /// Counter: times this worker's breaker opened (a failed probe counts again).
+    pub const BREAKER_TRIPS_TOTAL: &str = "etl_coordination_breaker_trips_total";
 
     /// Every family.
-    pub const ALL: [&str; 15] = [
+    pub const ALL: [&str; 17] = [
         SPLITS_OWNED,
         LIVE_WORKERS,
         LEADER,
@@ -87,6 +92,8 @@ pub mod names {
         LANES_STALLED,
         LANE_STALLS_TOTAL,
         RECORDS_SKIPPED_TOTAL,
+        BREAKER_OPEN,
+        BREAKER_TRIPS_TOTAL,
     ];
 }
 
@@ -199,6 +206,12 @@ pub fn describe() {
         Unit::Count,
         "Bad records skipped into the dead-letter sink (on-bad-record skip)."
     );
+    describe_gauge!(
+        names::BREAKER_OPEN,
+        Unit::Count,
+        "1 while this worker's breaker is open or probing: distinct splits failed with one cause, intake is paused and that cause is not charged to splits."
+    );
+    describe_counter!(names::BREAKER_TRIPS_TOTAL, Unit::Count, "Times this worker's breaker opened.");
 }
 
 /// Typed metric handles of one worker.
@@ -224,6 +237,8 @@ impl Metrics {
         m.lanes_stalled(0);
         counter!(names::LANE_STALLS_TOTAL, "coordination_job" => m.job.clone(), "coordination_instance" => m.instance.clone()).increment(0);
         counter!(names::RECORDS_SKIPPED_TOTAL, "coordination_job" => m.job.clone(), "coordination_instance" => m.instance.clone()).increment(0);
+        counter!(names::BREAKER_TRIPS_TOTAL, "coordination_job" => m.job.clone(), "coordination_instance" => m.instance.clone()).increment(0);
+        m.breaker_open(false);
         for reason in ACQUISITION_REASONS {
             counter!(names::ACQUISITIONS_TOTAL, "coordination_job" => m.job.clone(), "coordination_instance" => m.instance.clone(), "reason" => reason).increment(0);
         }
@@ -317,6 +332,16 @@ impl Metrics {
         counter!(names::RECORDS_SKIPPED_TOTAL, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone()).increment(1);
     }
 
+    /// `breaker_open`.
+    pub fn breaker_open(&self, open: bool) {
+        gauge!(names::BREAKER_OPEN, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone()).set(if open { 1.0 } else { 0.0 });
+    }
+
+    /// `breaker_trips_total`.
+    pub fn breaker_trip(&self) {
+        counter!(names::BREAKER_TRIPS_TOTAL, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone()).increment(1);
+    }
+
     /// `writes_total{outcome}`.
     pub fn write(&self, outcome: WriteOutcome) {
         counter!(names::WRITES_TOTAL, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone(), "outcome" => outcome.label()).increment(1);
@@ -385,6 +410,8 @@ mod tests {
         m.lanes_stalled(1);
         m.lane_stall();
         m.record_skipped();
+        m.breaker_open(true);
+        m.breaker_trip();
         let text = handle.render();
         for family in names::ALL {
             assert!(text.contains(&format!("# HELP {family}")), "{family} has help text:\n{text}");
@@ -414,6 +441,8 @@ mod tests {
             r#"etl_coordination_lanes_stalled{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
             r#"etl_coordination_lane_stalls_total{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
             r#"etl_coordination_records_skipped_total{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
+            r#"etl_coordination_breaker_open{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
+            r#"etl_coordination_breaker_trips_total{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
         ];
         for line in expect {
             assert!(text.contains(line), "missing {line:?} in:\n{text}");

@@ -95,6 +95,15 @@ pub(crate) struct WorkerArgs {
     /// gives the split up (quarantined at once, with its progress) for a person to look at.
     #[arg(long, default_value_t = etl_coordination_driver::DEFAULT_MAX_BAD_RECORDS_PER_SPLIT, env = "ETL_COORD_MAX_BAD_RECORDS")]
     pub(crate) max_bad_records: u32,
+    /// The breaker: this many distinct splits failing with the same cause within
+    /// --breaker-window mean the sink (or the worker) is at fault: their failures are not
+    /// charged, intake pauses, and one split is tried again after 10s (doubling to 5m) until a
+    /// lane commits. 0 turns it off.
+    #[arg(long, default_value_t = etl_coordination_driver::DEFAULT_BREAKER_THRESHOLD, env = "ETL_COORD_BREAKER_THRESHOLD")]
+    pub(crate) breaker_threshold: u32,
+    /// See --breaker-threshold.
+    #[arg(long, default_value = "60s", value_parser = parse_duration, env = "ETL_COORD_BREAKER_WINDOW")]
+    pub(crate) breaker_window: Duration,
     /// Files source: target bytes per split.
     #[arg(long, default_value_t = DEFAULT_SPLIT_BYTES, env = "ETL_COORD_SPLIT_SIZE")]
     pub(crate) split_size: u64,
@@ -261,6 +270,8 @@ fn driver_config(a: &WorkerArgs) -> anyhow::Result<DriverConfig> {
     config.on_lane_stall =
         if a.on_lane_stall == "release" { OnLaneStall::Release } else { OnLaneStall::Warn };
     config.transient_retry_budget = a.transient_retry_budget;
+    config.breaker_threshold = a.breaker_threshold;
+    config.breaker_window = a.breaker_window;
     if a.on_bad_record == "skip" {
         config.on_bad_record = OnBadRecord::Skip { max_per_split: a.max_bad_records };
     }

@@ -139,11 +139,13 @@ impl Worker {
         });
     }
 
-    /// The number of splits this worker aims to hold (P5).
+    /// The number of splits this worker aims to hold (P5), within the embedding layer's cap
+    /// ([`crate::Input::Intake`]).
     pub(super) fn fair_target(&self) -> usize {
         let live = self.view.live_workers().max(1);
         let fair = self.view.active().div_ceil(live);
-        fair.min(self.cfg.tuning.max_in_flight as usize)
+        let cap = self.intake_limit.map_or(usize::MAX, |l| l as usize);
+        fair.min(self.cfg.tuning.max_in_flight as usize).min(cap)
     }
 
     /// P6: why a claimable split is being acquired, from its record.

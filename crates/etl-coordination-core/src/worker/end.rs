@@ -27,6 +27,13 @@ impl Worker {
         }
     }
 
+    /// P10: the embedding layer ends a tenancy without blame: release it, as a drain does.
+    pub(super) fn on_release(&mut self, id: SplitId, epoch: Epoch) {
+        if self.tenancies.get(&id).is_some_and(|h| h.epoch == epoch) {
+            self.begin_end(&id, End::Release);
+        }
+    }
+
     /// P10: a stopping lane acknowledged (after its last commit): release the split.
     pub(super) fn on_lane_stopped(&mut self, id: SplitId, epoch: Epoch) {
         if self

@@ -80,6 +80,8 @@ pub struct Worker {
     /// P12: failed splits waiting out their claim backoff, by the record revision that
     /// showed the failure.
     backoffs: ClaimBackoffs,
+    /// The embedding layer's cap on splits held ([`Input::Intake`]).
+    intake_limit: Option<u32>,
     manifest_load: Option<ManifestLoad>,
     leaving: Option<Leaving>,
     /// The gauges last reported (none yet: the first report always goes out).
@@ -129,6 +131,7 @@ impl Worker {
             resync_at: None,
             last_steal_at: None,
             backoffs: ClaimBackoffs::default(),
+            intake_limit: None,
             manifest_load: None,
             leaving: None,
             gauges: None,
@@ -187,6 +190,8 @@ impl Worker {
             }
             Input::Quarantine { split, epoch, error } => self.on_give_up(split, epoch, error),
             Input::LaneStopped { split, epoch } => self.on_lane_stopped(split, epoch),
+            Input::Release { split, epoch } => self.on_release(split, epoch),
+            Input::Intake { limit } => self.intake_limit = limit,
             Input::Drain => self.on_drain(now),
         }
         if matches!(self.phase, Phase::Running | Phase::Leaving) {

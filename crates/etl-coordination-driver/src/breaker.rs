@@ -1,0 +1,204 @@
+//! The worker's breaker (issue 26): when different splits on this worker fail with the same
+//! cause within a window, the cause is the worker's or its sink's (a sink that is down, a
+//! bucket that cannot be reached, credentials that expired), not the splits'. The breaker then
+//! stops charging attempts for that cause (the failed tenancies are released without blame),
+//! pauses intake (the worker claims nothing new; what it holds it keeps), and after a backoff
+//! probes by taking one split more than it holds: a commit of any lane (its sink flushed)
+//! closes it; the same failure again reopens it for twice as long.
+//!
+//! Only failures a split could be blamed for by mistake count: a split the source reports
+//! unprocessable (bad data) is charged as always, so a poison split is still quarantined. One
+//! split failing again and again never trips it (it needs distinct splits).
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use etl_coordination_core::SplitId;
+use tokio::time::Instant;
+
+/// The first wait before a probe; it doubles on every failed probe up to [`MAX_PROBE_WAIT`].
+const FIRST_PROBE_WAIT: Duration = Duration::from_secs(10);
+/// The longest wait before a probe.
+const MAX_PROBE_WAIT: Duration = Duration::from_secs(300);
+
+/// What the breaker says about one failure of a lane.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// The split's failure: charge it (P12).
+    Charge,
+    /// The worker's: release the split without blame. `tripped`: this failure opened the
+    /// breaker (pause intake).
+    Release { tripped: bool },
+}
+
+/// Where the breaker is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Failures are the splits'.
+    Closed,
+    /// Intake paused until `until`, then a probe.
+    Open { cause: String, until: Instant, wait: Duration },
+    /// Probing: one split more than held; a commit closes, the same failure reopens.
+    HalfOpen { cause: String, wait: Duration },
+}
+
+/// The breaker of one worker.
+#[derive(Debug)]
+pub(crate) struct Breaker {
+    /// Distinct splits failing with one cause within `window` that trip it; 0: never.
+    threshold: usize,
+    window: Duration,
+    recent: VecDeque<(Instant, SplitId, String)>,
+    state: State,
+}
+
+/// The cause of a failure, as compared between splits: the innermost message of the error
+/// chain (after the last `": "`), digits masked, so that `reading a.txt: connection refused`
+/// and `reading b.txt: connection refused` (or two OS error numbers of one kind) are one cause.
+pub(crate) fn cause(error: &str) -> String {
+    let inner = error.rsplit(": ").next().unwrap_or(error);
+    let mut out = String::with_capacity(inner.len());
+    for c in inner.chars() {
+        if c.is_ascii_digit() {
+            if !out.ends_with('N') {
+                out.push('N');
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+impl Breaker {
+    pub(crate) fn new(threshold: u32, window: Duration) -> Self {
+        Breaker { threshold: threshold as usize, window, recent: VecDeque::new(), state: State::Closed }
+    }
+
+    pub(crate) fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// A lane of `split` failed with `error` (not unprocessable).
+    pub(crate) fn on_failure(&mut self, now: Instant, split: &SplitId, error: &str) -> Verdict {
+        if self.threshold == 0 {
+            return Verdict::Charge;
+        }
+        let cause = cause(error);
+        match &self.state {
+            State::Open { cause: open, .. } if *open == cause => return Verdict::Release { tripped: false },
+            // The probe failed the same way: open again, for twice as long.
+            State::HalfOpen { cause: open, wait } if *open == cause => {
+                let wait = (*wait * 2).min(MAX_PROBE_WAIT);
+                self.state = State::Open { cause, until: now + wait, wait };
+                return Verdict::Release { tripped: true };
+            }
+            _ => {}
+        }
+        while self.recent.front().is_some_and(|(t, ..)| now.duration_since(*t) > self.window) {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((now, split.clone(), cause.clone()));
+        let mut splits: Vec<&SplitId> =
+            self.recent.iter().filter(|(_, _, c)| *c == cause).map(|(_, s, _)| s).collect();
+        splits.sort();
+        splits.dedup();
+        if splits.len() < self.threshold || self.state != State::Closed {
+            return Verdict::Charge;
+        }
+        self.recent.clear();
+        self.state = State::Open { cause, until: now + FIRST_PROBE_WAIT, wait: FIRST_PROBE_WAIT };
+        Verdict::Release { tripped: true }
+    }
+
+    /// When an open breaker probes.
+    pub(crate) fn probe_at(&self) -> Option<Instant> {
+        match self.state {
+            State::Open { until, .. } => Some(until),
+            _ => None,
+        }
+    }
+
+    /// The wait is over: probe (half-open).
+    pub(crate) fn probe(&mut self) {
+        if let State::Open { cause, wait, .. } = &self.state {
+            self.state = State::HalfOpen { cause: cause.clone(), wait: *wait };
+        }
+    }
+
+    /// A lane flushed its sink and asks to commit: the worker's outputs answer. Closes a
+    /// probing breaker; `true` if it did.
+    pub(crate) fn on_commit(&mut self) -> bool {
+        if matches!(self.state, State::HalfOpen { .. }) {
+            self.state = State::Closed;
+            return true;
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(id: &str) -> SplitId {
+        SplitId::new(id).unwrap()
+    }
+
+    #[test]
+    fn causes_compare_the_innermost_message_with_digits_masked() {
+        assert_eq!(
+            cause("sink: No space left on device (os error 28)"),
+            "No space left on device (os error N)"
+        );
+        assert_eq!(
+            cause("reading a/1.txt: connection refused"),
+            cause("reading b/22.txt: connection refused")
+        );
+        assert_ne!(cause("sink: disk full"), cause("sink: permission denied"));
+    }
+
+    #[test]
+    fn distinct_splits_failing_alike_trip_it_and_one_split_failing_again_never_does() {
+        let t0 = Instant::now();
+        let mut b = Breaker::new(3, Duration::from_secs(60));
+        for _ in 0..10 {
+            assert_eq!(b.on_failure(t0, &s("poison"), "sink: boom"), Verdict::Charge);
+        }
+        assert_eq!(b.on_failure(t0, &s("a"), "sink: boom"), Verdict::Charge);
+        assert_eq!(b.on_failure(t0, &s("b"), "sink: other"), Verdict::Charge, "another cause");
+        assert_eq!(b.on_failure(t0, &s("b"), "sink: boom"), Verdict::Release { tripped: true });
+        assert!(matches!(b.state(), State::Open { .. }));
+        assert_eq!(b.on_failure(t0, &s("c"), "sink: boom"), Verdict::Release { tripped: false });
+        assert_eq!(b.on_failure(t0, &s("c"), "sink: other"), Verdict::Charge, "another cause is the split's");
+    }
+
+    #[test]
+    fn failures_outside_the_window_do_not_add_up() {
+        let t0 = Instant::now();
+        let mut b = Breaker::new(2, Duration::from_secs(60));
+        assert_eq!(b.on_failure(t0, &s("a"), "x: down"), Verdict::Charge);
+        assert_eq!(b.on_failure(t0 + Duration::from_secs(61), &s("b"), "x: down"), Verdict::Charge);
+        let zero = &mut Breaker::new(0, Duration::from_secs(60));
+        assert_eq!(zero.on_failure(t0, &s("a"), "x: down"), Verdict::Charge);
+        assert_eq!(zero.on_failure(t0, &s("b"), "x: down"), Verdict::Charge, "0 turns it off");
+    }
+
+    #[test]
+    fn a_failed_probe_reopens_for_twice_as_long_and_a_commit_closes_it() {
+        let t0 = Instant::now();
+        let mut b = Breaker::new(2, Duration::from_secs(60));
+        b.on_failure(t0, &s("a"), "x: down");
+        assert_eq!(b.on_failure(t0, &s("b"), "x: down"), Verdict::Release { tripped: true });
+        assert_eq!(b.probe_at(), Some(t0 + FIRST_PROBE_WAIT));
+        assert!(!b.on_commit(), "open: a commit of a lane that was running says nothing yet");
+        b.probe();
+        let t1 = t0 + FIRST_PROBE_WAIT;
+        assert_eq!(b.on_failure(t1, &s("c"), "x: down"), Verdict::Release { tripped: true });
+        assert_eq!(b.probe_at(), Some(t1 + FIRST_PROBE_WAIT * 2));
+        b.probe();
+        assert!(b.on_commit());
+        assert_eq!(b.state(), &State::Closed);
+        assert_eq!(b.on_failure(t1, &s("d"), "x: down"), Verdict::Charge, "closed: counting again from zero");
+    }
+}
