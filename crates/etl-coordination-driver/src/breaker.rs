@@ -10,7 +10,7 @@
 //! unprocessable (bad data) is charged as always, so a poison split is still quarantined. One
 //! split failing again and again never trips it (it needs distinct splits).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
 
 use etl_coordination_core::SplitId;
@@ -24,8 +24,9 @@ const MAX_PROBE_WAIT: Duration = Duration::from_secs(300);
 /// What the breaker says about one failure of a lane.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Verdict {
-    /// The split's failure: charge it (P12).
-    Charge,
+    /// The split's failure: charge it (P12). `tripped`: this failure (a failed probe of a
+    /// split already excused once) opened the breaker again (pause intake).
+    Charge { tripped: bool },
     /// The worker's: release the split without blame. `tripped`: this failure opened the
     /// breaker (pause intake).
     Release { tripped: bool },
@@ -50,12 +51,22 @@ pub(crate) struct Breaker {
     window: Duration,
     recent: VecDeque<(Instant, SplitId, String)>,
     state: State,
+    /// Splits released without charge since the breaker opened: each is excused once, so that
+    /// splits failing for their own reasons (with one message) still reach quarantine while
+    /// it stays open.
+    excused: BTreeSet<SplitId>,
 }
 
 /// The cause of a failure, as compared between splits: the innermost message of the error
 /// chain (after the last `": "`), digits masked, so that `reading a.txt: connection refused`
 /// and `reading b.txt: connection refused` (or two OS error numbers of one kind) are one cause.
 pub(crate) fn cause(error: &str) -> String {
+    // A transient failure past its budget ends with `(writing to the sink kept failing for
+    // 5.2s, past ...)`: the step and the time are not the cause.
+    let error = match error.find(" kept failing for ") {
+        Some(i) => error[..i].rfind(" (").map_or(error, |j| &error[..j]),
+        None => error,
+    };
     let inner = error.rsplit(": ").next().unwrap_or(error);
     let mut out = String::with_capacity(inner.len());
     for c in inner.chars() {
@@ -72,7 +83,13 @@ pub(crate) fn cause(error: &str) -> String {
 
 impl Breaker {
     pub(crate) fn new(threshold: u32, window: Duration) -> Self {
-        Breaker { threshold: threshold as usize, window, recent: VecDeque::new(), state: State::Closed }
+        Breaker {
+            threshold: threshold as usize,
+            window,
+            recent: VecDeque::new(),
+            state: State::Closed,
+            excused: BTreeSet::new(),
+        }
     }
 
     pub(crate) fn state(&self) -> &State {
@@ -82,18 +99,27 @@ impl Breaker {
     /// A lane of `split` failed with `error` (not unprocessable).
     pub(crate) fn on_failure(&mut self, now: Instant, split: &SplitId, error: &str) -> Verdict {
         if self.threshold == 0 {
-            return Verdict::Charge;
+            return Verdict::Charge { tripped: false };
         }
         let cause = cause(error);
-        match &self.state {
-            State::Open { cause: open, .. } if *open == cause => return Verdict::Release { tripped: false },
-            // The probe failed the same way: open again, for twice as long.
-            State::HalfOpen { cause: open, wait } if *open == cause => {
-                let wait = (*wait * 2).min(MAX_PROBE_WAIT);
+        let open_cause = match &self.state {
+            State::Open { cause, .. } | State::HalfOpen { cause, .. } => Some(cause.clone()),
+            State::Closed => None,
+        };
+        if open_cause.as_ref() == Some(&cause) {
+            // A failed probe: open again, for twice as long.
+            let tripped = if let State::HalfOpen { wait, .. } = self.state {
+                let wait = (wait * 2).min(MAX_PROBE_WAIT);
                 self.state = State::Open { cause, until: now + wait, wait };
-                return Verdict::Release { tripped: true };
-            }
-            _ => {}
+                true
+            } else {
+                false
+            };
+            return if self.excused.insert(split.clone()) {
+                Verdict::Release { tripped }
+            } else {
+                Verdict::Charge { tripped }
+            };
         }
         while self.recent.front().is_some_and(|(t, ..)| now.duration_since(*t) > self.window) {
             self.recent.pop_front();
@@ -103,10 +129,12 @@ impl Breaker {
             self.recent.iter().filter(|(_, _, c)| *c == cause).map(|(_, s, _)| s).collect();
         splits.sort();
         splits.dedup();
-        if splits.len() < self.threshold || self.state != State::Closed {
-            return Verdict::Charge;
+        if splits.len() < self.threshold || open_cause.is_some() {
+            return Verdict::Charge { tripped: false };
         }
         self.recent.clear();
+        self.excused.clear();
+        self.excused.insert(split.clone());
         self.state = State::Open { cause, until: now + FIRST_PROBE_WAIT, wait: FIRST_PROBE_WAIT };
         Verdict::Release { tripped: true }
     }
@@ -126,11 +154,12 @@ impl Breaker {
         }
     }
 
-    /// A lane flushed its sink and asks to commit: the worker's outputs answer. Closes a
-    /// probing breaker; `true` if it did.
+    /// A lane flushed its outputs and asks to commit (or to finish its split): they answer.
+    /// Closes a probing breaker; `true` if it did.
     pub(crate) fn on_commit(&mut self) -> bool {
         if matches!(self.state, State::HalfOpen { .. }) {
             self.state = State::Closed;
+            self.excused.clear();
             return true;
         }
         false
@@ -140,6 +169,8 @@ impl Breaker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const CHARGE: Verdict = Verdict::Charge { tripped: false };
 
     fn s(id: &str) -> SplitId {
         SplitId::new(id).unwrap()
@@ -163,25 +194,26 @@ mod tests {
         let t0 = Instant::now();
         let mut b = Breaker::new(3, Duration::from_secs(60));
         for _ in 0..10 {
-            assert_eq!(b.on_failure(t0, &s("poison"), "sink: boom"), Verdict::Charge);
+            assert_eq!(b.on_failure(t0, &s("poison"), "sink: boom"), CHARGE);
         }
-        assert_eq!(b.on_failure(t0, &s("a"), "sink: boom"), Verdict::Charge);
-        assert_eq!(b.on_failure(t0, &s("b"), "sink: other"), Verdict::Charge, "another cause");
+        assert_eq!(b.on_failure(t0, &s("a"), "sink: boom"), CHARGE);
+        assert_eq!(b.on_failure(t0, &s("b"), "sink: other"), CHARGE, "another cause");
         assert_eq!(b.on_failure(t0, &s("b"), "sink: boom"), Verdict::Release { tripped: true });
         assert!(matches!(b.state(), State::Open { .. }));
         assert_eq!(b.on_failure(t0, &s("c"), "sink: boom"), Verdict::Release { tripped: false });
-        assert_eq!(b.on_failure(t0, &s("c"), "sink: other"), Verdict::Charge, "another cause is the split's");
+        assert_eq!(b.on_failure(t0, &s("c"), "sink: other"), CHARGE, "another cause is the split's");
+        assert_eq!(b.on_failure(t0, &s("c"), "sink: boom"), CHARGE, "each split is excused once");
     }
 
     #[test]
     fn failures_outside_the_window_do_not_add_up() {
         let t0 = Instant::now();
         let mut b = Breaker::new(2, Duration::from_secs(60));
-        assert_eq!(b.on_failure(t0, &s("a"), "x: down"), Verdict::Charge);
-        assert_eq!(b.on_failure(t0 + Duration::from_secs(61), &s("b"), "x: down"), Verdict::Charge);
+        assert_eq!(b.on_failure(t0, &s("a"), "x: down"), CHARGE);
+        assert_eq!(b.on_failure(t0 + Duration::from_secs(61), &s("b"), "x: down"), CHARGE);
         let zero = &mut Breaker::new(0, Duration::from_secs(60));
-        assert_eq!(zero.on_failure(t0, &s("a"), "x: down"), Verdict::Charge);
-        assert_eq!(zero.on_failure(t0, &s("b"), "x: down"), Verdict::Charge, "0 turns it off");
+        assert_eq!(zero.on_failure(t0, &s("a"), "x: down"), CHARGE);
+        assert_eq!(zero.on_failure(t0, &s("b"), "x: down"), CHARGE, "0 turns it off");
     }
 
     #[test]
@@ -197,8 +229,21 @@ mod tests {
         assert_eq!(b.on_failure(t1, &s("c"), "x: down"), Verdict::Release { tripped: true });
         assert_eq!(b.probe_at(), Some(t1 + FIRST_PROBE_WAIT * 2));
         b.probe();
+        b.probe();
+        // The probe's split was excused once already: a split failing for its own reasons
+        // with the same message is charged, and reaches quarantine while the breaker is open.
+        assert_eq!(b.on_failure(t1, &s("c"), "x: down"), Verdict::Charge { tripped: true });
+        b.probe();
         assert!(b.on_commit());
         assert_eq!(b.state(), &State::Closed);
-        assert_eq!(b.on_failure(t1, &s("d"), "x: down"), Verdict::Charge, "closed: counting again from zero");
+        assert_eq!(b.on_failure(t1, &s("d"), "x: down"), CHARGE, "closed: counting again from zero");
+    }
+
+    #[test]
+    fn an_outage_past_the_retry_budget_is_one_cause_whatever_the_step_and_the_time() {
+        let a = "sink: storage full (writing to the sink kept failing for 0ns, past the transient retry budget of 0ns)";
+        let b = "sink: storage full (flushing the sink kept failing for 5.3µs, past the transient retry budget of 0ns)";
+        assert_eq!(cause(a), cause(b));
+        assert_eq!(cause(a), "storage full");
     }
 }

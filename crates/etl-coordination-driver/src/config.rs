@@ -148,8 +148,30 @@ impl DriverConfig {
         cfg.tuning = self.tuning.clone();
         cfg.stay_after_end = self.stay_after_end;
         cfg.validate()?;
+        self.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks the driver's own settings (the core's, [`Tuning`], are checked by
+    /// [`Tuning::validate`]); the error names the first offending field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.tuning.validate()?;
         if self.op_timeout.is_some_and(|t| t.is_zero()) {
             return Err(ConfigError { field: "op_timeout", value: "0s".into(), rule: "must be positive" });
+        }
+        if self.breaker_threshold == 1 {
+            return Err(ConfigError {
+                field: "breaker_threshold",
+                value: "1".into(),
+                rule: "must be 0 (off) or at least 2: one split failing is that split's failure, and with 1 no split would ever be charged",
+            });
+        }
+        if self.breaker_threshold > 0 && self.breaker_window.is_zero() {
+            return Err(ConfigError {
+                field: "breaker_window",
+                value: "0s".into(),
+                rule: "must be positive (set breaker_threshold to 0 to turn the breaker off)",
+            });
         }
         if let Some(t) = self.lane_stall_timeout
             && t < Duration::from_secs(1)
@@ -160,6 +182,6 @@ impl DriverConfig {
                 rule: "must be at least 1s, and above the longest a healthy lane goes without committing (None turns the check off)",
             });
         }
-        Ok(cfg)
+        Ok(())
     }
 }

@@ -281,6 +281,9 @@ struct Written {
     pending: u64,
     /// Bad records this lane skipped into the dead-letter sink.
     skipped: u32,
+    /// Of those, the ones after the last record written: a reader opened again (after a
+    /// transient failure) reads them again, and they are not counted twice.
+    skipped_since_last: u32,
     last_commit: Instant,
 }
 
@@ -299,7 +302,14 @@ async fn lane_loop<So: Source, Si: Sink<So::Record>>(
 ) -> (u64, LaneEnd) {
     let resume = lane.resume_from().cloned();
     let mut retry = Transient::new(budget);
-    let mut w = Written { emitted: 0, last: None, pending: 0, skipped: 0, last_commit: Instant::now() };
+    let mut w = Written {
+        emitted: 0,
+        last: None,
+        pending: 0,
+        skipped: 0,
+        skipped_since_last: 0,
+        last_commit: Instant::now(),
+    };
     loop {
         let at = w.last.clone().or_else(|| resume.clone());
         let opened = tokio::select! {
@@ -330,14 +340,27 @@ async fn lane_loop<So: Source, Si: Sink<So::Record>>(
         )
         .await
         {
-            // A transient failure was waited out: open again where the lane is.
-            ReadEnd::Reopen => continue,
+            // A transient failure was waited out: open again where the lane is (the bad records
+            // after the last one written are met again).
+            ReadEnd::Reopen => {
+                w.skipped -= w.skipped_since_last;
+                w.skipped_since_last = 0;
+                continue;
+            }
             ReadEnd::Stop(stop) => return (w.emitted, stop_lane(lane, sink, &w, stop).await),
             ReadEnd::Source(e) => return (w.emitted, report(lane, e)),
             ReadEnd::Sink(e) => return (w.emitted, sink_failed(lane, e)),
             ReadEnd::Commit(end) => return (w.emitted, end.apply(lane)),
             ReadEnd::Finished(progress) => return (w.emitted, finish(lane, progress).await),
             ReadEnd::GiveUp(why) => {
+                // What was skipped is kept before the split is given up.
+                if let Err(e) = flush_retrying(&mut lane, sink, &mut retry).await {
+                    let e = match e {
+                        FlushEnd::Failed(e) => e.to_string(),
+                        FlushEnd::Stop(_) => "the lane was stopped".into(),
+                    };
+                    warn!(error = %e, "flushing the dead-letter sink before giving the split up failed");
+                }
                 warn!(error = %why, "too many bad records: giving the split up");
                 lane.give_up(why);
                 return (w.emitted, LaneEnd::Failed);
@@ -464,6 +487,7 @@ async fn read_split<So: Source, Si: Sink<So::Record>>(
                 }
                 w.emitted += 1;
                 w.pending += 1;
+                w.skipped_since_last = 0;
                 w.last = Some(encode(&progress));
                 if w.pending >= cadence.records || w.last_commit.elapsed() >= cadence.interval {
                     // Commit before going on: a lane never runs more than one commit interval
@@ -495,9 +519,10 @@ async fn skip<Si>(
 ) -> Option<ReadEnd> {
     let OnBadRecord::Skip { max_per_split } = out.on_bad else { unreachable!("skipping") };
     if w.skipped >= max_per_split {
+        let kept = if max_per_split > 0 { "; those skipped are in the dead-letter sink" } else { "" };
         return Some(ReadEnd::GiveUp(format!(
-            "more than {max_per_split} bad records in one tenancy (the last at {}: {}); those skipped are in \
-             the dead-letter sink: fix the input, then requeue the split",
+            "more than {max_per_split} bad records in one tenancy (the last at {}: {}){kept}: fix the input, then \
+             requeue the split",
             bad.position, bad.error
         )));
     }
@@ -506,6 +531,7 @@ async fn skip<Si>(
         Ok(()) => {
             retry.recovered(Side::Sink);
             w.skipped += 1;
+            w.skipped_since_last += 1;
             lane.skipped();
             warn!(position = %bad.position, error = %bad.error, "bad record skipped into the dead-letter sink");
             None

@@ -207,16 +207,12 @@ impl<S: Store, P: Planner> Task<S, P> {
         Some(match msg {
             LaneMsg::Commit { split, epoch, progress, reply } => {
                 self.wait_for_commit(&split, epoch, reply);
-                // The lane flushed its sink: the worker's outputs answer again.
-                if self.breaker.on_commit() {
-                    info!(%split, "breaker closed: a lane flushed its sink and commits; intake resumes");
-                    self.report.metrics.breaker_open(false);
-                    self.deferred.push(Input::Intake { limit: None });
-                }
+                self.breaker_answered(&split);
                 Input::Commit { split, epoch, progress }
             }
             LaneMsg::Finish { split, epoch, progress, reply } => {
                 self.wait_for_commit(&split, epoch, reply);
+                self.breaker_answered(&split);
                 if let Some(l) = self.running.get(&split, epoch) {
                     l.finishing = true;
                 }
@@ -225,12 +221,15 @@ impl<S: Store, P: Planner> Task<S, P> {
             LaneMsg::Fail { split, epoch, error, unprocessable } => {
                 self.lane_ended(&split, epoch);
                 let verdict = if unprocessable {
-                    Verdict::Charge
+                    Verdict::Charge { tripped: false }
                 } else {
                     self.breaker.on_failure(Instant::now(), &split, &error)
                 };
                 match verdict {
-                    Verdict::Charge => {
+                    Verdict::Charge { tripped } => {
+                        if tripped {
+                            self.breaker_tripped(&error);
+                        }
                         warn!(%split, %epoch, %error, unprocessable, "source reported the split failed");
                         Input::Fail { split, epoch, error, unprocessable }
                     }
@@ -258,6 +257,15 @@ impl<S: Store, P: Planner> Task<S, P> {
                 return None;
             }
         })
+    }
+
+    /// A lane flushed its outputs and commits: they answer again (a probing breaker closes).
+    fn breaker_answered(&mut self, split: &SplitId) {
+        if self.breaker.on_commit() {
+            info!(%split, "breaker closed: a lane flushed its sink and commits; intake resumes");
+            self.report.metrics.breaker_open(false);
+            self.deferred.push(Input::Intake { limit: None });
+        }
     }
 
     /// The breaker opened (or a probe failed): pause intake, say so.

@@ -892,3 +892,29 @@ async fn the_breaker_keeps_a_sink_outage_from_quarantining_the_splits_that_meet_
     // the takes after it closed; a handful, not a retry storm over a minute.
     assert!(charged <= 12, "{charged} extra tenancies");
 }
+
+#[tokio::test(start_paused = true)]
+async fn bad_records_met_again_after_a_transient_failure_are_not_counted_twice_against_the_cap() {
+    let stores = fresh_stores();
+    let mut inner = numbers(1, 30);
+    inner.bad = vec![("s00", 5), ("s00", 6)];
+    // Right after the two bad records, the source throttles three times: the reader is opened
+    // again after record 4 each time, and meets records 5 and 6 again.
+    let source = Throttled { inner, at: 7, left: Arc::new(Mutex::new(3)), opens: Arc::default() };
+    let opens = source.opens.clone();
+    let mut cfg = config("a");
+    cfg.on_bad_record = OnBadRecord::Skip { max_per_split: 2 };
+    let (sink, dead) = (Recorder::default(), Dead::default());
+    let p = Pipeline::new(stores.clone(), source, sink.clone())
+        .config(cfg)
+        .dead_letters(dead.clone())
+        .commit_every(CommitCadence::new(1000, Duration::from_secs(60)));
+    assert_eq!(
+        p.run_until(std::future::pending()).await.unwrap(),
+        JobOutcome::Complete,
+        "two bad records, cap two"
+    );
+    assert_eq!(opens.lock().unwrap().len(), 4, "opened once and again after each of the three failures");
+    assert_eq!(dead.0.durable.lock().unwrap()[&SplitId::new("s00").unwrap()], set(&[5, 6]));
+    assert_eq!(sink.durable.lock().unwrap()[&SplitId::new("s00").unwrap()].len(), 28);
+}

@@ -154,6 +154,9 @@ impl WorkerArgs {
         let a = self;
         super::positive("--nats-op-timeout", a.store.nats_op_timeout)?;
         tuning(a).validate().map_err(tuning_error)?;
+        if let Ok(config) = driver_config(a) {
+            config.validate().map_err(tuning_error)?;
+        }
         if !a.lane_stall_timeout.is_zero() && a.lane_stall_timeout < Duration::from_secs(1) {
             return Err(Usage::new(
                 "--lane-stall-timeout",
