@@ -160,8 +160,20 @@ mod tests {
 
     /// Flags an operator gives for one run of a command: never read from the environment, so an
     /// ambient variable cannot pick the split a requeue rewrites.
-    const ONE_SHOT: [&str; 10] =
-        ["split", "reset", "yes", "state", "watch", "interval", "output", "json", "check", "create"];
+    const ONE_SHOT: [&str; 12] = [
+        "split",
+        "reset",
+        "yes",
+        "state",
+        "error-contains",
+        "dry-run",
+        "watch",
+        "interval",
+        "output",
+        "json",
+        "check",
+        "create",
+    ];
 
     #[test]
     fn every_worker_and_store_flag_reads_etl_coord_and_its_name_and_one_shot_flags_read_nothing() {
