@@ -118,6 +118,12 @@ impl JsonlSink {
     /// Reads a sink file back (for checks). A last line without its newline is a write in
     /// progress, or one a crash cut short (never committed): it is not read.
     pub fn read(path: &Path) -> std::io::Result<Vec<SinkLine>> {
+        Self::read_lines(path)
+    }
+
+    /// Reads a JSON Lines file this sink wrote (records or dead letters); a last line cut short
+    /// is not read.
+    pub fn read_lines<T: serde::de::DeserializeOwned>(path: &Path) -> std::io::Result<Vec<T>> {
         let mut text = std::fs::read_to_string(path)?;
         if !text.ends_with('\n') {
             text.truncate(text.rfind('\n').map_or(0, |i| i + 1));
@@ -128,6 +134,17 @@ impl JsonlSink {
                 serde_json::from_str(l).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
             })
             .collect()
+    }
+
+    /// Buffers `value` as one line for the pipeline: a full disk or quota is an outage
+    /// (transient), waited out in place, since the line is whole in the buffer or absent. A
+    /// line as large as the buffer goes to the file directly and may be cut short by a full
+    /// disk: not retried (it would be doubled).
+    fn write_value<T: Serialize>(&self, value: &T) -> Result<(), SinkError> {
+        let mut bytes = serde_json::to_vec(value).map_err(SinkError::new)?;
+        bytes.push(b'\n');
+        let whole = bytes.len() < BUFFER;
+        self.write_bytes(&bytes).map_err(|e| if whole { SinkError::from(e) } else { SinkError::new(e) })
     }
 }
 
@@ -141,12 +158,7 @@ impl Sink<Line> for JsonlSink {
             instance: lane.instance().to_string(),
             at_ms: unix_ms(),
         };
-        let bytes = JsonlSink::line_bytes(&line).map_err(SinkError::new)?;
-        // A full disk or quota is an outage (transient), waited out in place: the line is
-        // whole in the buffer or absent. A line as large as the buffer goes to the file
-        // directly and may be cut short by a full disk: not retried (it would be doubled).
-        let whole = bytes.len() < BUFFER;
-        self.write_bytes(&bytes).map_err(|e| if whole { SinkError::from(e) } else { SinkError::new(e) })
+        self.write_value(&line)
     }
 
     async fn flush(&self) -> Result<(), SinkError> {
@@ -198,10 +210,7 @@ impl DeadLetters for DeadLetterFile {
                 epoch: lane.epoch().0,
                 instance: lane.instance().to_string(),
             };
-            let mut bytes = serde_json::to_vec(&line).map_err(SinkError::new)?;
-            bytes.push(b'\n');
-            let whole = bytes.len() < BUFFER;
-            self.0.write_bytes(&bytes).map_err(|e| if whole { SinkError::from(e) } else { SinkError::new(e) })
+            self.0.write_value(&line)
         })
     }
 
@@ -213,16 +222,7 @@ impl DeadLetters for DeadLetterFile {
 impl DeadLetterFile {
     /// Reads a dead-letter file back (for checks); a last line cut short is not read.
     pub fn read(path: &Path) -> std::io::Result<Vec<DeadLine>> {
-        let mut text = std::fs::read_to_string(path)?;
-        if !text.ends_with('\n') {
-            text.truncate(text.rfind('\n').map_or(0, |i| i + 1));
-        }
-        text.lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| {
-                serde_json::from_str(l).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
-            })
-            .collect()
+        JsonlSink::read_lines(path)
     }
 }
 
