@@ -41,6 +41,7 @@
 //! `#[non_exhaustive]`: start from [`Config::new`] or [`Tuning::default`] and set fields.
 
 mod config;
+mod breaker;
 mod ids;
 mod io;
 mod lifecycle;
@@ -51,6 +52,7 @@ mod time;
 mod view;
 mod worker;
 
+pub use breaker::{Breaker, BreakerState, BreakerVerdict, failure_cause};
 pub use config::{Config, ConfigError, Tuning, defaults};
 pub use ids::{
     Epoch, Incarnation, InstanceId, JobName, MAX_NAME_LEN, NameError, OpId, Owner, Revision, SplitId,

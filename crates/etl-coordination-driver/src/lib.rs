@@ -54,7 +54,6 @@
 //! # Ok(()) }
 //! ```
 
-mod breaker;
 mod config;
 mod contract;
 mod handle;

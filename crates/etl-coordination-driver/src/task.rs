@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etl_coordination_core::{
-    Action, Bucket, CommitOutcome, Config, Epoch, Event, Input, Outcome, SplitId, StopReason, Timestamp,
-    Worker,
+    Action, Breaker, BreakerState, BreakerVerdict, Bucket, CommitOutcome, Config, Epoch, Event, Input,
+    Outcome, SplitId, StopReason, Timestamp, Worker,
 };
 use etl_coordination_metrics::Metrics;
 use etl_coordination_store::layers::{Observed, Timeout};
@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::{error, info, trace, warn};
 
-use crate::breaker::{Breaker, State, Verdict};
+
 use crate::config::{DEFAULT_OP_TIMEOUT, DriverConfig, OnLaneStall, OnStall};
 use crate::lane::{Lane, LaneMsg, Lanes, Stop};
 use crate::lane_table::{LaneEntry, LaneTable};
@@ -140,7 +140,7 @@ impl<S: Store, P: Planner> Task<S, P> {
         while !self.done {
             let deadline = self.worker.next_deadline().map(|t| self.instant(t));
             let stall_check = self.next_stall_check();
-            let breaker_probe = self.breaker.probe_at();
+            let breaker_probe = self.breaker.probe_at().map(|t| self.instant(t));
             let input = tokio::select! {
                 msg = self.control.recv(), if controlled => match msg {
                     Some(Control::Freeze(d)) => {
@@ -221,19 +221,19 @@ impl<S: Store, P: Planner> Task<S, P> {
             LaneMsg::Fail { split, epoch, error, unprocessable } => {
                 self.lane_ended(&split, epoch);
                 let verdict = if unprocessable {
-                    Verdict::Charge { tripped: false }
+                    BreakerVerdict::Charge { tripped: false }
                 } else {
-                    self.breaker.on_failure(Instant::now(), &split, &error)
+                    self.breaker.on_failure(self.now(), &split, &error)
                 };
                 match verdict {
-                    Verdict::Charge { tripped } => {
+                    BreakerVerdict::Charge { tripped } => {
                         if tripped {
                             self.breaker_tripped(&error);
                         }
                         warn!(%split, %epoch, %error, unprocessable, "source reported the split failed");
                         Input::Fail { split, epoch, error, unprocessable }
                     }
-                    Verdict::Release { tripped } => {
+                    BreakerVerdict::Release { tripped } => {
                         if tripped {
                             self.breaker_tripped(&error);
                         } else {
@@ -271,12 +271,12 @@ impl<S: Store, P: Planner> Task<S, P> {
     /// The breaker opened (or a probe failed): pause intake, say so.
     fn breaker_tripped(&mut self, error: &str) {
         let wait = match self.breaker.state() {
-            State::Open { wait, .. } => *wait,
+            BreakerState::Open { wait, .. } => *wait,
             _ => Duration::ZERO,
         };
         warn!(
             %error,
-            cause = %crate::breaker::cause(error),
+            cause = %etl_coordination_core::failure_cause(error),
             probe_in = ?wait,
             "breaker open: splits on this worker keep failing with the same cause, so the cause is the worker's or its sink's, not theirs; their failures are not charged, intake is paused, and one split will be tried again after the wait"
         );

@@ -1,4 +1,4 @@
-//! The worker's breaker (issue 26): when different splits on this worker fail with the same
+//! The worker's breaker (P12): when different splits on this worker fail with the same
 //! cause within a window, the cause is the worker's or its sink's (a sink that is down, a
 //! bucket that cannot be reached, credentials that expired), not the splits'. The breaker then
 //! stops charging attempts for that cause (the failed tenancies are released without blame),
@@ -9,12 +9,14 @@
 //! Only failures a split could be blamed for by mistake count: a split the source reports
 //! unprocessable (bad data) is charged as always, so a poison split is still quarantined. One
 //! split failing again and again never trips it (it needs distinct splits).
+//!
+//! Pure, like the rest of the core (time comes in as `now`): the driver runs it beside the
+//! worker, and the simulator runs the same code against its sink outages.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
 
-use etl_coordination_core::SplitId;
-use tokio::time::Instant;
+use crate::{SplitId, Timestamp};
 
 /// The first wait before a probe; it doubles on every failed probe up to [`MAX_PROBE_WAIT`].
 const FIRST_PROBE_WAIT: Duration = Duration::from_secs(10);
@@ -23,34 +25,52 @@ const MAX_PROBE_WAIT: Duration = Duration::from_secs(300);
 
 /// What the breaker says about one failure of a lane.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Verdict {
+pub enum BreakerVerdict {
     /// The split's failure: charge it (P12). `tripped`: this failure (a failed probe of a
     /// split already excused once) opened the breaker again (pause intake).
-    Charge { tripped: bool },
+    Charge {
+        /// This failure opened the breaker again.
+        tripped: bool,
+    },
     /// The worker's: release the split without blame. `tripped`: this failure opened the
     /// breaker (pause intake).
-    Release { tripped: bool },
+    Release {
+        /// This failure opened the breaker.
+        tripped: bool,
+    },
 }
 
 /// Where the breaker is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum State {
+pub enum BreakerState {
     /// Failures are the splits'.
     Closed,
     /// Intake paused until `until`, then a probe.
-    Open { cause: String, until: Instant, wait: Duration },
+    Open {
+        /// The cause that tripped it (see [`failure_cause`]).
+        cause: String,
+        /// When it probes.
+        until: Timestamp,
+        /// How long it waited this time (doubles on a failed probe).
+        wait: Duration,
+    },
     /// Probing: one split more than held; a commit closes, the same failure reopens.
-    HalfOpen { cause: String, wait: Duration },
+    HalfOpen {
+        /// The cause that tripped it.
+        cause: String,
+        /// The last wait.
+        wait: Duration,
+    },
 }
 
 /// The breaker of one worker.
 #[derive(Debug)]
-pub(crate) struct Breaker {
+pub struct Breaker {
     /// Distinct splits failing with one cause within `window` that trip it; 0: never.
     threshold: usize,
     window: Duration,
-    recent: VecDeque<(Instant, SplitId, String)>,
-    state: State,
+    recent: VecDeque<(Timestamp, SplitId, String)>,
+    state: BreakerState,
     /// Splits released without charge since the breaker opened: each is excused once, so that
     /// splits failing for their own reasons (with one message) still reach quarantine while
     /// it stays open.
@@ -60,7 +80,7 @@ pub(crate) struct Breaker {
 /// The cause of a failure, as compared between splits: the innermost message of the error
 /// chain (after the last `": "`), digits masked, so that `reading a.txt: connection refused`
 /// and `reading b.txt: connection refused` (or two OS error numbers of one kind) are one cause.
-pub(crate) fn cause(error: &str) -> String {
+pub fn failure_cause(error: &str) -> String {
     // A transient failure past its budget ends with `(writing to the sink kept failing for
     // 5.2s, past ...)`: the step and the time are not the cause.
     let error = match error.find(" kept failing for ") {
@@ -82,46 +102,49 @@ pub(crate) fn cause(error: &str) -> String {
 }
 
 impl Breaker {
-    pub(crate) fn new(threshold: u32, window: Duration) -> Self {
+    /// A closed breaker: `threshold` distinct splits failing alike within `window` trip it
+    /// (0: never).
+    pub fn new(threshold: u32, window: Duration) -> Self {
         Breaker {
             threshold: threshold as usize,
             window,
             recent: VecDeque::new(),
-            state: State::Closed,
+            state: BreakerState::Closed,
             excused: BTreeSet::new(),
         }
     }
 
-    pub(crate) fn state(&self) -> &State {
+    /// Where it is.
+    pub fn state(&self) -> &BreakerState {
         &self.state
     }
 
     /// A lane of `split` failed with `error` (not unprocessable).
-    pub(crate) fn on_failure(&mut self, now: Instant, split: &SplitId, error: &str) -> Verdict {
+    pub fn on_failure(&mut self, now: Timestamp, split: &SplitId, error: &str) -> BreakerVerdict {
         if self.threshold == 0 {
-            return Verdict::Charge { tripped: false };
+            return BreakerVerdict::Charge { tripped: false };
         }
-        let cause = cause(error);
+        let cause = failure_cause(error);
         let open_cause = match &self.state {
-            State::Open { cause, .. } | State::HalfOpen { cause, .. } => Some(cause.clone()),
-            State::Closed => None,
+            BreakerState::Open { cause, .. } | BreakerState::HalfOpen { cause, .. } => Some(cause.clone()),
+            BreakerState::Closed => None,
         };
         if open_cause.as_ref() == Some(&cause) {
             // A failed probe: open again, for twice as long.
-            let tripped = if let State::HalfOpen { wait, .. } = self.state {
+            let tripped = if let BreakerState::HalfOpen { wait, .. } = self.state {
                 let wait = (wait * 2).min(MAX_PROBE_WAIT);
-                self.state = State::Open { cause, until: now + wait, wait };
+                self.state = BreakerState::Open { cause, until: now + wait, wait };
                 true
             } else {
                 false
             };
             return if self.excused.insert(split.clone()) {
-                Verdict::Release { tripped }
+                BreakerVerdict::Release { tripped }
             } else {
-                Verdict::Charge { tripped }
+                BreakerVerdict::Charge { tripped }
             };
         }
-        while self.recent.front().is_some_and(|(t, ..)| now.duration_since(*t) > self.window) {
+        while self.recent.front().is_some_and(|(t, ..)| now.saturating_since(*t) > self.window) {
             self.recent.pop_front();
         }
         self.recent.push_back((now, split.clone(), cause.clone()));
@@ -130,35 +153,35 @@ impl Breaker {
         splits.sort();
         splits.dedup();
         if splits.len() < self.threshold || open_cause.is_some() {
-            return Verdict::Charge { tripped: false };
+            return BreakerVerdict::Charge { tripped: false };
         }
         self.recent.clear();
         self.excused.clear();
         self.excused.insert(split.clone());
-        self.state = State::Open { cause, until: now + FIRST_PROBE_WAIT, wait: FIRST_PROBE_WAIT };
-        Verdict::Release { tripped: true }
+        self.state = BreakerState::Open { cause, until: now + FIRST_PROBE_WAIT, wait: FIRST_PROBE_WAIT };
+        BreakerVerdict::Release { tripped: true }
     }
 
     /// When an open breaker probes.
-    pub(crate) fn probe_at(&self) -> Option<Instant> {
+    pub fn probe_at(&self) -> Option<Timestamp> {
         match self.state {
-            State::Open { until, .. } => Some(until),
+            BreakerState::Open { until, .. } => Some(until),
             _ => None,
         }
     }
 
     /// The wait is over: probe (half-open).
-    pub(crate) fn probe(&mut self) {
-        if let State::Open { cause, wait, .. } = &self.state {
-            self.state = State::HalfOpen { cause: cause.clone(), wait: *wait };
+    pub fn probe(&mut self) {
+        if let BreakerState::Open { cause, wait, .. } = &self.state {
+            self.state = BreakerState::HalfOpen { cause: cause.clone(), wait: *wait };
         }
     }
 
     /// A lane flushed its outputs and asks to commit (or to finish its split): they answer.
     /// Closes a probing breaker; `true` if it did.
-    pub(crate) fn on_commit(&mut self) -> bool {
-        if matches!(self.state, State::HalfOpen { .. }) {
-            self.state = State::Closed;
+    pub fn on_commit(&mut self) -> bool {
+        if matches!(self.state, BreakerState::HalfOpen { .. }) {
+            self.state = BreakerState::Closed;
             self.excused.clear();
             return true;
         }
@@ -170,7 +193,7 @@ impl Breaker {
 mod tests {
     use super::*;
 
-    const CHARGE: Verdict = Verdict::Charge { tripped: false };
+    const CHARGE: BreakerVerdict = BreakerVerdict::Charge { tripped: false };
 
     fn s(id: &str) -> SplitId {
         SplitId::new(id).unwrap()
@@ -179,35 +202,35 @@ mod tests {
     #[test]
     fn causes_compare_the_innermost_message_with_digits_masked() {
         assert_eq!(
-            cause("sink: No space left on device (os error 28)"),
+            failure_cause("sink: No space left on device (os error 28)"),
             "No space left on device (os error N)"
         );
         assert_eq!(
-            cause("reading a/1.txt: connection refused"),
-            cause("reading b/22.txt: connection refused")
+            failure_cause("reading a/1.txt: connection refused"),
+            failure_cause("reading b/22.txt: connection refused")
         );
-        assert_ne!(cause("sink: disk full"), cause("sink: permission denied"));
+        assert_ne!(failure_cause("sink: disk full"), failure_cause("sink: permission denied"));
     }
 
     #[test]
     fn distinct_splits_failing_alike_trip_it_and_one_split_failing_again_never_does() {
-        let t0 = Instant::now();
+        let t0 = Timestamp::from_millis(1_000);
         let mut b = Breaker::new(3, Duration::from_secs(60));
         for _ in 0..10 {
             assert_eq!(b.on_failure(t0, &s("poison"), "sink: boom"), CHARGE);
         }
         assert_eq!(b.on_failure(t0, &s("a"), "sink: boom"), CHARGE);
         assert_eq!(b.on_failure(t0, &s("b"), "sink: other"), CHARGE, "another cause");
-        assert_eq!(b.on_failure(t0, &s("b"), "sink: boom"), Verdict::Release { tripped: true });
-        assert!(matches!(b.state(), State::Open { .. }));
-        assert_eq!(b.on_failure(t0, &s("c"), "sink: boom"), Verdict::Release { tripped: false });
+        assert_eq!(b.on_failure(t0, &s("b"), "sink: boom"), BreakerVerdict::Release { tripped: true });
+        assert!(matches!(b.state(), BreakerState::Open { .. }));
+        assert_eq!(b.on_failure(t0, &s("c"), "sink: boom"), BreakerVerdict::Release { tripped: false });
         assert_eq!(b.on_failure(t0, &s("c"), "sink: other"), CHARGE, "another cause is the split's");
         assert_eq!(b.on_failure(t0, &s("c"), "sink: boom"), CHARGE, "each split is excused once");
     }
 
     #[test]
     fn failures_outside_the_window_do_not_add_up() {
-        let t0 = Instant::now();
+        let t0 = Timestamp::from_millis(1_000);
         let mut b = Breaker::new(2, Duration::from_secs(60));
         assert_eq!(b.on_failure(t0, &s("a"), "x: down"), CHARGE);
         assert_eq!(b.on_failure(t0 + Duration::from_secs(61), &s("b"), "x: down"), CHARGE);
@@ -218,24 +241,24 @@ mod tests {
 
     #[test]
     fn a_failed_probe_reopens_for_twice_as_long_and_a_commit_closes_it() {
-        let t0 = Instant::now();
+        let t0 = Timestamp::from_millis(1_000);
         let mut b = Breaker::new(2, Duration::from_secs(60));
         b.on_failure(t0, &s("a"), "x: down");
-        assert_eq!(b.on_failure(t0, &s("b"), "x: down"), Verdict::Release { tripped: true });
+        assert_eq!(b.on_failure(t0, &s("b"), "x: down"), BreakerVerdict::Release { tripped: true });
         assert_eq!(b.probe_at(), Some(t0 + FIRST_PROBE_WAIT));
         assert!(!b.on_commit(), "open: a commit of a lane that was running says nothing yet");
         b.probe();
         let t1 = t0 + FIRST_PROBE_WAIT;
-        assert_eq!(b.on_failure(t1, &s("c"), "x: down"), Verdict::Release { tripped: true });
+        assert_eq!(b.on_failure(t1, &s("c"), "x: down"), BreakerVerdict::Release { tripped: true });
         assert_eq!(b.probe_at(), Some(t1 + FIRST_PROBE_WAIT * 2));
         b.probe();
         b.probe();
         // The probe's split was excused once already: a split failing for its own reasons
         // with the same message is charged, and reaches quarantine while the breaker is open.
-        assert_eq!(b.on_failure(t1, &s("c"), "x: down"), Verdict::Charge { tripped: true });
+        assert_eq!(b.on_failure(t1, &s("c"), "x: down"), BreakerVerdict::Charge { tripped: true });
         b.probe();
         assert!(b.on_commit());
-        assert_eq!(b.state(), &State::Closed);
+        assert_eq!(b.state(), &BreakerState::Closed);
         assert_eq!(b.on_failure(t1, &s("d"), "x: down"), CHARGE, "closed: counting again from zero");
     }
 
@@ -243,7 +266,7 @@ mod tests {
     fn an_outage_past_the_retry_budget_is_one_cause_whatever_the_step_and_the_time() {
         let a = "sink: storage full (writing to the sink kept failing for 0ns, past the transient retry budget of 0ns)";
         let b = "sink: storage full (flushing the sink kept failing for 5.3µs, past the transient retry budget of 0ns)";
-        assert_eq!(cause(a), cause(b));
-        assert_eq!(cause(a), "storage full");
+        assert_eq!(failure_cause(a), failure_cause(b));
+        assert_eq!(failure_cause(a), "storage full");
     }
 }
