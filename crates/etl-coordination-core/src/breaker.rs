@@ -71,6 +71,9 @@ pub struct Breaker {
     window: Duration,
     recent: VecDeque<(Timestamp, SplitId, String)>,
     state: BreakerState,
+    /// Other causes found to be the worker's while it was open (the source went down, then
+    /// the sink too): treated like the one that tripped it until it closes.
+    also: BTreeSet<String>,
     /// Splits released without charge since the breaker opened: each is excused once, so that
     /// splits failing for their own reasons (with one message) still reach quarantine while
     /// it stays open.
@@ -110,6 +113,7 @@ impl Breaker {
             window,
             recent: VecDeque::new(),
             state: BreakerState::Closed,
+            also: BTreeSet::new(),
             excused: BTreeSet::new(),
         }
     }
@@ -129,10 +133,11 @@ impl Breaker {
             BreakerState::Open { cause, .. } | BreakerState::HalfOpen { cause, .. } => Some(cause.clone()),
             BreakerState::Closed => None,
         };
-        if open_cause.as_ref() == Some(&cause) {
+        if open_cause.as_ref() == Some(&cause) || self.also.contains(&cause) {
             // A failed probe: open again, for twice as long.
             let tripped = if let BreakerState::HalfOpen { wait, .. } = self.state {
                 let wait = (wait * 2).min(MAX_PROBE_WAIT);
+                let cause = open_cause.unwrap_or(cause);
                 self.state = BreakerState::Open { cause, until: now + wait, wait };
                 true
             } else {
@@ -152,8 +157,16 @@ impl Breaker {
             self.recent.iter().filter(|(_, _, c)| *c == cause).map(|(_, s, _)| s).collect();
         splits.sort();
         splits.dedup();
-        if splits.len() < self.threshold || open_cause.is_some() {
+        if splits.len() < self.threshold {
             return BreakerVerdict::Charge { tripped: false };
+        }
+        if open_cause.is_some() {
+            // Open for another cause, and this one is the worker's too: intake is paused
+            // already; its failures are excused like the first cause's.
+            self.recent.retain(|(_, _, c)| *c != cause);
+            self.also.insert(cause);
+            self.excused.insert(split.clone());
+            return BreakerVerdict::Release { tripped: false };
         }
         self.recent.clear();
         self.excused.clear();
@@ -183,6 +196,7 @@ impl Breaker {
         if matches!(self.state, BreakerState::HalfOpen { .. }) {
             self.state = BreakerState::Closed;
             self.excused.clear();
+            self.also.clear();
             return true;
         }
         false
@@ -260,6 +274,23 @@ mod tests {
         assert!(b.on_commit());
         assert_eq!(b.state(), &BreakerState::Closed);
         assert_eq!(b.on_failure(t1, &s("d"), "x: down"), CHARGE, "closed: counting again from zero");
+    }
+
+    #[test]
+    fn a_second_cause_meeting_the_threshold_while_open_is_excused_too() {
+        let t0 = Timestamp::from_millis(1_000);
+        let mut b = Breaker::new(2, Duration::from_secs(60));
+        b.on_failure(t0, &s("a"), "source: connection reset");
+        assert_eq!(b.on_failure(t0, &s("b"), "source: connection reset"), BreakerVerdict::Release { tripped: true });
+        // The sink goes down too: its first failure is one split's, the second says the
+        // worker's, and from then on it is treated like the source's.
+        assert_eq!(b.on_failure(t0, &s("c"), "sink: disk full"), CHARGE);
+        assert_eq!(b.on_failure(t0, &s("d"), "sink: disk full"), BreakerVerdict::Release { tripped: false });
+        assert_eq!(b.on_failure(t0, &s("e"), "sink: disk full"), BreakerVerdict::Release { tripped: false });
+        assert_eq!(b.on_failure(t0, &s("e"), "sink: disk full"), CHARGE, "each split is excused once");
+        b.probe();
+        assert!(b.on_commit());
+        assert_eq!(b.on_failure(t0, &s("f"), "sink: disk full"), CHARGE, "closed: both causes forgotten");
     }
 
     #[test]

@@ -67,6 +67,13 @@ pub struct Tuning {
     /// compared between workers). Zero re-offers a failed split at once. Liveness only: the
     /// fencing of claims does not depend on it.
     pub claim_backoff: Duration,
+    /// The most splits one manifest chunk lists (one store value each). The default
+    /// ([`records::MANIFEST_CHUNK_LEN`](crate::records::MANIFEST_CHUNK_LEN), also the most)
+    /// keeps each chunk far below the store's value limit; smaller chunks suit a store
+    /// configured with a smaller limit (and let tests load manifests of several chunks from
+    /// small plans).
+    /// Only the leader's matters: readers follow the chunk count the plan head names.
+    pub manifest_chunk_len: usize,
 }
 
 /// Defaults from the product document.
@@ -100,6 +107,7 @@ impl Default for Tuning {
             drain_timeout: defaults::DRAIN_TIMEOUT,
             plan_timeout: defaults::PLAN_TIMEOUT,
             claim_backoff: defaults::CLAIM_BACKOFF,
+            manifest_chunk_len: crate::records::MANIFEST_CHUNK_LEN,
         }
     }
 }
@@ -136,6 +144,13 @@ impl Tuning {
         }
         if self.claim_backoff > defaults::CLAIM_BACKOFF_CAP {
             return err("claim_backoff", format!("{:?}", self.claim_backoff), "must be at most 10m");
+        }
+        if self.manifest_chunk_len == 0 || self.manifest_chunk_len > crate::records::MANIFEST_CHUNK_LEN {
+            return err(
+                "manifest_chunk_len",
+                self.manifest_chunk_len.to_string(),
+                "must be between 1 and 1024",
+            );
         }
         Ok(())
     }

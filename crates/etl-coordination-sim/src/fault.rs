@@ -3,6 +3,20 @@
 /// A kind of fault the simulator injects (the report counts each under [`Fault::label`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Fault {
+    /// `source_read_error_transient`
+    SourceReadErrorTransient,
+    /// `source_outage_for_one`
+    SourceOutageForOne,
+    /// `source_outage_for_all`
+    SourceOutageForAll,
+    /// `sink_outage_for_one`
+    SinkOutageForOne,
+    /// `sink_outage_for_all`
+    SinkOutageForAll,
+    /// `breaker_opened`
+    BreakerOpened,
+    /// `bad_record_skipped`
+    BadRecordSkipped,
     /// `bucket_unreachable_for_all`
     BucketUnreachableForAll,
     /// `bucket_unreachable_for_one`
@@ -99,6 +113,13 @@ impl Fault {
     /// The fault's name in reports and sweep summaries.
     pub fn label(self) -> &'static str {
         match self {
+            Fault::SourceReadErrorTransient => "source_read_error_transient",
+            Fault::SourceOutageForOne => "source_outage_for_one",
+            Fault::SourceOutageForAll => "source_outage_for_all",
+            Fault::SinkOutageForOne => "sink_outage_for_one",
+            Fault::SinkOutageForAll => "sink_outage_for_all",
+            Fault::BreakerOpened => "breaker_opened",
+            Fault::BadRecordSkipped => "bad_record_skipped",
             Fault::BucketUnreachableForAll => "bucket_unreachable_for_all",
             Fault::BucketUnreachableForOne => "bucket_unreachable_for_one",
             Fault::ClockDrifting => "clock_drifting",

@@ -219,7 +219,7 @@ impl Worker {
         let version = head.manifest.map_or(1, |m| m.version + 1).max(l.last_version + 1);
         l.last_version = version;
         let list: Vec<(SplitId, u64)> = entries.into_iter().collect();
-        let parts: Vec<&[(SplitId, u64)]> = list.chunks(records::MANIFEST_CHUNK_LEN).collect();
+        let parts: Vec<&[(SplitId, u64)]> = list.chunks(self.cfg.tuning.manifest_chunk_len).collect();
         let manifest = ManifestRef {
             term: head.term,
             version,

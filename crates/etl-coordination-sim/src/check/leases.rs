@@ -66,9 +66,13 @@ impl Checker {
         new: &LeaseRecord,
         deadline: Timestamp,
     ) {
-        let key = (id.clone(), new.epoch, new.owner.clone());
-        let d = self.lease_deadline.entry(key).or_insert(deadline);
-        *d = (*d).max(deadline);
+        match self.lease_deadline_mut(id, new.epoch, &new.owner) {
+            Some(d) => *d = (*d).max(deadline),
+            None => {
+                let tenancies = self.lease_deadline.entry(id.clone()).or_default();
+                tenancies.push((new.epoch, new.owner.clone(), deadline));
+            }
+        }
         let origin = match prev {
             None => LeaseOrigin::Created,
             Some(p) if p.owner == new.owner && p.epoch == new.epoch => return,
@@ -81,16 +85,26 @@ impl Checker {
 
     /// The holder deleted its lease: the tenancy's lease is dead from now on.
     pub(super) fn on_lease_deleted(&mut self, at: Timestamp, id: &SplitId) {
-        if let Some(l) = self.lease_mirror.get(id)
-            && let Some(d) = self.lease_deadline.get_mut(&(id.clone(), l.epoch, l.owner.clone()))
+        if let Some(l) = self.lease_mirror.get(id).cloned()
+            && let Some(d) = self.lease_deadline_mut(id, l.epoch, &l.owner)
         {
             *d = (*d).min(at);
         }
     }
 
+    /// When the lease of the tenancy (`id`, `epoch`, `owner`) dies in the store's time.
+    fn lease_deadline_mut(&mut self, id: &SplitId, epoch: Epoch, owner: &Owner) -> Option<&mut Timestamp> {
+        let tenancies = self.lease_deadline.get_mut(id)?;
+        tenancies.iter_mut().find(|(e, o, _)| *e == epoch && o == owner).map(|(_, _, d)| d)
+    }
+
     /// P11: a lane the core keeps running must not outlive its lease in the store's time.
     pub(super) fn lane_running(&mut self, at: Timestamp, id: &SplitId, epoch: Epoch, owner: &Owner) {
-        let deadline = self.lease_deadline.get(&(id.clone(), epoch, owner.clone())).copied();
+        let deadline = self
+            .lease_deadline
+            .get(id)
+            .and_then(|t| t.iter().find(|(e, o, _)| *e == epoch && o == owner))
+            .map(|(_, _, d)| *d);
         self.ensure(at, "P11", deadline.is_some_and(|d| at <= d), || match deadline {
             None => format!("split {id}: {owner} runs a lane at epoch {epoch} without ever having written its lease"),
             Some(d) => format!(

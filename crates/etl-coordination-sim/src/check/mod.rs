@@ -3,12 +3,14 @@
 //! `plan`, `outcome`), judge them. Each check counts its executions and reports a violation with
 //! a message that names the rule it broke.
 
+mod datapath;
 mod leases;
 mod outcome;
 mod plan;
 mod records;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use bytes::Bytes;
 use etl_coordination_core::records::{LeaseRecord, PlanHead, SplitRecord};
@@ -44,7 +46,7 @@ pub(crate) struct Checker {
     /// P11: per tenancy (split, epoch, holder), when its lease dies in the store's time: the TTL
     /// deadline of the latest lease write of that holder at that epoch that landed, or the
     /// holder's own delete.
-    pub(super) lease_deadline: BTreeMap<(SplitId, Epoch, Owner), Timestamp>,
+    pub(super) lease_deadline: BTreeMap<SplitId, Vec<(Epoch, Owner, Timestamp)>>,
     /// How the lease of (split, epoch, holder) came to be: created over nothing, or written
     /// over a live lease (displaced holder), or a renewal of the holder's own lease at the epoch
     /// before. Keyed by holder too: two workers can hold a lease at the same epoch one after
@@ -72,6 +74,22 @@ pub(crate) struct Checker {
     pub(super) final_listings: BTreeMap<u64, u64>,
     /// I7 in random runs: (probes in a row with a gap, the last gap).
     pub(super) imbalance: (u32, u32),
+    /// Knobs of the data path.
+    pub(super) transient_budget: Duration,
+    pub(super) breaker_threshold: u32,
+    pub(super) breaker_window: Duration,
+    /// Per worker, its failures past the budget since its last flush (the breaker's oracle).
+    pub(super) streaks: BTreeMap<Owner, datapath::Streak>,
+    /// Tenancies charged for an outage past the budget.
+    pub(super) outage_failed: BTreeSet<(SplitId, Epoch)>,
+    /// Tenancies whose lane gave the split up (bad records past the cap).
+    pub(super) gave_up: BTreeSet<(SplitId, Epoch)>,
+    /// Per split, the causes of the attempts charged since its count was last reset.
+    pub(super) charges: datapath::Charges,
+    /// Splits planted to fail (poison, bad records not skipped or above the cap).
+    pub(super) may_quarantine: BTreeSet<SplitId>,
+    /// Healthy splits quarantined, with the causes of their charges.
+    pub(super) innocent: Vec<(SplitId, Vec<datapath::Charge>)>,
 }
 
 /// How the lease of a tenancy was taken.
@@ -129,6 +147,30 @@ pub(crate) enum Observation<'a> {
     Emitted { id: &'a SplitId, record: u64, epoch: Epoch, owner: &'a Owner, current: Option<&'a SplitRecord> },
     /// A lane reported that its split cannot be processed.
     LaneFailed { id: &'a SplitId, epoch: Epoch },
+    // ----- the data path (`datapath.rs`)
+    /// A lane skipped a bad record to the dead-letter sink.
+    DeadLettered { id: &'a SplitId, record: u64 },
+    /// A lane gave its split up (more bad records than the cap).
+    LaneGaveUp { id: &'a SplitId, epoch: Epoch },
+    /// A lane's outage of `side` (since `since`) outlived the budget; `charged`: the breaker
+    /// let it be charged (else the split is released without blame).
+    OutageFailed {
+        id: &'a SplitId,
+        epoch: Epoch,
+        who: &'a Owner,
+        side: &'static str,
+        since: Timestamp,
+        charged: bool,
+    },
+    /// A worker's lane flushed its sink and commits.
+    Flushed { who: &'a Owner },
+    /// What a worker holds after an input, and its `max_in_flight`.
+    Held { who: &'a Owner, held: u32, cap: u32 },
+    /// A draining lane was stopped at once at `local` (the worker's clock), its deadline being
+    /// `deadline`.
+    DrainStopped { id: &'a SplitId, who: &'a Owner, local: Timestamp, deadline: Timestamp },
+    /// A draining lane still runs, no commit in flight, after an input at `local`.
+    DrainRunning { id: &'a SplitId, who: &'a Owner, local: Timestamp, deadline: Timestamp },
     /// A worker fenced its tenancy; the store's record and lease now, and whether another
     /// owner's write to them waits at a stuck stream leader (or the answer being handled is a
     /// lagging replica's "absent").
@@ -189,7 +231,14 @@ pub(crate) struct Landing {
 }
 
 impl Checker {
-    pub(crate) fn new(opts: &Options, totals: &BTreeMap<SplitId, u64>) -> Self {
+    /// `may_quarantine`: the splits planted to fail; `poison`: Complete is wrong while they
+    /// are not fixed.
+    pub(crate) fn new(
+        opts: &Options,
+        totals: &BTreeMap<SplitId, u64>,
+        may_quarantine: BTreeSet<SplitId>,
+        poison: bool,
+    ) -> Self {
         Checker {
             checks: BTreeMap::new(),
             violation: None,
@@ -209,10 +258,19 @@ impl Checker {
             stay_after_end: opts.stay_after_end,
             duplicate_id_scenario: opts.scenario == Scenario::DuplicateId,
             random_scenario: opts.scenario == Scenario::Random,
-            poison: opts.poison_crash + opts.poison_unprocessable > 0,
+            poison,
             declared: None,
             final_listings: BTreeMap::new(),
             imbalance: (0, 0),
+            transient_budget: opts.transient_budget,
+            breaker_threshold: opts.breaker_threshold,
+            breaker_window: opts.breaker_window,
+            streaks: BTreeMap::new(),
+            outage_failed: BTreeSet::new(),
+            gave_up: BTreeSet::new(),
+            charges: BTreeMap::new(),
+            may_quarantine,
+            innocent: Vec::new(),
         }
     }
 
@@ -269,6 +327,17 @@ impl Checker {
             O::LaneFailed { id, epoch } => {
                 self.failed.insert((id.clone(), epoch));
             }
+            O::DeadLettered { id, record } => self.on_dead_lettered(id, record),
+            O::LaneGaveUp { id, epoch } => {
+                self.gave_up.insert((id.clone(), epoch));
+            }
+            O::OutageFailed { id, epoch, who, side, since, charged } => {
+                self.on_outage_failed(at, id, epoch, who, side, since, charged)
+            }
+            O::Flushed { who } => self.on_flushed(who),
+            O::Held { who, held, cap } => self.on_held(at, who, held, cap),
+            O::DrainStopped { id, who, local, deadline } => self.on_drain_stopped(at, id, who, local, deadline),
+            O::DrainRunning { id, who, local, deadline } => self.on_drain_running(at, id, who, local, deadline),
             O::Fenced { id, owner, record, lease, foreign_write_waiting } => {
                 self.on_fenced(at, id, owner, record, lease, foreign_write_waiting)
             }
@@ -309,6 +378,11 @@ impl Checker {
     /// The splits of every manifest published so far (what the operator acts on).
     pub(crate) fn published(&self) -> &BTreeSet<SplitId> {
         &self.published
+    }
+
+    /// Healthy splits quarantined, with the causes of their charges.
+    pub(crate) fn innocent(&self) -> &[(SplitId, Vec<datapath::Charge>)] {
+        &self.innocent
     }
 
     /// The verdict and the count of every check, once the run is over.

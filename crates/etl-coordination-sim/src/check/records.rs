@@ -5,6 +5,7 @@
 use etl_coordination_core::records::{EndReason, SplitRecord, SplitState};
 use etl_coordination_core::{AcquisitionReason, Epoch, Owner, SplitId, Timestamp};
 
+use super::datapath::Charge;
 use super::{Checker, LeaseOrigin, Tenancy, progress_of};
 
 impl Checker {
@@ -73,6 +74,7 @@ impl Checker {
     /// requeue): the next worker write is judged against what it wrote, as a new tenancy.
     pub(super) fn on_foreign_write(&mut self, id: &SplitId, new: Option<&SplitRecord>) {
         self.tenancy.remove(id);
+        self.charges.remove(id);
         if let Some(r) = new {
             self.saw_epoch(id, r.epoch);
         }
@@ -96,6 +98,7 @@ impl Checker {
         new: &SplitRecord,
     ) {
         let p_new = progress_of(&new.progress);
+        let mut cause = None;
         let t = self.tenancy.get(id).filter(|t| t.epoch == old.epoch).cloned();
         let progressed =
             t.as_ref().is_some_and(|t| t.progressed || p_new != t.base && new.epoch == old.epoch);
@@ -107,7 +110,9 @@ impl Checker {
                 if old.owner.as_ref() == Some(v) && v.instance != writer.instance);
             let failing = old.state == SplitState::Owned && !continuation && !stolen;
             let prev_progressed = t.as_ref().is_some_and(|t| t.progressed);
-            let expected = old.attempts + u32::from(failing && !prev_progressed);
+            let charged = failing && !prev_progressed;
+            let expected = old.attempts + u32::from(charged);
+            cause = charged.then_some(Charge::Expiry);
             if new.owner.as_ref() == Some(writer) || new.state == SplitState::Quarantined {
                 self.ensure(at, "P4", self.published.contains(id), || {
                     format!("split {id}: claimed by {writer} but not in any published manifest")
@@ -147,23 +152,38 @@ impl Checker {
             let failed = self.failed.contains(&(id.clone(), old.epoch))
                 && matches!(new.last_end, Some(EndReason::Failed | EndReason::Unprocessable))
                 && new.owner.is_none();
+            // A lane that gave its split up (bad records past the cap): quarantined at once.
+            let gave_up = self.gave_up.contains(&(id.clone(), old.epoch))
+                && new.state == SplitState::Quarantined
+                && new.owner.is_none();
             if let Some(t) = self.tenancy.get_mut(id).filter(|t| t.epoch == new.epoch) {
                 t.progressed = progressed;
             }
-            if progressed {
+            if gave_up {
+                cause = Some(Charge::Data);
+                self.max_attempts.max(old.attempts)
+            } else if progressed {
                 0
             } else if failed {
+                let outage = self.outage_failed.contains(&(id.clone(), old.epoch));
+                cause = Some(if outage { Charge::Outage } else { Charge::Data });
                 old.attempts + 1
             } else {
                 old.attempts
             }
         };
+        if expected == 0 {
+            self.charges.remove(id);
+        }
         self.ensure(at, "I5", new.attempts == expected, || {
             format!(
                 "split {id}: attempts {} -> {} in a write by {writer}, expected {expected} (P12: failing tenancies without progress count, progress resets)",
                 old.attempts, new.attempts
             )
         });
+        if let Some(cause) = cause.filter(|_| new.attempts == expected) {
+            self.on_charge(at, id, cause, new.state == SplitState::Quarantined);
+        }
         let max = self.max_attempts;
         self.ensure(at, "I5", (new.state == SplitState::Quarantined) == (new.attempts >= max), || {
             format!(

@@ -56,6 +56,13 @@ pub(crate) enum Ev {
         revision: etl_coordination_core::Revision,
     },
     FaultTick,
+    /// A data-path fault is due (`datapath`).
+    DataFaultTick,
+    /// An open breaker's wait is over (`datapath`).
+    BreakerProbe {
+        slot: usize,
+        life: u32,
+    },
     Restart {
         slot: usize,
     },

@@ -1,12 +1,15 @@
 //! Lanes as a source runs them: each split is a range of records; a lane emits them one per
 //! step, commits progress every `commit_every` records (the number of records done), and
-//! finishes. Poison splits crash the owner or are reported unprocessable. With `slow_stop`, a
-//! lane told to stop (fenced, starved) finishes the record in hand and commits late.
+//! finishes. Poison splits crash the owner or are reported unprocessable; bad records are
+//! skipped to the dead-letter sink or quarantine their split (`datapath` has the outages that
+//! reads and flushes meet). With `slow_stop`, a lane told to stop (fenced, starved) finishes
+//! the record in hand and commits late.
 
 use bytes::Bytes;
 use etl_coordination_core::records::{self, SplitRecord, keys};
 use etl_coordination_core::{CommitOutcome, Epoch, Input, SplitId, StopReason, Timestamp};
 
+use super::datapath::{Path, Side};
 use super::{Ev, Poison, Status, World, ms};
 use crate::check::{Observation, progress_of};
 use crate::fault::Fault;
@@ -23,6 +26,12 @@ pub(crate) struct Lane {
     pub stopping: bool,
     /// Draining, but emitting until then before the last commit (a slow drain).
     pub drain_until: Option<Timestamp>,
+    /// The side failing transiently, since when (a success of that side ends it).
+    pub failing: Option<(Side, Timestamp)>,
+    /// A transient read error of this lane alone, until then.
+    pub read_error_until: Option<Timestamp>,
+    /// Bad records skipped by this tenancy.
+    pub bad_met: u32,
 }
 
 fn le(n: u64) -> Bytes {
@@ -32,7 +41,7 @@ fn le(n: u64) -> Bytes {
 impl World {
     /// The lane ended on its side (finished, failed, acknowledged a stop, told it lost the
     /// split): the core no longer runs it.
-    fn lane_ended(&mut self, slot: usize, split: &SplitId, epoch: Epoch) {
+    pub(super) fn lane_ended(&mut self, slot: usize, split: &SplitId, epoch: Epoch) {
         if self.slots[slot].core_lanes.get(split) == Some(&epoch) {
             self.slots[slot].core_lanes.remove(split);
         }
@@ -73,6 +82,9 @@ impl World {
             draining: false,
             stopping: false,
             drain_until: None,
+            failing: None,
+            read_error_until: None,
+            bad_met: 0,
         };
         self.slots[slot].lanes.insert((split.clone(), epoch), lane);
         let life = self.slots[slot].life;
@@ -98,16 +110,25 @@ impl World {
         }
         let (next, total, stopping) = (lane.next, lane.total, lane.stopping);
         if lane.since_commit >= self.opts.commit_every && !stopping && next < total {
-            // A commit came back retryable: a lane does not run more than one commit interval
-            // ahead of its durable progress, so it commits again before emitting more.
-            self.slots[slot].lanes.get_mut(&(split.clone(), epoch)).expect("lane").committing = true;
-            return self.deliver(slot, Input::Commit { split, epoch, progress: le(next) });
+            // A commit came back retryable (or its flush met an outage): a lane does not run
+            // more than one commit interval ahead of its durable progress, so it commits again
+            // before emitting more.
+            return self.flush(slot, Input::Commit { split, epoch, progress: le(next) });
         }
         if next >= total {
-            self.slots[slot].lanes.get_mut(&(split.clone(), epoch)).expect("lane").committing = true;
-            return self.deliver(slot, Input::Finish { split, epoch, progress: le(total) });
+            return self.flush(slot, Input::Finish { split, epoch, progress: le(total) });
+        }
+        if !stopping {
+            // (A lane told to stop only finishes the record in hand.)
+            self.maybe_read_error(slot, &split, epoch);
+            if let Path::Down = self.data_path(slot, &split, epoch, Side::Source) {
+                return;
+            }
         }
         let spec = &self.splits[self.split_index[&split]];
+        if spec.bad.contains(&next) && !stopping {
+            return self.bad_record(slot, split, epoch, next);
+        }
         match spec.poison {
             Poison::Crash(at) if at == next => {
                 self.fault(Fault::PoisonCrash);
@@ -147,27 +168,73 @@ impl World {
         };
         self.checker.observe(self.now, obs, &mut self.state);
         self.report.records_emitted += 1;
+        self.record_done(slot, split, epoch, stopping);
+    }
+
+    /// A record was emitted (or skipped to the dead-letter sink): progress moves past it.
+    fn record_done(&mut self, slot: usize, split: SplitId, epoch: Epoch, stopping: bool) {
         let lane = self.slots[slot].lanes.get_mut(&(split.clone(), epoch)).expect("lane");
         lane.next += 1;
         lane.since_commit += 1;
         if stopping {
-            // The record in hand is out; the lane tries to commit it, late (it will be told Lost).
-            lane.committing = true;
+            // The record in hand is out; the lane tries to commit it, late (it will be told
+            // Lost), unless its sink is down.
             let p = lane.next;
+            if self.now < self.slots[slot].sink_down_until {
+                self.slots[slot].lanes.remove(&(split, epoch));
+                return;
+            }
+            self.slots[slot].lanes.get_mut(&(split.clone(), epoch)).expect("lane").committing = true;
             return self.deliver(slot, Input::Commit { split, epoch, progress: le(p) });
         }
         if lane.next >= lane.total {
-            lane.committing = true;
             let total = lane.total;
-            return self.deliver(slot, Input::Finish { split, epoch, progress: le(total) });
+            return self.flush(slot, Input::Finish { split, epoch, progress: le(total) });
         }
         if lane.since_commit >= self.opts.commit_every {
-            lane.committing = true;
             let p = lane.next;
-            return self.deliver(slot, Input::Commit { split, epoch, progress: le(p) });
+            return self.flush(slot, Input::Commit { split, epoch, progress: le(p) });
         }
         let life = self.slots[slot].life;
         self.schedule(ms(self.opts.step_ms), Ev::LaneStep { slot, life, split, epoch });
+    }
+
+    /// The lane flushes its sink, then commits (or finishes) with `input`; a sink outage is
+    /// waited out in place (the step comes again) or, past the budget, fails the tenancy.
+    fn flush(&mut self, slot: usize, input: Input) {
+        let (Input::Commit { split, epoch, .. } | Input::Finish { split, epoch, .. }) = &input else {
+            unreachable!("flush before a commit or a finish")
+        };
+        let (split, epoch) = (split.clone(), *epoch);
+        if let Path::Down = self.data_path(slot, &split, epoch, Side::Sink) {
+            return;
+        }
+        self.slots[slot].lanes.get_mut(&(split, epoch)).expect("lane").committing = true;
+        self.deliver(slot, input);
+        self.flushed(slot);
+    }
+
+    /// Record `at` of the split is bad: quarantined with its split (the default policy) or
+    /// skipped to the dead-letter sink, up to the cap per tenancy.
+    fn bad_record(&mut self, slot: usize, split: SplitId, epoch: Epoch, at: u64) {
+        let error = format!("record {at} of {split} is not valid UTF-8");
+        let Some(cap) = self.opts.skip_bad_records else {
+            self.slots[slot].lanes.remove(&(split.clone(), epoch));
+            self.checker.observe(self.now, Observation::LaneFailed { id: &split, epoch }, &mut self.state);
+            self.lane_ended(slot, &split, epoch);
+            return self.deliver(slot, Input::Fail { split, epoch, error, unprocessable: true });
+        };
+        let lane = self.slots[slot].lanes.get_mut(&(split.clone(), epoch)).expect("lane");
+        lane.bad_met += 1;
+        if lane.bad_met > cap {
+            self.slots[slot].lanes.remove(&(split.clone(), epoch));
+            self.lane_ended(slot, &split, epoch);
+            self.checker.observe(self.now, Observation::LaneGaveUp { id: &split, epoch }, &mut self.state);
+            return self.deliver(slot, Input::Quarantine { split, epoch, error });
+        }
+        self.fault(crate::fault::Fault::BadRecordSkipped);
+        self.checker.observe(self.now, Observation::DeadLettered { id: &split, record: at }, &mut self.state);
+        self.record_done(slot, split, epoch, false);
     }
 
     /// `at_once`: no deadline (the core no longer counts the lane as running).
@@ -224,16 +291,20 @@ impl World {
     }
 
     /// A draining lane commits what it has and acknowledges the stop once that resolves.
-    fn drain_now(&mut self, slot: usize, split: SplitId, epoch: Epoch) {
+    pub(super) fn drain_now(&mut self, slot: usize, split: SplitId, epoch: Epoch) {
         let Some(lane) = self.slots[slot].lanes.get_mut(&(split.clone(), epoch)) else { return };
         if lane.committing {
             return; // acknowledged when the commit resolves
         }
-        if lane.since_commit > 0 {
+        if lane.since_commit > 0 && self.now >= self.slots[slot].sink_down_until {
+            let lane = self.slots[slot].lanes.get_mut(&(split.clone(), epoch)).expect("lane");
             lane.committing = true;
             let p = lane.next;
             self.deliver(slot, Input::Commit { split, epoch, progress: le(p) });
+            self.flushed(slot);
         } else {
+            // Nothing to commit, or the sink is down: the lane stops without its last commit
+            // (what it emitted since is read again by the next owner: at-least-once).
             self.slots[slot].lanes.remove(&(split.clone(), epoch));
             self.lane_ended(slot, &split, epoch);
             self.deliver(slot, Input::LaneStopped { split, epoch });

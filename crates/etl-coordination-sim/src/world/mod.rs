@@ -2,6 +2,7 @@
 //! planner, scenario probes and the report. The store model is in `net`, the fault injector in
 //! `faults`, the lanes in `lanes`, the checkers in `check`.
 
+mod datapath;
 mod events;
 mod faults;
 mod lanes;
@@ -17,7 +18,6 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::time::Duration;
 
-use etl_coordination_core::records::{self};
 use etl_coordination_core::{Input, InstanceId, OpId, SplitId, Timestamp};
 use etl_coordination_memory::MemoryKv;
 
@@ -62,6 +62,8 @@ pub(crate) struct SplitSpec {
     pub weight: u64,
     pub total: u64,
     pub poison: Poison,
+    /// Offsets of bad records.
+    pub bad: Vec<u64>,
     pub discovered_at: Timestamp,
 }
 
@@ -105,6 +107,12 @@ pub(crate) struct World {
     pub requeued: bool,
     /// The operator fixed the cause of the poison splits.
     pub healed: bool,
+    /// The data path's faults draw from a generator of their own.
+    pub dp_rng: Rng,
+    /// When the current data-path outage ends.
+    pub data_outage_until: Timestamp,
+    /// Data-path outages so far.
+    pub data_outages: u32,
 }
 
 impl World {
@@ -136,17 +144,42 @@ impl World {
                 weight: rng.range(1, 1000),
                 total,
                 poison,
+                bad: Vec::new(),
                 discovered_at,
             });
         }
+        // Bad records in the first split after the poison ones (from the data path's generator,
+        // so that the rest of the world is what it was before they existed).
+        let mut dp_rng = Rng::new(seed ^ 0xda7a_0001);
+        let planted = opts.poison_crash + opts.poison_unprocessable;
+        if let Some(s) = splits.get_mut(planted).filter(|_| opts.bad_records > 0) {
+            let mut bad: Vec<u64> =
+                (0..opts.bad_records).map(|_| dp_rng.range(0, s.total - 1)).collect();
+            bad.sort_unstable();
+            bad.dedup();
+            s.bad = bad;
+        }
+        // Splits that may end quarantined: the poison ones, and one whose bad records the
+        // lanes do not skip (or skip more of than the cap, which one tenancy may meet).
+        let bad_split = splits.iter().find(|s| !s.bad.is_empty());
+        let bad_poison = bad_split.is_some_and(|s| opts.skip_bad_records.is_none_or(|cap| s.bad.len() as u32 > cap));
+        let mut may_quarantine: BTreeSet<SplitId> =
+            splits.iter().filter(|s| s.poison != Poison::None).map(|s| s.id.clone()).collect();
+        if bad_poison {
+            may_quarantine.extend(bad_split.map(|s| s.id.clone()));
+        }
         let totals = splits.iter().map(|s| (s.id.clone(), s.total)).collect();
         let split_index = splits.iter().enumerate().map(|(i, s)| (s.id.clone(), i)).collect();
-        let checker = Checker::new(&opts, &totals);
+        // Complete is wrong while a split quarantines every tenancy (poison, or bad records
+        // under the quarantine policy); bad records above the cap may or may not be met by one
+        // tenancy (a tenancy starts after the committed ones).
+        let certain_poison = planted > 0 || (bad_poison && opts.skip_bad_records.is_none());
+        let checker = Checker::new(&opts, &totals, may_quarantine.clone(), certain_poison);
         let report = Report {
             seed,
             records_total: splits.iter().map(|s| s.total).sum(),
             outcome: "none",
-            poison_splits: opts.poison_crash + opts.poison_unprocessable,
+            poison_splits: may_quarantine.len(),
             ..Report::default()
         };
         World {
@@ -180,6 +213,9 @@ impl World {
             corrupted: BTreeSet::new(),
             requeued: false,
             healed: false,
+            dp_rng,
+            data_outage_until: Timestamp::ZERO,
+            data_outages: 0,
         }
     }
 
@@ -226,7 +262,7 @@ impl World {
         self.schedule(ms(250), Ev::ExpiryTick);
         if self.opts.faults {
             // What this run's world is like (counted once per run).
-            if self.opts.splits > records::MANIFEST_CHUNK_LEN {
+            if self.opts.splits > self.opts.manifest_chunk_len {
                 self.fault(Fault::PlanOfSeveralManifestChunks);
             }
             if self.opts.mixed_capacity {
@@ -240,6 +276,10 @@ impl World {
             }
             let first = ms(self.rng.range(300, 2000));
             self.schedule(first, Ev::FaultTick);
+            if self.opts.data_faults {
+                let first = ms(self.dp_rng.range(500, 5_000));
+                self.schedule(first, Ev::DataFaultTick);
+            }
         }
         self.schedule_at(Timestamp::ZERO + self.opts.safety, Ev::EndSafety);
         if matches!(self.opts.scenario, Scenario::Balance | Scenario::DrainPickup) {
@@ -367,6 +407,14 @@ impl World {
                     self.schedule(next, Ev::FaultTick);
                 }
             }
+            Ev::DataFaultTick => {
+                if self.faults_on {
+                    self.inject_data_fault();
+                    let next = ms(self.dp_rng.range(1_000, 8_000));
+                    self.schedule(next, Ev::DataFaultTick);
+                }
+            }
+            Ev::BreakerProbe { slot, life } => self.breaker_probe(slot, life),
             Ev::Restart { slot } => {
                 if matches!(self.slots[slot].status, Status::Crashed { restart: true }) {
                     self.start_worker(slot);

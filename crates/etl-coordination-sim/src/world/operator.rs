@@ -96,7 +96,7 @@ impl World {
         let stalled = staying.iter().any(|&i| matches!(self.slots[i].ended, Some(Outcome::Stalled { .. })));
         // Without a poison split a stall means healthy splits were quarantined (P12): left as
         // it is, so the sweep reports it.
-        let poison = self.opts.poison_crash + self.opts.poison_unprocessable > 0;
+        let poison = self.report.poison_splits > 0;
         if stalled && poison && !self.requeued && self.state_writable() {
             self.requeued = true;
             self.operator_requeue();
@@ -113,6 +113,7 @@ impl World {
     fn operator_requeue(&mut self) {
         for s in &mut self.splits {
             s.poison = Poison::None;
+            s.bad.clear();
         }
         self.healed = true;
         let now = self.now;

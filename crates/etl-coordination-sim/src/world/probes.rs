@@ -14,6 +14,7 @@ impl World {
         self.safety_over = true;
         self.faults_on = false;
         self.outage_until = self.now;
+        self.heal_data_path();
         for bucket in [Bucket::State, Bucket::Lease] {
             self.recover_stream(bucket);
         }
@@ -59,7 +60,10 @@ impl World {
             if let Some(c) = &s.core
                 && !c.is_stopped()
             {
-                counts.push((c.held().count() as u32, s.max_in_flight));
+                // A worker whose breaker is open takes nothing new (until its probe closes it).
+                let held = c.held().count() as u32;
+                let open = !matches!(s.breaker.state(), etl_coordination_core::BreakerState::Closed);
+                counts.push((held, if open { held } else { s.max_in_flight }));
             }
         }
         self.checker.observe(self.now, Observation::OwnedCounts { counts: &counts }, &mut self.state);
@@ -123,6 +127,8 @@ impl World {
             states: &states,
         };
         self.checker.observe(self.now, obs, &mut self.state);
+        self.report.healthy_quarantined =
+            self.checker.innocent().iter().map(|(id, charges)| format!("{id} {charges:?}")).collect();
         (self.report.violation, self.report.checks) = self.checker.verdict();
         self.report.virtual_time = self.now.since_origin();
         self.report.trace_hash = self.hash;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use etl_coordination_core::records::{self, keys};
 use etl_coordination_core::{
-    AcquisitionReason, Action, Config, Epoch, Event, Incarnation, Input, InstanceId, Outcome, Owner, SplitId,
+    AcquisitionReason, Action, Breaker, Config, Epoch, Event, Incarnation, Input, InstanceId, Outcome, Owner, SplitId,
     StopReason, Timestamp, Worker,
 };
 
@@ -52,6 +52,14 @@ pub(crate) struct Slot {
     pub clock: Clock,
     pub link: Link,
     pub max_in_flight: u32,
+    /// The worker's breaker (a new one per process, as in the driver).
+    pub breaker: Breaker,
+    /// Its sink fails every flush until then.
+    pub sink_down_until: Timestamp,
+    /// Its source fails every read until then.
+    pub source_down_until: Timestamp,
+    /// Draining lanes and the deadline (the worker's clock) each was given.
+    pub drain_deadlines: BTreeMap<(SplitId, Epoch), Timestamp>,
 }
 
 impl World {
@@ -79,6 +87,10 @@ impl World {
             clock: Clock::new(0, 0),
             link: Link::default(),
             max_in_flight,
+            breaker: Breaker::new(0, Duration::ZERO),
+            sink_down_until: Timestamp::ZERO,
+            source_down_until: Timestamp::ZERO,
+            drain_deadlines: BTreeMap::new(),
         });
         let slot = self.slots.len() - 1;
         self.start_worker(slot);
@@ -102,6 +114,7 @@ impl World {
             *self.report.faults.entry(Fault::ClockDrifting.label()).or_default() += 1; // (self.fault: `s` is borrowed)
         }
         s.link = Link::default();
+        s.breaker = Breaker::new(self.opts.breaker_threshold, self.opts.breaker_window);
         let mut cfg = Config::new(s.instance.clone(), incarnation, "sim-planner-v1");
         let t = &mut cfg.tuning;
         t.lease_duration = Duration::from_secs(self.opts.lease_secs);
@@ -111,6 +124,7 @@ impl World {
         t.drain_timeout = self.opts.drain_timeout;
         t.plan_timeout = Duration::from_secs(5);
         t.claim_backoff = self.opts.claim_backoff;
+        t.manifest_chunk_len = self.opts.manifest_chunk_len;
         cfg.stay_after_end = self.opts.stay_after_end;
         cfg.validate().expect("sim config is valid");
         s.core = Some(Worker::new(cfg));
@@ -122,6 +136,7 @@ impl World {
         s.inbox.clear();
         s.lanes.clear();
         s.core_lanes.clear();
+        s.drain_deadlines.clear();
         self.deliver(slot, Input::Start);
     }
 
@@ -149,6 +164,7 @@ impl World {
             }
         }
         self.check_running_lanes(slot);
+        self.check_capacity_and_drains(slot, now);
         let s = &mut self.slots[slot];
         if let Some(d) = deadline {
             let at = s.clock.global(d).max(self.now);
@@ -163,11 +179,33 @@ impl World {
     /// P11: after every input, no lane the core keeps running may be past the TTL of the lease
     /// writes that landed for it (the store's time).
     pub(super) fn check_running_lanes(&mut self, slot: usize) {
-        let owner = self.slots[slot].owner.clone();
-        let lanes: Vec<(SplitId, Epoch)> =
-            self.slots[slot].core_lanes.iter().map(|(s, e)| (s.clone(), *e)).collect();
-        for (split, epoch) in lanes {
-            let obs = Observation::LaneRunning { id: &split, epoch, owner: &owner };
+        let s = &self.slots[slot];
+        for (split, epoch) in &s.core_lanes {
+            let obs = Observation::LaneRunning { id: split, epoch: *epoch, owner: &s.owner };
+            self.checker.observe(self.now, obs, &mut self.state);
+        }
+    }
+
+    /// After every input: the worker holds no more than its `max_in_flight` (P9), and a
+    /// draining lane with no commit in flight runs only until its deadline (P10).
+    fn check_capacity_and_drains(&mut self, slot: usize, local: Timestamp) {
+        let s = &mut self.slots[slot];
+        let Some(core) = s.core.as_ref() else { return };
+        let (who, held, cap) = (s.owner.clone(), core.held().count() as u32, s.max_in_flight);
+        // A deadline that came due while the input was handled (a commit in flight at the drain
+        // deadline resolved) is acted on at the tick that follows at once.
+        let overdue = core.next_deadline().is_some_and(|d| d <= local);
+        let core_lanes = &s.core_lanes;
+        s.drain_deadlines.retain(|(id, e), _| core_lanes.get(id) == Some(e));
+        let running: Vec<(SplitId, Timestamp)> = s
+            .drain_deadlines
+            .iter()
+            .filter(|(k, _)| !overdue && s.lanes.get(k).is_none_or(|l| !l.committing))
+            .map(|((id, _), d)| (id.clone(), *d))
+            .collect();
+        self.checker.observe(self.now, Observation::Held { who: &who, held, cap }, &mut self.state);
+        for (id, deadline) in running {
+            let obs = Observation::DrainRunning { id: &id, who: &who, local, deadline };
             self.checker.observe(self.now, obs, &mut self.state);
         }
     }
@@ -192,6 +230,21 @@ impl World {
                 // A draining lane with a deadline still runs (and is checked) until it
                 // acknowledges the stop; any other stop is at once.
                 let at_once = reason != StopReason::Draining || deadline.is_none();
+                let s = &mut self.slots[slot];
+                let local = s.clock.local(self.now);
+                match (reason, deadline) {
+                    (StopReason::Draining, Some(d)) => {
+                        s.drain_deadlines.insert((split.clone(), epoch), d);
+                    }
+                    (StopReason::Draining, None) => {
+                        if let Some(d) = s.drain_deadlines.remove(&(split.clone(), epoch)) {
+                            let who = s.owner.clone();
+                            let obs = Observation::DrainStopped { id: &split, who: &who, local, deadline: d };
+                            self.checker.observe(self.now, obs, &mut self.state);
+                        }
+                    }
+                    _ => {}
+                }
                 if at_once && self.slots[slot].core_lanes.get(&split) == Some(&epoch) {
                     self.slots[slot].core_lanes.remove(&split);
                 }
