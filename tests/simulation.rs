@@ -23,6 +23,8 @@ fn the_same_seed_replays_the_same_trace() {
 /// Every fault of the world's model, as the report counts it: a kind that stops being injected
 /// (a branch made unreachable, a probability set to zero) fails the sweep below.
 const FAULT_KINDS: &[&str] = &[
+    "bad_record_skipped",
+    "breaker_opened",
     "bucket_unreachable_for_all",
     "bucket_unreachable_for_one",
     "clock_drifting",
@@ -45,19 +47,24 @@ const FAULT_KINDS: &[&str] = &[
     "pause_longer_than_lease",
     "pause_short",
     "pending_write_dropped",
-    "read_from_cut_off_leader_behind",
-    "record_overwritten_by_another_program",
-    "request_without_stream_leader",
     "plan_of_several_manifest_chunks",
     "planner_error",
     "planner_hang",
     "planner_panic",
     "poison_crash",
+    "read_from_cut_off_leader_behind",
+    "record_overwritten_by_another_program",
     "renewal_erased_by_expiry",
     "request_lost",
+    "request_without_stream_leader",
     "response_lost",
     "scale_down_drain",
     "scale_up",
+    "sink_outage_for_all",
+    "sink_outage_for_one",
+    "source_outage_for_all",
+    "source_outage_for_one",
+    "source_read_error_transient",
     "stale_read",
     "store_outage_long",
     "store_outage_short",
@@ -94,6 +101,11 @@ fn a_sweep_of_random_fault_schedules_keeps_every_invariant() {
             }
             other => panic!("seed {seed}: outcome {other}"),
         }
+        assert!(
+            r.healthy_quarantined.is_empty(),
+            "seed {seed} quarantined healthy splits: {:?}",
+            r.healthy_quarantined
+        );
         assert!(r.checks.values().sum::<u64>() > 0, "seed {seed} checked nothing");
     }
     assert!(outcomes[0] > 0 && outcomes[1] > 0, "both outcomes must occur: {outcomes:?}");

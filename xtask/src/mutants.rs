@@ -174,6 +174,12 @@ fn first_violation(output: &str) -> Option<String> {
     output.lines().find_map(|l| l.trim().strip_prefix("VIOLATION ").map(str::to_owned))
 }
 
+/// A healthy split quarantined in a sweep that passed: caught too (an attempt-accounting bug
+/// the checkers agree with, e.g. an outage charged as if the split had crashed its owner).
+fn healthy_quarantined(output: &str) -> Option<String> {
+    output.lines().find_map(|l| l.trim().strip_prefix("HEALTHY QUARANTINED ").map(|s| format!("healthy split quarantined, {s}")))
+}
+
 /// The test suites run after the sweep, in order: (label, package, test target).
 const SUITES: [(&str, &str, &str); 2] = [
     ("scenario test", "etl-coordination-tests", "simulation"),
@@ -293,6 +299,9 @@ fn baseline(ws: &Path, target: &Path, seeds: u64, limit: Duration) -> Result<()>
     println!("baseline: {seeds} seeds, the simulator's suite and the rule tests on the unmutated workspace");
     let t0 = Instant::now();
     match sweep(ws, target, seeds, limit)? {
+        Some((true, out)) if healthy_quarantined(&out).is_some() => {
+            bail!("the unmutated workspace's sweep quarantines healthy splits:\n{out}")
+        }
         Some((true, _)) => match suites(ws, target, limit)? {
             Some(None) => println!("baseline passed in {:.0}s", t0.elapsed().as_secs_f64()),
             Some(Some(failed)) => bail!("the unmutated workspace fails a suite: {failed}"),
@@ -313,11 +322,15 @@ fn judge(m: &Mutant, ws: &Path, target: &Path, seeds: u64, limit: Duration) -> R
     let original = std::fs::read_to_string(&path)?;
     std::fs::write(&path, apply(m, &original)?)?;
     let result = sweep(ws, target, seeds, limit).and_then(|r| match r {
+        Some((true, out)) if healthy_quarantined(&out).is_some() => Ok((Some((true, out)), Some(None))),
         Some((true, _)) => Ok((Some((true, String::new())), suites(ws, target, limit)?)),
         other => Ok((other, Some(None))),
     });
     std::fs::write(&path, &original)?;
     Ok(match result? {
+        (Some((true, out)), _) if healthy_quarantined(&out).is_some() => {
+            Verdict::Caught(healthy_quarantined(&out).unwrap_or_default())
+        }
         (None, _) | (_, None) => Verdict::TimedOut,
         (Some((true, _)), Some(None)) => Verdict::Survived,
         (Some((true, _)), Some(Some(failed))) => Verdict::Caught(failed),

@@ -266,6 +266,9 @@ pub struct Report {
     /// charged (`Expiry`: its lease expired with the record owned, a crash or a worker cut
     /// off; `Outage`: a data-path outage past the budget; `Data`: its source said so).
     pub healthy_quarantined: Vec<String>,
+    /// Healthy splits quarantined with charges for crashes a poison split caused (it kills
+    /// its owner's process, and the tenancies of its neighbours with it).
+    pub collateral_quarantined: Vec<String>,
     /// Fatal errors reported by workers.
     pub fatal: Vec<String>,
     /// Balance scenario: steals until the convergence probe (T4).

@@ -20,12 +20,15 @@ pub(crate) enum Charge {
     /// The tenancy's lease expired with the record still owned (a crash, or a worker cut off
     /// from the store for a lease: the store cannot tell them apart).
     Expiry,
+    /// As `Expiry`, but the owner's process was killed by another split it ran (a poison
+    /// split that crashes its owner takes the tenancies of its neighbours down with it).
+    Collateral,
 }
 
 /// One worker's failures past the budget, for the breaker's oracle.
 #[derive(Debug, Default)]
 pub(crate) struct Streak {
-    /// (when, split, side) of each failure since the worker's last successful flush.
+    /// (when on the worker's clock, split, side) of each failure since its last flush.
     failures: Vec<(Timestamp, SplitId, &'static str)>,
 }
 
@@ -40,6 +43,7 @@ impl Checker {
     /// A lane's outage outlived the budget (P12): it must have failed for the whole budget,
     /// and a worker whose breaker must have opened does not charge a split failing for the
     /// first time in the streak.
+    /// `(since, local)`: when the outage began for the lane and now, on the worker's clock.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn on_outage_failed(
         &mut self,
@@ -48,13 +52,12 @@ impl Checker {
         epoch: Epoch,
         who: &Owner,
         side: &'static str,
-        since: Timestamp,
+        (since, local): (Timestamp, Timestamp),
         charged: bool,
     ) {
-        // Worker clocks drift by up to 1% from the store's.
-        let waited = at.saturating_since(since);
+        let waited = local.saturating_since(since);
         let budget = self.transient_budget;
-        self.ensure(at, "P12", waited >= budget.mul_f64(0.98), || {
+        self.ensure(at, "P12", waited >= budget, || {
             format!(
                 "split {id}: {who}'s lane failed after {waited:?} of {side} outage, before the transient retry budget of {budget:?} (an outage is waited out in place)"
             )
@@ -63,20 +66,20 @@ impl Checker {
             self.failed.insert((id.clone(), epoch));
             self.outage_failed.insert((id.clone(), epoch));
         }
-        let window = self.breaker_window.mul_f64(0.98);
+        let window = self.breaker_window;
         let threshold = self.breaker_threshold as usize;
         let streak = self.streaks.entry(who.clone()).or_default();
         let again = streak.failures.iter().any(|(_, s, c)| s == id && *c == side);
         let mut others: Vec<SplitId> = streak
             .failures
             .iter()
-            .filter(|(t, s, c)| *c == side && s != id && at.saturating_since(*t) <= window)
+            .filter(|(t, s, c)| *c == side && s != id && local.saturating_since(*t) <= window)
             .map(|(_, s, _)| s.clone())
             .collect();
         others.sort();
         others.dedup();
         let tripped = threshold > 0 && others.len() + 1 >= threshold;
-        streak.failures.push((at, id.clone(), side));
+        streak.failures.push((local, id.clone(), side));
         if charged && tripped && !again {
             let n = others.len();
             self.fail(
@@ -103,6 +106,10 @@ impl Checker {
         charges.push(cause);
         if quarantined && !self.may_quarantine.contains(id) {
             let charges = charges.clone();
+            if charges.contains(&Charge::Collateral) {
+                self.collateral.push((id.clone(), charges));
+                return;
+            }
             self.innocent.push((id.clone(), charges.clone()));
             let outages_alone = charges.iter().all(|c| *c == Charge::Outage);
             self.ensure(at, "P12", !outages_alone, || {

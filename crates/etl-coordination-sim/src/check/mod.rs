@@ -90,6 +90,10 @@ pub(crate) struct Checker {
     pub(super) may_quarantine: BTreeSet<SplitId>,
     /// Healthy splits quarantined, with the causes of their charges.
     pub(super) innocent: Vec<(SplitId, Vec<datapath::Charge>)>,
+    /// Healthy splits quarantined with charges for crashes a poison neighbour caused.
+    pub(super) collateral: Vec<(SplitId, Vec<datapath::Charge>)>,
+    /// Processes a poison split crashed.
+    pub(super) poison_crashed: BTreeSet<Owner>,
 }
 
 /// How the lease of a tenancy was taken.
@@ -152,18 +156,22 @@ pub(crate) enum Observation<'a> {
     DeadLettered { id: &'a SplitId, record: u64 },
     /// A lane gave its split up (more bad records than the cap).
     LaneGaveUp { id: &'a SplitId, epoch: Epoch },
-    /// A lane's outage of `side` (since `since`) outlived the budget; `charged`: the breaker
-    /// let it be charged (else the split is released without blame).
+    /// A lane's outage of `side` (since `since`) outlived the budget at `local`, both on the
+    /// worker's clock (a clock that jumps shortens waits, as it would in a real process);
+    /// `charged`: the breaker let it be charged (else the split is released without blame).
     OutageFailed {
         id: &'a SplitId,
         epoch: Epoch,
         who: &'a Owner,
         side: &'static str,
         since: Timestamp,
+        local: Timestamp,
         charged: bool,
     },
     /// A worker's lane flushed its sink and commits.
     Flushed { who: &'a Owner },
+    /// A poison split crashed this worker's process.
+    PoisonCrashed { who: &'a Owner },
     /// What a worker holds after an input, and its `max_in_flight`.
     Held { who: &'a Owner, held: u32, cap: u32 },
     /// A draining lane was stopped at once at `local` (the worker's clock), its deadline being
@@ -271,6 +279,8 @@ impl Checker {
             charges: BTreeMap::new(),
             may_quarantine,
             innocent: Vec::new(),
+            collateral: Vec::new(),
+            poison_crashed: BTreeSet::new(),
         }
     }
 
@@ -331,10 +341,13 @@ impl Checker {
             O::LaneGaveUp { id, epoch } => {
                 self.gave_up.insert((id.clone(), epoch));
             }
-            O::OutageFailed { id, epoch, who, side, since, charged } => {
-                self.on_outage_failed(at, id, epoch, who, side, since, charged)
+            O::OutageFailed { id, epoch, who, side, since, local, charged } => {
+                self.on_outage_failed(at, id, epoch, who, side, (since, local), charged)
             }
             O::Flushed { who } => self.on_flushed(who),
+            O::PoisonCrashed { who } => {
+                self.poison_crashed.insert(who.clone());
+            }
             O::Held { who, held, cap } => self.on_held(at, who, held, cap),
             O::DrainStopped { id, who, local, deadline } => self.on_drain_stopped(at, id, who, local, deadline),
             O::DrainRunning { id, who, local, deadline } => self.on_drain_running(at, id, who, local, deadline),
@@ -383,6 +396,11 @@ impl Checker {
     /// Healthy splits quarantined, with the causes of their charges.
     pub(crate) fn innocent(&self) -> &[(SplitId, Vec<datapath::Charge>)] {
         &self.innocent
+    }
+
+    /// Healthy splits quarantined with charges for crashes a poison neighbour caused.
+    pub(crate) fn collateral(&self) -> &[(SplitId, Vec<datapath::Charge>)] {
+        &self.collateral
     }
 
     /// The verdict and the count of every check, once the run is over.

@@ -112,7 +112,8 @@ impl Checker {
             let prev_progressed = t.as_ref().is_some_and(|t| t.progressed);
             let charged = failing && !prev_progressed;
             let expected = old.attempts + u32::from(charged);
-            cause = charged.then_some(Charge::Expiry);
+            let collateral = old.owner.as_ref().is_some_and(|o| self.poison_crashed.contains(o));
+            cause = charged.then_some(if collateral { Charge::Collateral } else { Charge::Expiry });
             if new.owner.as_ref() == Some(writer) || new.state == SplitState::Quarantined {
                 self.ensure(at, "P4", self.published.contains(id), || {
                     format!("split {id}: claimed by {writer} but not in any published manifest")

@@ -148,7 +148,8 @@ impl World {
             Side::Sink => "sink",
             Side::Source => "source",
         };
-        let obs = Observation::OutageFailed { id: &split, epoch, who: &who, side, since, charged };
+        let since = self.slots[slot].clock.local(since);
+        let obs = Observation::OutageFailed { id: &split, epoch, who: &who, side, since, local, charged };
         self.checker.observe(self.now, obs, &mut self.state);
         if charged {
             self.deliver(slot, Input::Fail { split, epoch, error, unprocessable: false });
@@ -173,12 +174,28 @@ impl World {
     /// An open breaker's wait is over: one split more than the worker holds, to probe.
     pub(super) fn breaker_probe(&mut self, slot: usize, life: u32) {
         let s = &mut self.slots[slot];
-        if s.life != life || s.status != Status::Running {
+        if s.life != life {
+            return;
+        }
+        if s.status == Status::Paused {
+            return s.inbox.push(Ev::BreakerProbe { slot, life });
+        }
+        if s.status != Status::Running {
             return;
         }
         let local = s.clock.local(self.now);
-        if s.breaker.probe_at().is_none_or(|t| t > local) {
-            return; // reopened meanwhile, with a later probe of its own
+        if self.trace {
+            eprintln!("{:>12}   {} breaker probe due at {:?} (now {local:?}): {:?}", self.now.0, s.owner, s.breaker.probe_at(), s.breaker.state());
+        }
+        match s.breaker.probe_at() {
+            None => return, // probing already, or closed
+            Some(t) if t > local => {
+                // Not due on the worker's clock yet (the conversion rounds, or it reopened
+                // with a later probe): come back then.
+                let at = s.clock.global(t).max(self.now + Duration::from_micros(1));
+                return self.schedule_at(at, Ev::BreakerProbe { slot, life });
+            }
+            Some(_) => {}
         }
         s.breaker.probe();
         let held = s.core.as_ref().map_or(0, |c| c.held().count() as u32);

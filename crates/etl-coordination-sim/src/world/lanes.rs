@@ -132,6 +132,8 @@ impl World {
         match spec.poison {
             Poison::Crash(at) if at == next => {
                 self.fault(Fault::PoisonCrash);
+                let who = self.slots[slot].owner.clone();
+                self.checker.observe(self.now, Observation::PoisonCrashed { who: &who }, &mut self.state);
                 // A crash is a fault: steals that rebalance after it are not oscillation (I7).
                 if self.opts.scenario == Scenario::Random {
                     self.report.steals_after_faults = 0;

@@ -129,6 +129,8 @@ impl World {
         self.checker.observe(self.now, obs, &mut self.state);
         self.report.healthy_quarantined =
             self.checker.innocent().iter().map(|(id, charges)| format!("{id} {charges:?}")).collect();
+        self.report.collateral_quarantined =
+            self.checker.collateral().iter().map(|(id, charges)| format!("{id} {charges:?}")).collect();
         (self.report.violation, self.report.checks) = self.checker.verdict();
         self.report.virtual_time = self.now.since_origin();
         self.report.trace_hash = self.hash;
