@@ -177,7 +177,9 @@ fn first_violation(output: &str) -> Option<String> {
 /// A healthy split quarantined in a sweep that passed: caught too (an attempt-accounting bug
 /// the checkers agree with, e.g. an outage charged as if the split had crashed its owner).
 fn healthy_quarantined(output: &str) -> Option<String> {
-    output.lines().find_map(|l| l.trim().strip_prefix("HEALTHY QUARANTINED ").map(|s| format!("healthy split quarantined, {s}")))
+    output.lines().find_map(|l| {
+        l.trim().strip_prefix("HEALTHY QUARANTINED ").map(|s| format!("healthy split quarantined, {s}"))
+    })
 }
 
 /// The test suites run after the sweep, in order: (label, package, test target).

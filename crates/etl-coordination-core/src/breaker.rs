@@ -281,7 +281,10 @@ mod tests {
         let t0 = Timestamp::from_millis(1_000);
         let mut b = Breaker::new(2, Duration::from_secs(60));
         b.on_failure(t0, &s("a"), "source: connection reset");
-        assert_eq!(b.on_failure(t0, &s("b"), "source: connection reset"), BreakerVerdict::Release { tripped: true });
+        assert_eq!(
+            b.on_failure(t0, &s("b"), "source: connection reset"),
+            BreakerVerdict::Release { tripped: true }
+        );
         // The sink goes down too: its first failure is one split's, the second says the
         // worker's, and from then on it is treated like the source's.
         assert_eq!(b.on_failure(t0, &s("c"), "sink: disk full"), CHARGE);

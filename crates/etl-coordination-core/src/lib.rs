@@ -40,8 +40,8 @@
 //! Informational enums ([`Event`], reasons, errors) and the configuration structs are
 //! `#[non_exhaustive]`: start from [`Config::new`] or [`Tuning::default`] and set fields.
 
-mod config;
 mod breaker;
+mod config;
 mod ids;
 mod io;
 mod lifecycle;

@@ -17,7 +17,6 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::{error, info, trace, warn};
 
-
 use crate::config::{DEFAULT_OP_TIMEOUT, DriverConfig, OnLaneStall, OnStall};
 use crate::lane::{Lane, LaneMsg, Lanes, Stop};
 use crate::lane_table::{LaneEntry, LaneTable};

@@ -113,7 +113,9 @@ impl Checker {
             self.innocent.push((id.clone(), charges.clone()));
             let outages_alone = charges.iter().all(|c| *c == Charge::Outage);
             self.ensure(at, "P12", !outages_alone, || {
-                format!("split {id}: a healthy split quarantined by data-path outages alone (charges {charges:?})")
+                format!(
+                    "split {id}: a healthy split quarantined by data-path outages alone (charges {charges:?})"
+                )
             });
         }
     }
@@ -127,7 +129,14 @@ impl Checker {
 
     /// A draining lane was stopped at once (`local`: the worker's clock) before the deadline it
     /// was given (`deadline`).
-    pub(super) fn on_drain_stopped(&mut self, at: Timestamp, id: &SplitId, who: &Owner, local: Timestamp, deadline: Timestamp) {
+    pub(super) fn on_drain_stopped(
+        &mut self,
+        at: Timestamp,
+        id: &SplitId,
+        who: &Owner,
+        local: Timestamp,
+        deadline: Timestamp,
+    ) {
         self.ensure(at, "P10", local >= deadline, || {
             format!(
                 "split {id}: {who} stopped its draining lane {:?} before the drain deadline it gave it",
@@ -138,7 +147,14 @@ impl Checker {
 
     /// After an input at `local` (the worker's clock): a draining lane still running with no
     /// commit in flight must be before its deadline (the core stops it when it passes).
-    pub(super) fn on_drain_running(&mut self, at: Timestamp, id: &SplitId, who: &Owner, local: Timestamp, deadline: Timestamp) {
+    pub(super) fn on_drain_running(
+        &mut self,
+        at: Timestamp,
+        id: &SplitId,
+        who: &Owner,
+        local: Timestamp,
+        deadline: Timestamp,
+    ) {
         self.ensure(at, "P10", local < deadline, || {
             let late = local.saturating_since(deadline);
             format!("split {id}: {who}'s draining lane still runs {late:?} after its drain deadline")

@@ -349,8 +349,12 @@ impl Checker {
                 self.poison_crashed.insert(who.clone());
             }
             O::Held { who, held, cap } => self.on_held(at, who, held, cap),
-            O::DrainStopped { id, who, local, deadline } => self.on_drain_stopped(at, id, who, local, deadline),
-            O::DrainRunning { id, who, local, deadline } => self.on_drain_running(at, id, who, local, deadline),
+            O::DrainStopped { id, who, local, deadline } => {
+                self.on_drain_stopped(at, id, who, local, deadline)
+            }
+            O::DrainRunning { id, who, local, deadline } => {
+                self.on_drain_running(at, id, who, local, deadline)
+            }
             O::Fenced { id, owner, record, lease, foreign_write_waiting } => {
                 self.on_fenced(at, id, owner, record, lease, foreign_write_waiting)
             }

@@ -91,7 +91,9 @@ impl World {
         let Some(lane) = s.lanes.get(&(split.clone(), epoch)) else { return Path::Down };
         let down = match side {
             Side::Sink => self.now < s.sink_down_until,
-            Side::Source => self.now < s.source_down_until || lane.read_error_until.is_some_and(|t| self.now < t),
+            Side::Source => {
+                self.now < s.source_down_until || lane.read_error_until.is_some_and(|t| self.now < t)
+            }
         };
         let draining = lane.draining;
         let lane = self.slots[slot].lanes.get_mut(&(split.clone(), epoch)).expect("lane");
@@ -142,7 +144,10 @@ impl World {
         let who = self.slots[slot].owner.clone();
         if self.trace {
             let state = self.slots[slot].breaker.state();
-            eprintln!("{:>12}   {who} lane {split}@{epoch} {side:?} outage past the budget: {verdict:?}, breaker {state:?}", self.now.0);
+            eprintln!(
+                "{:>12}   {who} lane {split}@{epoch} {side:?} outage past the budget: {verdict:?}, breaker {state:?}",
+                self.now.0
+            );
         }
         let side = match side {
             Side::Sink => "sink",
@@ -185,7 +190,13 @@ impl World {
         }
         let local = s.clock.local(self.now);
         if self.trace {
-            eprintln!("{:>12}   {} breaker probe due at {:?} (now {local:?}): {:?}", self.now.0, s.owner, s.breaker.probe_at(), s.breaker.state());
+            eprintln!(
+                "{:>12}   {} breaker probe due at {:?} (now {local:?}): {:?}",
+                self.now.0,
+                s.owner,
+                s.breaker.probe_at(),
+                s.breaker.state()
+            );
         }
         match s.breaker.probe_at() {
             None => return, // probing already, or closed
@@ -213,7 +224,7 @@ impl World {
 
     /// A transient read error of one lane (not an outage), shorter than half the budget.
     pub(super) fn maybe_read_error(&mut self, slot: usize, split: &SplitId, epoch: Epoch) {
-        if !(self.faults_on && self.opts.data_faults) || !self.dp_rng.chance(0.005) {
+        if !(self.faults_on && self.opts.data_faults && self.dp_rng.chance(0.005)) {
             return;
         }
         let half = (self.opts.transient_budget.as_millis() as u64 / 2).max(2);

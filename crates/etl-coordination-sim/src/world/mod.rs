@@ -153,8 +153,7 @@ impl World {
         let mut dp_rng = Rng::new(seed ^ 0xda7a_0001);
         let planted = opts.poison_crash + opts.poison_unprocessable;
         if let Some(s) = splits.get_mut(planted).filter(|_| opts.bad_records > 0) {
-            let mut bad: Vec<u64> =
-                (0..opts.bad_records).map(|_| dp_rng.range(0, s.total - 1)).collect();
+            let mut bad: Vec<u64> = (0..opts.bad_records).map(|_| dp_rng.range(0, s.total - 1)).collect();
             bad.sort_unstable();
             bad.dedup();
             s.bad = bad;
@@ -162,7 +161,8 @@ impl World {
         // Splits that may end quarantined: the poison ones, and one whose bad records the
         // lanes do not skip (or skip more of than the cap, which one tenancy may meet).
         let bad_split = splits.iter().find(|s| !s.bad.is_empty());
-        let bad_poison = bad_split.is_some_and(|s| opts.skip_bad_records.is_none_or(|cap| s.bad.len() as u32 > cap));
+        let bad_poison =
+            bad_split.is_some_and(|s| opts.skip_bad_records.is_none_or(|cap| s.bad.len() as u32 > cap));
         let mut may_quarantine: BTreeSet<SplitId> =
             splits.iter().filter(|s| s.poison != Poison::None).map(|s| s.id.clone()).collect();
         if bad_poison {

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use etl_coordination_core::records::{self, keys};
 use etl_coordination_core::{
-    AcquisitionReason, Action, Breaker, Config, Epoch, Event, Incarnation, Input, InstanceId, Outcome, Owner, SplitId,
-    StopReason, Timestamp, Worker,
+    AcquisitionReason, Action, Breaker, Config, Epoch, Event, Incarnation, Input, InstanceId, Outcome, Owner,
+    SplitId, StopReason, Timestamp, Worker,
 };
 
 use super::lanes::Lane;
