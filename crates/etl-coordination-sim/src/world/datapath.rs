@@ -8,7 +8,8 @@
 //!
 //! The world keeps outages within what the product promises to absorb without quarantining a
 //! healthy split: each outage is shorter than two retry budgets (so one outage charges a split
-//! at most once), and a run has fewer outages than `max_attempts`.
+//! at most once: a charge needs one side failing for a whole budget), and a run has fewer
+//! outages than `max_attempts`.
 
 use std::time::Duration;
 
@@ -21,8 +22,8 @@ use crate::fault::Fault;
 /// Which side of a lane fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Side {
-    Source,
-    Sink,
+    Source = 0,
+    Sink = 1,
 }
 
 /// What a lane about to read or flush meets.
@@ -45,7 +46,11 @@ impl World {
     /// A data-path fault of the safety phase, drawn from the data-path generator.
     pub(super) fn inject_data_fault(&mut self) {
         let live = self.live_slots();
-        let outage_over = self.now >= self.data_outage_until;
+        let side = if self.dp_rng.chance(0.6) { Side::Sink } else { Side::Source };
+        // One outage of each side at a time (the two may overlap: a source outage that opened
+        // a breaker, then the sink's); fewer in a run than `max_attempts`.
+        let i = side as usize;
+        let outage_over = self.now >= self.data_outage_until[i];
         let allowed = self.data_outages + 1 < self.opts.max_attempts;
         if live.is_empty() || !outage_over || !allowed {
             return;
@@ -53,7 +58,6 @@ impl World {
         let budget = self.opts.transient_budget.as_millis() as u64;
         // From a tenth of the budget (waited out in place) to just under two (past it once).
         let until = self.now + ms(self.dp_rng.range(budget / 10, budget * 2 - 1));
-        let side = if self.dp_rng.chance(0.6) { Side::Sink } else { Side::Source };
         let all = self.dp_rng.chance(0.4);
         let slots = if all { live } else { vec![live[self.dp_rng.range(0, live.len() as u64 - 1) as usize]] };
         self.fault(match (side, all) {
@@ -63,7 +67,7 @@ impl World {
             (Side::Source, false) => Fault::SourceOutageForOne,
         });
         self.data_outages += 1;
-        self.data_outage_until = until;
+        self.data_outage_until[i] = until;
         for slot in slots {
             let s = &mut self.slots[slot];
             match side {

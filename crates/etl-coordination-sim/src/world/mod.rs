@@ -109,8 +109,8 @@ pub(crate) struct World {
     pub healed: bool,
     /// The data path's faults draw from a generator of their own.
     pub dp_rng: Rng,
-    /// When the current data-path outage ends.
-    pub data_outage_until: Timestamp,
+    /// When the current data-path outage of each side (source, sink) ends.
+    pub data_outage_until: [Timestamp; 2],
     /// Data-path outages so far.
     pub data_outages: u32,
 }
@@ -214,7 +214,7 @@ impl World {
             requeued: false,
             healed: false,
             dp_rng,
-            data_outage_until: Timestamp::ZERO,
+            data_outage_until: [Timestamp::ZERO; 2],
             data_outages: 0,
         }
     }
