@@ -64,6 +64,7 @@ const FAULT_KINDS: &[&str] = &[
     "sink_outage_for_one",
     "source_outage_for_all",
     "source_outage_for_one",
+    "source_read_error_past_the_budget",
     "source_read_error_transient",
     "stale_read",
     "store_outage_long",

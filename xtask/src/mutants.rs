@@ -7,8 +7,10 @@
 //! suite (`tests/simulation.rs`: the named scenarios, such as a live twin with the same
 //! instance id), then the core's rule tests (`worker_rules.rs`: interleavings too rare for a
 //! sweep, such as a deposed leader's garbage collection, or harmless to safety, such as a
-//! stale read adopted and then fenced by a CAS). A mutant is caught by the first net that
-//! fails, and the table says which; it survives when all pass. Every mutant must be caught.
+//! stale read adopted and then fenced by a CAS), then the core's unit tests (the breaker's
+//! rarer paths). A sweep that passes but quarantined a healthy split catches the mutant too
+//! (an attempt-accounting bug the checkers agree with). A mutant is caught by the first net
+//! that fails, and the table says which; it survives when all pass. Every mutant must be caught.
 //!
 //! Too slow for every CI run (a release build per mutant); run it before resolving anything
 //! that touches the core or the simulator (README, "Run the tests").
@@ -182,10 +184,12 @@ fn healthy_quarantined(output: &str) -> Option<String> {
     })
 }
 
-/// The test suites run after the sweep, in order: (label, package, test target).
-const SUITES: [(&str, &str, &str); 2] = [
-    ("scenario test", "etl-coordination-tests", "simulation"),
-    ("rule test", "etl-coordination-core", "worker_rules"),
+/// The test suites run after the sweep, in order: (label, package, test target; `None`: the
+/// package's unit tests, e.g. the breaker's, whose rarer paths random schedules seldom reach).
+const SUITES: [(&str, &str, Option<&str>); 3] = [
+    ("scenario test", "etl-coordination-tests", Some("simulation")),
+    ("rule test", "etl-coordination-core", Some("worker_rules")),
+    ("unit test", "etl-coordination-core", None),
 ];
 
 /// Runs every suite of [`SUITES`] in the copy; `None` on a timeout, else the first failing test
@@ -207,10 +211,14 @@ fn suite(
     target: &Path,
     label: &str,
     package: &str,
-    test: &str,
+    test: Option<&str>,
     limit: Duration,
 ) -> Result<Option<Option<String>>> {
-    let args = ["test", "--release", "--quiet", "--package", package, "--test", test];
+    let which = match test {
+        Some(t) => ["--test", t],
+        None => ["--lib", "--"],
+    };
+    let args = ["test", "--release", "--quiet", "--package", package, which[0], which[1]];
     let Some((passed, text)) = cargo_in(ws, target, &args, limit)? else { return Ok(None) };
     if passed {
         return Ok(Some(None));

@@ -3,6 +3,8 @@
 /// A kind of fault the simulator injects (the report counts each under [`Fault::label`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Fault {
+    /// `source_read_error_past_the_budget`
+    SourceReadErrorPastTheBudget,
     /// `source_read_error_transient`
     SourceReadErrorTransient,
     /// `source_outage_for_one`
@@ -113,6 +115,7 @@ impl Fault {
     /// The fault's name in reports and sweep summaries.
     pub fn label(self) -> &'static str {
         match self {
+            Fault::SourceReadErrorPastTheBudget => "source_read_error_past_the_budget",
             Fault::SourceReadErrorTransient => "source_read_error_transient",
             Fault::SourceOutageForOne => "source_outage_for_one",
             Fault::SourceOutageForAll => "source_outage_for_all",

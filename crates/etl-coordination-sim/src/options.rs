@@ -115,8 +115,12 @@ impl Options {
     fn data_path(mut self, seed: u64) -> Self {
         let mut r = Rng::new(seed ^ 0xda7a);
         self.data_faults = r.chance(0.5);
+        if self.data_faults {
+            // Enough lanes per worker for the breaker to see several splits fail alike.
+            self.max_in_flight = self.max_in_flight.max(r.range(2, 8) as u32);
+        }
         self.transient_budget = Duration::from_millis(r.range(300, 3_000));
-        self.breaker_threshold = if r.chance(0.15) { 0 } else { r.range(2, 4) as u32 };
+        self.breaker_threshold = if r.chance(0.15) { 0 } else { r.range(2, 3) as u32 };
         self.breaker_window = Duration::from_millis(r.range(2_000, 30_000));
         self.bad_records = if r.chance(0.25) { r.range(1, 3) as u32 } else { 0 };
         self.skip_bad_records = r.chance(0.6).then(|| r.range(1, 3) as u32);

@@ -226,16 +226,26 @@ impl World {
         }
     }
 
-    /// A transient read error of one lane (not an outage), shorter than half the budget.
+    /// A read error of one lane: mostly shorter than half the budget, at times past it.
     pub(super) fn maybe_read_error(&mut self, slot: usize, split: &SplitId, epoch: Epoch) {
         if !(self.faults_on && self.opts.data_faults && self.dp_rng.chance(0.005)) {
             return;
         }
-        let half = (self.opts.transient_budget.as_millis() as u64 / 2).max(2);
-        let until = self.now + ms(self.dp_rng.range(1, half - 1));
+        let budget = self.opts.transient_budget.as_millis() as u64;
+        // Most are short; some outlive the budget (the part of the input this lane reads is
+        // unreachable: one host down), counted as outages, so that a breaker opens on a few
+        // lanes while the others go on (and may meet a second cause).
+        let long = self.data_outages + 1 < self.opts.max_attempts && self.dp_rng.chance(0.2);
+        let until = if long {
+            self.data_outages += 1;
+            self.fault(Fault::SourceReadErrorPastTheBudget);
+            self.now + ms(self.dp_rng.range(budget + 1, budget * 2 - 1))
+        } else {
+            self.fault(Fault::SourceReadErrorTransient);
+            self.now + ms(self.dp_rng.range(1, (budget / 2).max(2) - 1))
+        };
         if let Some(lane) = self.slots[slot].lanes.get_mut(&(split.clone(), epoch)) {
             lane.read_error_until = Some(until);
-            self.fault(Fault::SourceReadErrorTransient);
         }
     }
 }

@@ -113,6 +113,8 @@ pub(crate) struct World {
     pub data_outage_until: [Timestamp; 2],
     /// Data-path outages so far.
     pub data_outages: u32,
+    /// Inputs being delivered (one delivered while the actions of another are carried out).
+    delivering: u32,
 }
 
 impl World {
@@ -216,6 +218,7 @@ impl World {
             dp_rng,
             data_outage_until: [Timestamp::ZERO; 2],
             data_outages: 0,
+            delivering: 0,
         }
     }
 
@@ -410,7 +413,7 @@ impl World {
             Ev::DataFaultTick => {
                 if self.faults_on {
                     self.inject_data_fault();
-                    let next = ms(self.dp_rng.range(1_000, 8_000));
+                    let next = ms(self.dp_rng.range(500, 4_000));
                     self.schedule(next, Ev::DataFaultTick);
                 }
             }

@@ -157,14 +157,21 @@ impl World {
         let actions = core.handle(now, input);
         let deadline = core.next_deadline();
         self.mix(actions.len() as u64);
+        self.delivering += 1;
         for a in actions {
             self.act(slot, a);
             if self.slots[slot].core.is_none() {
+                self.delivering -= 1;
                 return; // crashed while acting (poison)
             }
         }
+        self.delivering -= 1;
         self.check_running_lanes(slot);
-        self.check_capacity_and_drains(slot, now);
+        if self.delivering == 0 {
+            // (An input delivered while the actions of another are carried out is judged
+            // once they all are: a lane the outer actions stop still runs in between.)
+            self.check_capacity_and_drains(slot, now);
+        }
         let s = &mut self.slots[slot];
         if let Some(d) = deadline {
             let at = s.clock.global(d).max(self.now);
