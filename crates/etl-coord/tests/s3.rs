@@ -63,3 +63,162 @@ fn a_worker_reads_an_s3_prefix_with_credentials_and_endpoint_from_the_environmen
     let splits: BTreeSet<&str> = lines.iter().map(|l| l.split.as_str()).collect();
     assert!(splits.len() > 1, "bin-packed into several splits: {splits:?}");
 }
+
+/// An HTTP proxy in front of the S3 endpoint, one request per connection: it forwards requests
+/// until the `after`-th GET of an object, then answers `503 SlowDown` (S3's throttling reply)
+/// to everything for `outage`, then forwards again. Counts the 503s it sent.
+struct ThrottlingProxy {
+    endpoint: String,
+    throttled: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl ThrottlingProxy {
+    fn start(upstream: &str, after: u64, outage: std::time::Duration) -> Self {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let upstream = upstream.strip_prefix("http://").expect("an http:// endpoint").to_owned();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let throttled = Arc::new(AtomicU64::new(0));
+        let gets = Arc::new(AtomicU64::new(0));
+        let until = Arc::new(std::sync::Mutex::new(None::<std::time::Instant>));
+        let count = throttled.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let (upstream, count, gets, until) =
+                    (upstream.clone(), count.clone(), gets.clone(), until.clone());
+                std::thread::spawn(move || {
+                    let Some((head, body)) = read_request(&client) else { return };
+                    let object_get = head.starts_with("GET ") && head.contains("/input/");
+                    let now = std::time::Instant::now();
+                    let down = {
+                        let mut u = until.lock().unwrap();
+                        if object_get && gets.fetch_add(1, Ordering::SeqCst) + 1 == after {
+                            *u = Some(now + outage);
+                        }
+                        u.is_some_and(|t| now < t)
+                    };
+                    let mut client = client;
+                    if down {
+                        count.fetch_add(1, Ordering::SeqCst);
+                        let xml = "<?xml version=\"1.0\"?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
+                        let reply = format!(
+                            "HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{xml}",
+                            xml.len()
+                        );
+                        let _ = client.write_all(reply.as_bytes());
+                        return;
+                    }
+                    let Ok(mut up) = std::net::TcpStream::connect(&upstream) else { return };
+                    let _ = up.write_all(close_connection(&head).as_bytes());
+                    let _ = up.write_all(&body);
+                    let mut reply = Vec::new();
+                    let _ = up.read_to_end(&mut reply);
+                    let split =
+                        reply.windows(4).position(|w| w == b"\r\n\r\n").map_or(reply.len(), |i| i + 4);
+                    let head = String::from_utf8_lossy(&reply[..split]).into_owned();
+                    let _ = client.write_all(close_connection(&head).as_bytes());
+                    let _ = client.write_all(&reply[split..]);
+                });
+            }
+        });
+        ThrottlingProxy { endpoint, throttled }
+    }
+}
+
+/// A request's head (through the blank line) and body (`Content-Length` bytes).
+fn read_request(client: &std::net::TcpStream) -> Option<(String, Vec<u8>)> {
+    use std::io::BufRead;
+    let mut r = std::io::BufReader::new(client);
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        head.push_str(&line);
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let len = head
+        .lines()
+        .find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("content-length")))
+        .and_then(|(_, v)| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; len];
+    r.read_exact(&mut body).ok()?;
+    Some((head, body))
+}
+
+/// `head` (a request's or a response's, through the blank line) with `Connection: close`.
+fn close_connection(head: &str) -> String {
+    let mut out: String = head
+        .trim_end_matches("\r\n")
+        .split("\r\n")
+        .filter(|l| {
+            !l.to_ascii_lowercase().starts_with("connection:")
+                && !l.to_ascii_lowercase().starts_with("keep-alive:")
+        })
+        .map(|l| format!("{l}\r\n"))
+        .collect();
+    out.push_str("Connection: close\r\n\r\n");
+    out
+}
+
+#[test]
+fn an_object_store_answering_503_for_30_seconds_mid_run_is_waited_out_and_the_job_completes() {
+    let endpoint = std::env::var("S3_ENDPOINT")
+        .expect("S3_ENDPOINT is not set: run `cargo xtask ci`, which starts a moto S3 server");
+    let bucket = format!("etl-throttled-{}", std::process::id());
+    assert_eq!(http(&endpoint, "PUT", &format!("/{bucket}"), b""), 200, "bucket created");
+    let mut expected = BTreeSet::new();
+    for i in 0..12 {
+        let body: String = (1..=100).map(|l| format!("object {i} line {l}\n")).collect();
+        assert_eq!(http(&endpoint, "PUT", &format!("/{bucket}/input/part-{i:02}.txt"), body.as_bytes()), 200);
+        expected.extend((1..=100).map(|l| format!("input/part-{i:02}.txt:{l}")));
+    }
+    // The third object read starts 30 s of 503 SlowDown for every request, listings included.
+    let proxy = ThrottlingProxy::start(&endpoint, 3, std::time::Duration::from_secs(30));
+    let tmp = tempfile::tempdir().unwrap();
+    let sink = tmp.path().join("out.jsonl");
+    let t0 = std::time::Instant::now();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_etl-coord"))
+        .args([
+            "worker",
+            "--store",
+            "memory",
+            "--job",
+            "s3-throttled",
+            "--split-size",
+            "1000",
+            "--max-in-flight",
+            "2",
+        ])
+        .arg("--source")
+        .arg(format!("files:s3://{bucket}/input/"))
+        .arg("--sink")
+        .arg(&sink)
+        .env("AWS_ENDPOINT_URL", &proxy.endpoint)
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Exit 0 is Complete: no split quarantined (exit 3 is Stalled).
+    assert!(out.status.success(), "{stderr}");
+    let throttled = proxy.throttled.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(throttled > 0, "the outage happened: {throttled} requests answered 503");
+    assert!(
+        t0.elapsed() >= std::time::Duration::from_secs(25),
+        "the run waited the outage out: {:?}",
+        t0.elapsed()
+    );
+    let lines = JsonlSink::read(&sink).unwrap();
+    let seen: BTreeSet<String> = lines.iter().map(|l| l.record.clone()).collect();
+    assert_eq!(seen, expected, "every line once at least, nothing lost");
+    assert!(!stderr.contains("quarantined"), "{stderr}");
+}

@@ -169,7 +169,7 @@ impl Breaker {
             return BreakerVerdict::Release { tripped: false };
         }
         // (Failures of other causes still count: the sink may be failing too.)
-        self.recent.retain(|(_, _, c)| *c != cause);
+        self.recent.retain(|(_, _, other)| *other != cause);
         self.excused.clear();
         self.excused.insert(split.clone());
         self.state = BreakerState::Open { cause, until: now + FIRST_PROBE_WAIT, wait: FIRST_PROBE_WAIT };
@@ -191,10 +191,13 @@ impl Breaker {
         }
     }
 
-    /// A lane flushed its outputs and asks to commit (or to finish its split): they answer.
-    /// Closes a probing breaker; `true` if it did.
+    /// A lane flushed its outputs and asks to commit (or to finish its split): they answer,
+    /// so the cause is gone. Closes an open or probing breaker (a lane that kept running while
+    /// it was open counts: its flush reached the sink); `true` if it did. Without this, a
+    /// breaker opened by one outage charged the splits it had excused then when a second
+    /// outage came, although the sink had worked in between (sweep seeds 3048588, 3077272).
     pub fn on_commit(&mut self) -> bool {
-        if matches!(self.state, BreakerState::HalfOpen { .. }) {
+        if !matches!(self.state, BreakerState::Closed) {
             self.state = BreakerState::Closed;
             self.excused.clear();
             self.also.clear();
@@ -261,7 +264,6 @@ mod tests {
         b.on_failure(t0, &s("a"), "x: down");
         assert_eq!(b.on_failure(t0, &s("b"), "x: down"), BreakerVerdict::Release { tripped: true });
         assert_eq!(b.probe_at(), Some(t0 + FIRST_PROBE_WAIT));
-        assert!(!b.on_commit(), "open: a commit of a lane that was running says nothing yet");
         b.probe();
         let t1 = t0 + FIRST_PROBE_WAIT;
         assert_eq!(b.on_failure(t1, &s("c"), "x: down"), BreakerVerdict::Release { tripped: true });
@@ -275,6 +277,23 @@ mod tests {
         assert!(b.on_commit());
         assert_eq!(b.state(), &BreakerState::Closed);
         assert_eq!(b.on_failure(t1, &s("d"), "x: down"), CHARGE, "closed: counting again from zero");
+    }
+
+    #[test]
+    fn a_commit_while_open_closes_it_and_the_count_starts_again() {
+        let t0 = Timestamp::from_millis(1_000);
+        let mut b = Breaker::new(2, Duration::from_secs(60));
+        b.on_failure(t0, &s("a"), "x: down");
+        assert_eq!(b.on_failure(t0, &s("b"), "x: down"), BreakerVerdict::Release { tripped: true });
+        // A lane that kept running flushed its sink: the outage is over.
+        assert!(b.on_commit());
+        assert_eq!(b.state(), &BreakerState::Closed);
+        assert_eq!(b.probe_at(), None);
+        // A second outage: `b`, excused in the first opening, is one split failing again,
+        // then a second split says the worker's again.
+        assert_eq!(b.on_failure(t0, &s("b"), "x: down"), CHARGE);
+        assert_eq!(b.on_failure(t0, &s("c"), "x: down"), BreakerVerdict::Release { tripped: true });
+        assert!(!Breaker::new(2, Duration::from_secs(60)).on_commit(), "closed: nothing to close");
     }
 
     #[test]

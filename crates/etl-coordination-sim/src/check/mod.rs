@@ -74,6 +74,8 @@ pub(crate) struct Checker {
     pub(super) final_listings: BTreeMap<u64, u64>,
     /// I7 in random runs: (probes in a row with a gap, the last gap).
     pub(super) imbalance: (u32, u32),
+    /// Knob: how long a drain gives its lanes.
+    pub(super) drain_timeout: Duration,
     /// Knobs of the data path.
     pub(super) transient_budget: Duration,
     pub(super) breaker_threshold: u32,
@@ -94,6 +96,8 @@ pub(crate) struct Checker {
     pub(super) collateral: Vec<(SplitId, Vec<datapath::Charge>)>,
     /// Processes a poison split crashed.
     pub(super) poison_crashed: BTreeSet<Owner>,
+    /// Per leader, when the last write of its leadership lease dies in the store's time.
+    pub(super) leader_deadline: BTreeMap<Owner, Timestamp>,
 }
 
 /// How the lease of a tenancy was taken.
@@ -170,6 +174,10 @@ pub(crate) enum Observation<'a> {
     },
     /// A worker's lane flushed its sink and commits.
     Flushed { who: &'a Owner },
+    /// A write of the leadership lease landed (or its holder deleted it: `deadline` now).
+    LeaderLease { owner: &'a Owner, deadline: Timestamp },
+    /// A worker sends a write of the plan (its head or a manifest chunk).
+    LeaderWrites { who: &'a Owner, key: &'a etl_coordination_core::Key },
     /// A poison split crashed this worker's process.
     PoisonCrashed { who: &'a Owner },
     /// What a worker holds after an input, and its `max_in_flight`.
@@ -177,6 +185,8 @@ pub(crate) enum Observation<'a> {
     /// A draining lane was stopped at once at `local` (the worker's clock), its deadline being
     /// `deadline`.
     DrainStopped { id: &'a SplitId, who: &'a Owner, local: Timestamp, deadline: Timestamp },
+    /// A draining lane was given `given` from the drain request to its deadline.
+    DrainGiven { id: &'a SplitId, who: &'a Owner, given: Duration },
     /// A draining lane still runs, no commit in flight, after an input at `local`.
     DrainRunning { id: &'a SplitId, who: &'a Owner, local: Timestamp, deadline: Timestamp },
     /// A worker fenced its tenancy; the store's record and lease now, and whether another
@@ -270,6 +280,7 @@ impl Checker {
             declared: None,
             final_listings: BTreeMap::new(),
             imbalance: (0, 0),
+            drain_timeout: opts.drain_timeout,
             transient_budget: opts.transient_budget,
             breaker_threshold: opts.breaker_threshold,
             breaker_window: opts.breaker_window,
@@ -281,6 +292,7 @@ impl Checker {
             innocent: Vec::new(),
             collateral: Vec::new(),
             poison_crashed: BTreeSet::new(),
+            leader_deadline: BTreeMap::new(),
         }
     }
 
@@ -345,6 +357,19 @@ impl Checker {
                 self.on_outage_failed(at, id, epoch, who, side, (since, local), charged)
             }
             O::Flushed { who } => self.on_flushed(who),
+            O::LeaderLease { owner, deadline } => {
+                self.leader_deadline.insert(owner.clone(), deadline);
+            }
+            O::LeaderWrites { who, key } => {
+                let deadline = self.leader_deadline.get(who).copied();
+                self.ensure(at, "P2", deadline.is_some_and(|d| at <= d), || match deadline {
+                    None => format!("{who} writes {key} without ever having held the leadership lease"),
+                    Some(d) => format!(
+                        "{who} writes {key} {:.3}s after its leadership lease died in the store (the leader's trust outlived the TTL)",
+                        at.saturating_since(d).as_secs_f64()
+                    ),
+                });
+            }
             O::PoisonCrashed { who } => {
                 self.poison_crashed.insert(who.clone());
             }
@@ -354,6 +379,12 @@ impl Checker {
             }
             O::DrainRunning { id, who, local, deadline } => {
                 self.on_drain_running(at, id, who, local, deadline)
+            }
+            O::DrainGiven { id, who, given } => {
+                let timeout = self.drain_timeout;
+                self.ensure(at, "P10", given >= timeout, || {
+                    format!("split {id}: {who} gave its draining lane {given:?}, less than the drain timeout of {timeout:?}")
+                });
             }
             O::Fenced { id, owner, record, lease, foreign_write_waiting } => {
                 self.on_fenced(at, id, owner, record, lease, foreign_write_waiting)

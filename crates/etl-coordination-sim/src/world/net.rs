@@ -119,6 +119,14 @@ impl World {
             };
             return self.respond(slot, life, op, result, after);
         }
+        if bucket == Bucket::State
+            && write
+            && let key = written_key(&request)
+            && (*key == keys::plan_head() || keys::parse_manifest(key).is_some())
+        {
+            // Only a leader writes the plan, and only while its leadership lease lives.
+            self.checker.observe(now, Observation::LeaderWrites { who: &writer, key }, &mut self.state);
+        }
         let roll = if self.faults_on { self.rng.range(0, 999) } else { 999 };
         if roll < 10 {
             // The request is lost on the way: never applied.
@@ -300,6 +308,28 @@ impl World {
                 }
             }
             Bucket::Lease => {
+                if key == keys::leader() {
+                    // The leadership lease: when it dies in the store's time (the leader's trust).
+                    let holder = old.as_ref().and_then(|e| {
+                        records::decode::<etl_coordination_core::records::LeaderRecord>(&e.value).ok()
+                    });
+                    let written = match reply {
+                        StoreReply::Written(_) if !is_delete => self.lease.get(now, &key).and_then(|e| {
+                            records::decode::<etl_coordination_core::records::LeaderRecord>(&e.value).ok()
+                        }),
+                        _ => None,
+                    };
+                    let deadline = self.lease.expires_at(&key).unwrap_or(now);
+                    let obs = match (&written, &holder) {
+                        (Some(l), _) => Observation::LeaderLease { owner: &l.owner, deadline },
+                        (None, Some(l)) if is_delete => {
+                            Observation::LeaderLease { owner: &l.owner, deadline: now }
+                        }
+                        _ => return result,
+                    };
+                    self.checker.observe(now, obs, &mut self.state);
+                    return result;
+                }
                 let Some(id) = split else { return result };
                 if is_delete {
                     self.checker.observe(now, Observation::LeaseDeleted { id: &id }, &mut self.state);

@@ -60,6 +60,8 @@ pub(crate) struct Slot {
     pub source_down_until: Timestamp,
     /// Draining lanes and the deadline (the worker's clock) each was given.
     pub drain_deadlines: BTreeMap<(SplitId, Epoch), Timestamp>,
+    /// When the worker was told to drain (its clock).
+    pub drain_started: Option<Timestamp>,
 }
 
 impl World {
@@ -91,6 +93,7 @@ impl World {
             sink_down_until: Timestamp::ZERO,
             source_down_until: Timestamp::ZERO,
             drain_deadlines: BTreeMap::new(),
+            drain_started: None,
         });
         let slot = self.slots.len() - 1;
         self.start_worker(slot);
@@ -137,6 +140,7 @@ impl World {
         s.lanes.clear();
         s.core_lanes.clear();
         s.drain_deadlines.clear();
+        s.drain_started = None;
         self.deliver(slot, Input::Start);
     }
 
@@ -153,6 +157,9 @@ impl World {
             }
             _ => Vec::new(),
         };
+        if matches!(input, Input::Drain) && self.slots[slot].drain_started.is_none() {
+            self.slots[slot].drain_started = Some(now);
+        }
         let core = self.slots[slot].core.as_mut().expect("checked above");
         let actions = core.handle(now, input);
         let deadline = core.next_deadline();
@@ -242,6 +249,13 @@ impl World {
                 match (reason, deadline) {
                     (StopReason::Draining, Some(d)) => {
                         s.drain_deadlines.insert((split.clone(), epoch), d);
+                        if let Some(t0) = s.drain_started {
+                            // P10: a drain gives its lanes `drain_timeout` from the request.
+                            let who = s.owner.clone();
+                            let given = d.saturating_since(t0);
+                            let obs = Observation::DrainGiven { id: &split, who: &who, given };
+                            self.checker.observe(self.now, obs, &mut self.state);
+                        }
                     }
                     (StopReason::Draining, None) => {
                         if let Some(d) = s.drain_deadlines.remove(&(split.clone(), epoch)) {
