@@ -90,7 +90,7 @@ impl Worker {
         }
         self.leader_attempt = None;
         match Written::of(result) {
-            Written::Applied(rev) => self.become_leader(rev, sent),
+            Written::Applied(rev) => self.become_leader(now, rev, sent),
             Written::InDoubt => {
                 let op = self.outbox.send(
                     Bucket::Lease,
@@ -156,9 +156,17 @@ impl Worker {
         }
     }
 
-    /// P4: a new leader first bumps the term. A worker that is leaving gives the lease back.
-    fn become_leader(&mut self, rev: Revision, sent: Timestamp) {
+    /// P4: a new leader first bumps the term. A worker that is leaving gives the lease back,
+    /// and so does one whose answer came too late to trust the lease (P11: trust counts from
+    /// the send time; a stalled link delivered it after the trust it would give had lapsed):
+    /// it tries again after the backoff rather than write the plan unled.
+    fn become_leader(&mut self, now: Timestamp, rev: Revision, sent: Timestamp) {
         if self.phase == Phase::Leaving {
+            return self.retire(keys::leader(), rev);
+        }
+        if sent + self.cfg.tuning.lease_trust() <= now {
+            let backoff = self.outbox.retry_backoff();
+            self.leader_retry_at = Some(now + backoff);
             return self.retire(keys::leader(), rev);
         }
         self.leader = Some(Box::new(Leading {

@@ -394,8 +394,13 @@ impl Worker {
         self.pump_plan_writes(now);
     }
 
-    /// P4: delete manifest chunks of older versions than the published one.
+    /// P4: delete manifest chunks of older versions than the published one. Only a leader
+    /// does: one that stepped down (or left) while the listing was in flight leaves the
+    /// garbage to the next (the deletes are fenced by revision anyway, but sent unled).
     pub(super) fn on_gc_list(&mut self, result: StoreResult) {
+        if self.leader.is_none() {
+            return;
+        }
         let Ok(StoreReply::Entries(entries)) = result else { return };
         let Some(current) = self.view.plan_head.as_ref().and_then(|(_, h)| h.manifest) else { return };
         for e in entries {

@@ -11,10 +11,17 @@ use super::tenancy::Stage;
 use super::{Phase, Worker};
 
 /// One deadline. Timers due at the same tick fire in declaration order (and, per split, in
-/// split id order): retries first, then the presence check, heartbeats and resyncs, then the
-/// lapses of trust, then the deadlines that end tenancies, then planning.
+/// split id order): the lapses of trust first, then retries, the presence check, heartbeats
+/// and resyncs, then the deadlines that end tenancies, then planning.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Timer {
+    // Lapses of trust come first: after a pause, a leader whose trust lapsed steps down before
+    // a delayed retry of its plan write goes out (the simulator's check of the leader's own
+    // trust caught the retry first; the write was fenced by its CAS, but sent unled).
+    /// P11: trust in a running (or draining) lane's lease lapses; the lane stops (starved).
+    LeaseTrust(SplitId),
+    /// P11: trust in the leader lease lapses; the worker steps down.
+    LeaderTrust,
     /// A delayed retry of a store request is due (the earliest of the retry queue).
     Retry,
     /// P3: the observation window over a predecessor's presence key ends.
@@ -23,10 +30,6 @@ pub(super) enum Timer {
     Heartbeat,
     /// P7: the full listing that guards against missed watch events.
     Resync,
-    /// P11: trust in a running (or draining) lane's lease lapses; the lane stops (starved).
-    LeaseTrust(SplitId),
-    /// P11: trust in the leader lease lapses; the worker steps down.
-    LeaderTrust,
     /// P4: a refused leader attempt may be made again.
     LeaderRetry,
     /// P10: a stopping lane's commit deadline passed; its split is released anyway.
