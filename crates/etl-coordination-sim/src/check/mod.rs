@@ -362,7 +362,7 @@ impl Checker {
             }
             O::LeaderWrites { who, key } => {
                 let deadline = self.leader_deadline.get(who).copied();
-                self.ensure(at, "P2", deadline.is_some_and(|d| at <= d), || match deadline {
+                self.ensure(at, "P11", deadline.is_some_and(|d| at <= d), || match deadline {
                     None => format!("{who} writes {key} without ever having held the leadership lease"),
                     Some(d) => format!(
                         "{who} writes {key} {:.3}s after its leadership lease died in the store (the leader's trust outlived the TTL)",
