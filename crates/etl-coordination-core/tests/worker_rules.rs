@@ -1446,6 +1446,37 @@ fn p10_an_end_write_refused_while_the_record_has_not_moved_is_retried_only_after
 }
 
 #[test]
+fn p11_a_leader_create_answered_after_the_trust_it_gives_lapsed_is_given_back() {
+    let mut r = Rig::new(cfg("w1", 1));
+    r.auto = false;
+    r.expire = false;
+    r.feed(Input::Start);
+    let (op, req) =
+        until_request(&mut r, |_, q| matches!(q, StoreRequest::Create { key, .. } if *key == keys::leader()));
+    // The create lands, but its answer comes a whole lease later (a stalled link): trust,
+    // counted from the send time, has lapsed before the worker learns it won.
+    r.now = r.now + Duration::from_secs(3);
+    r.kv.now = r.now;
+    let a = r.answer_applied(op, Bucket::Lease, &req);
+    assert!(!r.w.is_leader(), "{a:?}");
+    assert_eq!(writes_to(&a, Bucket::State, "plan.head"), 0, "no plan write unled: {a:?}");
+    let rev = r.kv.get(Bucket::Lease, "leader").expect("the create landed").revision;
+    let given_back = store_requests(&a).into_iter().any(|(b, q)| {
+        b == Bucket::Lease
+            && matches!(q, StoreRequest::Delete { key, expected } if key == keys::leader() && expected == rev)
+    });
+    assert!(given_back, "the key is given back by a guarded delete: {a:?}");
+    // Answered in time, the same create makes it leader (the term bump follows).
+    let mut r = Rig::new(cfg("w1", 1));
+    r.auto = false;
+    r.feed(Input::Start);
+    let (op, req) =
+        until_request(&mut r, |_, q| matches!(q, StoreRequest::Create { key, .. } if *key == keys::leader()));
+    r.answer_applied(op, Bucket::Lease, &req);
+    assert!(r.w.is_leader());
+}
+
+#[test]
 fn p4_a_refused_leader_attempt_is_not_repeated_on_every_input() {
     let mut r = Rig::new(cfg("w1", 1));
     r.auto = false;
