@@ -74,10 +74,11 @@ pub struct Breaker {
     /// Other causes found to be the worker's while it was open (the source went down, then
     /// the sink too): treated like the one that tripped it until it closes.
     also: BTreeSet<String>,
-    /// Splits released without charge since the breaker opened: each is excused once, so that
+    /// Splits released without charge since the breaker opened, with the cause: each is
+    /// excused once per cause, so that
     /// splits failing for their own reasons (with one message) still reach quarantine while
     /// it stays open.
-    excused: BTreeSet<SplitId>,
+    excused: BTreeSet<(SplitId, String)>,
 }
 
 /// The cause of a failure, as compared between splits: the innermost message of the error
@@ -134,6 +135,7 @@ impl Breaker {
             BreakerState::Closed => None,
         };
         if open_cause.as_ref() == Some(&cause) || self.also.contains(&cause) {
+            let excuse = (split.clone(), cause.clone());
             // A failed probe: open again, for twice as long.
             let tripped = if let BreakerState::HalfOpen { wait, .. } = self.state {
                 let wait = (wait * 2).min(MAX_PROBE_WAIT);
@@ -143,7 +145,7 @@ impl Breaker {
             } else {
                 false
             };
-            return if self.excused.insert(split.clone()) {
+            return if self.excused.insert(excuse) {
                 BreakerVerdict::Release { tripped }
             } else {
                 BreakerVerdict::Charge { tripped }
@@ -164,14 +166,14 @@ impl Breaker {
             // Open for another cause, and this one is the worker's too: intake is paused
             // already; its failures are excused like the first cause's.
             self.recent.retain(|(_, _, c)| *c != cause);
+            self.excused.insert((split.clone(), cause.clone()));
             self.also.insert(cause);
-            self.excused.insert(split.clone());
             return BreakerVerdict::Release { tripped: false };
         }
         // (Failures of other causes still count: the sink may be failing too.)
         self.recent.retain(|(_, _, other)| *other != cause);
         self.excused.clear();
-        self.excused.insert(split.clone());
+        self.excused.insert((split.clone(), cause.clone()));
         self.state = BreakerState::Open { cause, until: now + FIRST_PROBE_WAIT, wait: FIRST_PROBE_WAIT };
         BreakerVerdict::Release { tripped: true }
     }

@@ -156,18 +156,21 @@ impl Worker {
         }
     }
 
-    /// P4: a new leader first bumps the term. A worker that is leaving gives the lease back,
-    /// and so does one whose answer came too late to trust the lease (P11: trust counts from
-    /// the send time; a stalled link delivered it after the trust it would give had lapsed):
-    /// it tries again after the backoff rather than write the plan unled.
+    /// P4: a new leader first bumps the term. A worker that is leaving gives the lease back.
+    /// One whose answer came too late to trust the lease (P11: trust counts from the send
+    /// time; a stalled link delivered it after the trust it would give had lapsed) does not
+    /// lead on it: it takes the key again after the backoff rather than write the plan unled.
     fn become_leader(&mut self, now: Timestamp, rev: Revision, sent: Timestamp) {
         if self.phase == Phase::Leaving {
             return self.retire(keys::leader(), rev);
         }
         if sent + self.cfg.tuning.lease_trust() <= now {
+            // Not given back by a delete: a retry of that delete could remove the key after we
+            // take it again. The key names us, so after the backoff `leadership` takes it back
+            // by CAS (a fresh TTL, and trust from that send), unless it expired meanwhile.
             let backoff = self.outbox.retry_backoff();
             self.leader_retry_at = Some(now + backoff);
-            return self.retire(keys::leader(), rev);
+            return;
         }
         self.leader = Some(Box::new(Leading {
             rev,

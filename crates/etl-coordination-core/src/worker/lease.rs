@@ -56,9 +56,13 @@ impl Worker {
         }
     }
 
-    /// Whether `key` is the lease of a split this worker holds (a newer tenancy of ours: never
-    /// retire it).
+    /// Whether `key` is the lease of a split this worker holds, or the leader key while it
+    /// leads or tries to (a newer use of ours: never retire it).
     fn holds(&self, key: &Key) -> bool {
+        if *key == keys::leader() {
+            // Leading again (or trying to) since that value was written: never retire it.
+            return self.leader.is_some() || self.leader_attempt.is_some();
+        }
         keys::parse_split(key).is_some_and(|id| self.tenancies.contains(&id))
     }
 

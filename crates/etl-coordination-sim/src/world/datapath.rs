@@ -231,6 +231,10 @@ impl World {
         if !(self.faults_on && self.opts.data_faults && self.dp_rng.chance(0.005)) {
             return;
         }
+        let lane = self.slots[slot].lanes.get(&(split.clone(), epoch));
+        if lane.is_some_and(|l| l.read_error_until.is_some_and(|t| self.now < t)) {
+            return; // (one at a time: chained errors would outlive the budget uncounted)
+        }
         let budget = self.opts.transient_budget.as_millis() as u64;
         // Most are short; some outlive the budget (the part of the input this lane reads is
         // unreachable: one host down), counted as outages, so that a breaker opens on a few

@@ -166,6 +166,11 @@ impl World {
                 let slot = self.pick(&live);
                 let jump = self.rng.range(50_000, lease * 1500);
                 self.fault(Fault::ClockJumpForward);
+                if self.slots[slot].lanes.values().any(|l| l.failing.is_some()) {
+                    // A lane waiting out an outage sees its budget run out sooner: the same
+                    // outage may charge its split once more (one more outage, for the bound).
+                    self.data_outages += 1;
+                }
                 self.slots[slot].clock.jump(jump);
                 let life = self.slots[slot].life;
                 self.slots[slot].tick_at = Some(self.now);
