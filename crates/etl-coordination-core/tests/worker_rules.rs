@@ -1483,6 +1483,28 @@ fn p11_a_leader_create_answered_after_the_trust_it_gives_lapsed_is_not_led_on() 
 }
 
 #[test]
+fn p4_a_worker_that_stepped_down_while_its_garbage_listing_was_in_flight_deletes_nothing() {
+    let mut r = starting_by_hand(1);
+    r.expire = false;
+    // The leader publishes, then lists the manifests to collect the older ones.
+    let (op, _) = until_request(&mut r, |b, q| {
+        b == Bucket::State && matches!(q, StoreRequest::List { prefix } if *prefix == keys::manifest_prefix())
+    });
+    assert!(r.w.is_leader());
+    // Its renewals go unanswered for a lease: trust lapses and it steps down.
+    r.advance(Duration::from_secs(3));
+    assert!(!r.w.is_leader());
+    // The listing answers now, with a chunk of an older version.
+    let old = Entry { key: keys::manifest(1, 0, 0), value: Bytes::from_static(b"x"), revision: Revision(2) };
+    let a = r.answer(op, Ok(StoreReply::Entries(vec![old])));
+    let deletes = store_requests(&a)
+        .into_iter()
+        .filter(|(b, q)| *b == Bucket::State && matches!(q, StoreRequest::Delete { .. }))
+        .count();
+    assert_eq!(deletes, 0, "garbage is left to the next leader: {a:?}");
+}
+
+#[test]
 fn p4_a_refused_leader_attempt_is_not_repeated_on_every_input() {
     let mut r = Rig::new(cfg("w1", 1));
     r.auto = false;
