@@ -23,6 +23,23 @@ fn http(endpoint: &str, method: &str, path: &str, body: &[u8]) -> u16 {
     reply.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
 }
 
+/// `etl-coord worker` reading `s3://BUCKET/input/` through `endpoint` into `sink`, configured
+/// from `AWS_*` variables as the Kubernetes Deployment configures it.
+fn s3_worker(endpoint: &str, bucket: &str, sink: &std::path::Path) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_etl-coord"));
+    c.args(["worker", "--split-size", "1000"])
+        .arg("--source")
+        .arg(format!("files:s3://{bucket}/input/"))
+        .arg("--sink")
+        .arg(sink)
+        .env("AWS_ENDPOINT_URL", endpoint)
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test");
+    c
+}
+
 #[test]
 fn a_worker_reads_an_s3_prefix_with_credentials_and_endpoint_from_the_environment() {
     let endpoint = std::env::var("S3_ENDPOINT")
@@ -40,17 +57,8 @@ fn a_worker_reads_an_s3_prefix_with_credentials_and_endpoint_from_the_environmen
 
     let tmp = tempfile::tempdir().unwrap();
     let sink = tmp.path().join("out.jsonl");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_etl-coord"))
-        .args(["worker", "--job", "s3", "--split-size", "1000"])
-        .arg("--source")
-        .arg(format!("files:s3://{bucket}/input/"))
-        .arg("--sink")
-        .arg(&sink)
-        .env("AWS_ENDPOINT_URL", &endpoint)
-        .env("AWS_ALLOW_HTTP", "true")
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
+    let out = s3_worker(&endpoint, &bucket, &sink)
+        .args(["--job", "s3"])
         // Unprefixed look-alikes must not reach the store's configuration.
         .env("REGION", "nowhere-1")
         .env("ENDPOINT", "http://127.0.0.1:1")
@@ -184,27 +192,8 @@ fn an_object_store_answering_503_for_30_seconds_mid_run_is_waited_out_and_the_jo
     let tmp = tempfile::tempdir().unwrap();
     let sink = tmp.path().join("out.jsonl");
     let t0 = std::time::Instant::now();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_etl-coord"))
-        .args([
-            "worker",
-            "--store",
-            "memory",
-            "--job",
-            "s3-throttled",
-            "--split-size",
-            "1000",
-            "--max-in-flight",
-            "2",
-        ])
-        .arg("--source")
-        .arg(format!("files:s3://{bucket}/input/"))
-        .arg("--sink")
-        .arg(&sink)
-        .env("AWS_ENDPOINT_URL", &proxy.endpoint)
-        .env("AWS_ALLOW_HTTP", "true")
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
+    let out = s3_worker(&proxy.endpoint, &bucket, &sink)
+        .args(["--store", "memory", "--job", "s3-throttled", "--max-in-flight", "2"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
