@@ -10,6 +10,16 @@
 //! unprocessable (bad data) is charged as always, so a poison split is still quarantined. One
 //! split failing again and again never trips it (it needs distinct splits).
 //!
+//! An outage (a transient failure waited out past the retry budget) is charged only with
+//! evidence that it is the split's: another split on this worker got through on the same side
+//! (read from the source, or flushed to the sink) after the outage began. Without it (the
+//! worker ran no other lane then, or all of them were stuck too) the worker cannot tell a
+//! poison split from a sink that is down, and a charge could quarantine a healthy split
+//! (sweep seed 4091659: a worker with one lane met a sink outage and a source outage, two
+//! charges, then two crashes): it trips the breaker as if the threshold were met. A split that
+//! really fails alone is charged once other lanes show the path works, or on its second
+//! failure while the breaker is still open (each split is excused once per cause).
+//!
 //! Pure, like the rest of the core (time comes in as `now`): the driver runs it beside the
 //! worker, and the simulator runs the same code against its sink outages.
 
@@ -22,6 +32,56 @@ use crate::{SplitId, Timestamp};
 const FIRST_PROBE_WAIT: Duration = Duration::from_secs(10);
 /// The longest wait before a probe.
 const MAX_PROBE_WAIT: Duration = Duration::from_secs(300);
+
+/// Which side of a lane failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataSide {
+    /// Reading the split from the source.
+    Source = 0,
+    /// Writing to the sink (or flushing it).
+    Sink = 1,
+}
+
+/// A transient failure the lane waited out in place until its retry budget was spent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outage {
+    /// The side that kept failing.
+    pub side: DataSide,
+    /// When its run of failures began (the lane's first failure of that side in a row).
+    pub since: Timestamp,
+}
+
+/// The latest success of one side on this worker, and the latest of a split other than that
+/// one: enough to answer "did a split other than X succeed at or after t?".
+#[derive(Debug, Default)]
+struct Latest {
+    last: Option<(Timestamp, SplitId)>,
+    other: Option<(Timestamp, SplitId)>,
+}
+
+impl Latest {
+    fn record(&mut self, at: Timestamp, split: &SplitId) {
+        match &mut self.last {
+            None => self.last = Some((at, split.clone())),
+            Some((t, s)) if s == split => *t = (*t).max(at),
+            Some((t, _)) if at >= *t => self.other = self.last.replace((at, split.clone())),
+            Some(_) => {
+                if self.other.as_ref().is_none_or(|(t, _)| at > *t) {
+                    self.other = Some((at, split.clone()));
+                }
+            }
+        }
+    }
+
+    /// Whether a split other than `split` succeeded at or after `since`.
+    fn other_since(&self, split: &SplitId, since: Timestamp) -> bool {
+        let latest = match &self.last {
+            Some((_, s)) if s == split => &self.other,
+            last => last,
+        };
+        latest.as_ref().is_some_and(|(t, _)| *t >= since)
+    }
+}
 
 /// What the breaker says about one failure of a lane.
 #[derive(Debug, PartialEq, Eq)]
@@ -79,6 +139,8 @@ pub struct Breaker {
     /// splits failing for their own reasons (with one message) still reach quarantine while
     /// it stays open.
     excused: BTreeSet<(SplitId, String)>,
+    /// The latest successes of each side (source, sink), for the evidence an outage needs.
+    ok: [Latest; 2],
 }
 
 /// The cause of a failure, as compared between splits: the innermost message of the error
@@ -116,6 +178,7 @@ impl Breaker {
             state: BreakerState::Closed,
             also: BTreeSet::new(),
             excused: BTreeSet::new(),
+            ok: Default::default(),
         }
     }
 
@@ -124,8 +187,16 @@ impl Breaker {
         &self.state
     }
 
-    /// A lane of `split` failed with `error` (not unprocessable).
-    pub fn on_failure(&mut self, now: Timestamp, split: &SplitId, error: &str) -> BreakerVerdict {
+    /// A lane of `split` failed with `error` (not unprocessable); `outage`: it was a transient
+    /// failure waited out past the retry budget (`None`: the split's own failure, as the source
+    /// or the sink said).
+    pub fn on_failure(
+        &mut self,
+        now: Timestamp,
+        split: &SplitId,
+        error: &str,
+        outage: Option<Outage>,
+    ) -> BreakerVerdict {
         if self.threshold == 0 {
             return BreakerVerdict::Charge { tripped: false };
         }
@@ -159,7 +230,10 @@ impl Breaker {
             self.recent.iter().filter(|(_, _, c)| *c == cause).map(|(_, s, _)| s).collect();
         splits.sort();
         splits.dedup();
-        if splits.len() < self.threshold {
+        // An outage that nothing else on this worker got through since it began: the worker's,
+        // as far as it can tell.
+        let unproven = outage.is_some_and(|o| !self.ok[o.side as usize].other_since(split, o.since));
+        if splits.len() < self.threshold && !unproven {
             return BreakerVerdict::Charge { tripped: false };
         }
         if open_cause.is_some() {
@@ -198,7 +272,14 @@ impl Breaker {
     /// it was open counts: its flush reached the sink); `true` if it did. Without this, a
     /// breaker opened by one outage charged the splits it had excused then when a second
     /// outage came, although the sink had worked in between (sweep seeds 3048588, 3077272).
-    pub fn on_commit(&mut self) -> bool {
+    ///
+    /// `split`'s lane flushed at `now`, and last read from the source at `read_at` (`None`: not
+    /// known): evidence that both paths worked then, for other splits' outages.
+    pub fn on_commit(&mut self, now: Timestamp, split: &SplitId, read_at: Option<Timestamp>) -> bool {
+        self.ok[DataSide::Sink as usize].record(now, split);
+        if let Some(at) = read_at {
+            self.ok[DataSide::Source as usize].record(at, split);
+        }
         if !matches!(self.state, BreakerState::Closed) {
             self.state = BreakerState::Closed;
             self.excused.clear();
@@ -237,100 +318,185 @@ mod tests {
         let t0 = Timestamp::from_millis(1_000);
         let mut b = Breaker::new(3, Duration::from_secs(60));
         for _ in 0..10 {
-            assert_eq!(b.on_failure(t0, &s("poison"), "sink: boom"), CHARGE);
+            assert_eq!(b.on_failure(t0, &s("poison"), "sink: boom", None), CHARGE);
         }
-        assert_eq!(b.on_failure(t0, &s("a"), "sink: boom"), CHARGE);
-        assert_eq!(b.on_failure(t0, &s("b"), "sink: other"), CHARGE, "another cause");
-        assert_eq!(b.on_failure(t0, &s("b"), "sink: boom"), BreakerVerdict::Release { tripped: true });
+        assert_eq!(b.on_failure(t0, &s("a"), "sink: boom", None), CHARGE);
+        assert_eq!(b.on_failure(t0, &s("b"), "sink: other", None), CHARGE, "another cause");
+        assert_eq!(b.on_failure(t0, &s("b"), "sink: boom", None), BreakerVerdict::Release { tripped: true });
         assert!(matches!(b.state(), BreakerState::Open { .. }));
-        assert_eq!(b.on_failure(t0, &s("c"), "sink: boom"), BreakerVerdict::Release { tripped: false });
-        assert_eq!(b.on_failure(t0, &s("c"), "sink: other"), CHARGE, "another cause is the split's");
-        assert_eq!(b.on_failure(t0, &s("c"), "sink: boom"), CHARGE, "each split is excused once");
+        assert_eq!(b.on_failure(t0, &s("c"), "sink: boom", None), BreakerVerdict::Release { tripped: false });
+        assert_eq!(b.on_failure(t0, &s("c"), "sink: other", None), CHARGE, "another cause is the split's");
+        assert_eq!(b.on_failure(t0, &s("c"), "sink: boom", None), CHARGE, "each split is excused once");
     }
 
     #[test]
     fn failures_outside_the_window_do_not_add_up() {
         let t0 = Timestamp::from_millis(1_000);
         let mut b = Breaker::new(2, Duration::from_secs(60));
-        assert_eq!(b.on_failure(t0, &s("a"), "x: down"), CHARGE);
-        assert_eq!(b.on_failure(t0 + Duration::from_secs(61), &s("b"), "x: down"), CHARGE);
+        assert_eq!(b.on_failure(t0, &s("a"), "x: down", None), CHARGE);
+        assert_eq!(b.on_failure(t0 + Duration::from_secs(61), &s("b"), "x: down", None), CHARGE);
         let zero = &mut Breaker::new(0, Duration::from_secs(60));
-        assert_eq!(zero.on_failure(t0, &s("a"), "x: down"), CHARGE);
-        assert_eq!(zero.on_failure(t0, &s("b"), "x: down"), CHARGE, "0 turns it off");
+        assert_eq!(zero.on_failure(t0, &s("a"), "x: down", None), CHARGE);
+        assert_eq!(zero.on_failure(t0, &s("b"), "x: down", None), CHARGE, "0 turns it off");
     }
 
     #[test]
     fn a_failed_probe_reopens_for_twice_as_long_and_a_commit_closes_it() {
         let t0 = Timestamp::from_millis(1_000);
         let mut b = Breaker::new(2, Duration::from_secs(60));
-        b.on_failure(t0, &s("a"), "x: down");
-        assert_eq!(b.on_failure(t0, &s("b"), "x: down"), BreakerVerdict::Release { tripped: true });
+        b.on_failure(t0, &s("a"), "x: down", None);
+        assert_eq!(b.on_failure(t0, &s("b"), "x: down", None), BreakerVerdict::Release { tripped: true });
         assert_eq!(b.probe_at(), Some(t0 + FIRST_PROBE_WAIT));
         b.probe();
         let t1 = t0 + FIRST_PROBE_WAIT;
-        assert_eq!(b.on_failure(t1, &s("c"), "x: down"), BreakerVerdict::Release { tripped: true });
+        assert_eq!(b.on_failure(t1, &s("c"), "x: down", None), BreakerVerdict::Release { tripped: true });
         assert_eq!(b.probe_at(), Some(t1 + FIRST_PROBE_WAIT * 2));
         b.probe();
         b.probe();
         // The probe's split was excused once already: a split failing for its own reasons
         // with the same message is charged, and reaches quarantine while the breaker is open.
-        assert_eq!(b.on_failure(t1, &s("c"), "x: down"), BreakerVerdict::Charge { tripped: true });
+        assert_eq!(b.on_failure(t1, &s("c"), "x: down", None), BreakerVerdict::Charge { tripped: true });
         b.probe();
-        assert!(b.on_commit());
+        assert!(b.on_commit(t0, &s("z"), None));
         assert_eq!(b.state(), &BreakerState::Closed);
-        assert_eq!(b.on_failure(t1, &s("d"), "x: down"), CHARGE, "closed: counting again from zero");
+        assert_eq!(b.on_failure(t1, &s("d"), "x: down", None), CHARGE, "closed: counting again from zero");
     }
 
     #[test]
     fn a_commit_while_open_closes_it_and_the_count_starts_again() {
         let t0 = Timestamp::from_millis(1_000);
         let mut b = Breaker::new(2, Duration::from_secs(60));
-        b.on_failure(t0, &s("a"), "x: down");
-        assert_eq!(b.on_failure(t0, &s("b"), "x: down"), BreakerVerdict::Release { tripped: true });
+        b.on_failure(t0, &s("a"), "x: down", None);
+        assert_eq!(b.on_failure(t0, &s("b"), "x: down", None), BreakerVerdict::Release { tripped: true });
         // A lane that kept running flushed its sink: the outage is over.
-        assert!(b.on_commit());
+        assert!(b.on_commit(t0, &s("z"), None));
         assert_eq!(b.state(), &BreakerState::Closed);
         assert_eq!(b.probe_at(), None);
         // A second outage: `b`, excused in the first opening, is one split failing again,
         // then a second split says the worker's again.
-        assert_eq!(b.on_failure(t0, &s("b"), "x: down"), CHARGE);
-        assert_eq!(b.on_failure(t0, &s("c"), "x: down"), BreakerVerdict::Release { tripped: true });
-        assert!(!Breaker::new(2, Duration::from_secs(60)).on_commit(), "closed: nothing to close");
+        assert_eq!(b.on_failure(t0, &s("b"), "x: down", None), CHARGE);
+        assert_eq!(b.on_failure(t0, &s("c"), "x: down", None), BreakerVerdict::Release { tripped: true });
+        assert!(
+            !Breaker::new(2, Duration::from_secs(60)).on_commit(t0, &s("z"), None),
+            "closed: nothing to close"
+        );
     }
 
     #[test]
     fn a_second_cause_meeting_the_threshold_while_open_is_excused_too() {
         let t0 = Timestamp::from_millis(1_000);
         let mut b = Breaker::new(2, Duration::from_secs(60));
-        b.on_failure(t0, &s("a"), "source: connection reset");
+        b.on_failure(t0, &s("a"), "source: connection reset", None);
         assert_eq!(
-            b.on_failure(t0, &s("b"), "source: connection reset"),
+            b.on_failure(t0, &s("b"), "source: connection reset", None),
             BreakerVerdict::Release { tripped: true }
         );
         // The sink goes down too: its first failure is one split's, the second says the
         // worker's, and from then on it is treated like the source's.
-        assert_eq!(b.on_failure(t0, &s("c"), "sink: disk full"), CHARGE);
-        assert_eq!(b.on_failure(t0, &s("d"), "sink: disk full"), BreakerVerdict::Release { tripped: false });
-        assert_eq!(b.on_failure(t0, &s("e"), "sink: disk full"), BreakerVerdict::Release { tripped: false });
-        assert_eq!(b.on_failure(t0, &s("e"), "sink: disk full"), CHARGE, "each split is excused once");
+        assert_eq!(b.on_failure(t0, &s("c"), "sink: disk full", None), CHARGE);
+        assert_eq!(
+            b.on_failure(t0, &s("d"), "sink: disk full", None),
+            BreakerVerdict::Release { tripped: false }
+        );
+        assert_eq!(
+            b.on_failure(t0, &s("e"), "sink: disk full", None),
+            BreakerVerdict::Release { tripped: false }
+        );
+        assert_eq!(b.on_failure(t0, &s("e"), "sink: disk full", None), CHARGE, "each split is excused once");
         b.probe();
-        assert!(b.on_commit());
-        assert_eq!(b.on_failure(t0, &s("f"), "sink: disk full"), CHARGE, "closed: both causes forgotten");
+        assert!(b.on_commit(t0, &s("z"), None));
+        assert_eq!(
+            b.on_failure(t0, &s("f"), "sink: disk full", None),
+            CHARGE,
+            "closed: both causes forgotten"
+        );
     }
 
     #[test]
     fn tripping_for_one_cause_keeps_the_count_of_another() {
         let t0 = Timestamp::from_millis(1_000);
         let mut b = Breaker::new(2, Duration::from_secs(60));
-        assert_eq!(b.on_failure(t0, &s("a"), "sink: disk full"), CHARGE);
-        assert_eq!(b.on_failure(t0, &s("b"), "source: connection reset"), CHARGE);
+        assert_eq!(b.on_failure(t0, &s("a"), "sink: disk full", None), CHARGE);
+        assert_eq!(b.on_failure(t0, &s("b"), "source: connection reset", None), CHARGE);
         assert_eq!(
-            b.on_failure(t0, &s("c"), "source: connection reset"),
+            b.on_failure(t0, &s("c"), "source: connection reset", None),
             BreakerVerdict::Release { tripped: true }
         );
         // The sink's failure of `a` still counts: a second split failing on the sink is the
         // worker's (sweep seed 2406493 charged it: the trip forgot every other cause).
-        assert_eq!(b.on_failure(t0, &s("d"), "sink: disk full"), BreakerVerdict::Release { tripped: false });
+        assert_eq!(
+            b.on_failure(t0, &s("d"), "sink: disk full", None),
+            BreakerVerdict::Release { tripped: false }
+        );
+    }
+
+    fn outage(side: DataSide, since: Timestamp) -> Option<Outage> {
+        Some(Outage { side, since })
+    }
+
+    #[test]
+    fn an_outage_nothing_else_got_through_is_the_workers_and_one_others_got_through_is_the_splits() {
+        let t0 = Timestamp::from_millis(1_000);
+        let t1 = t0 + Duration::from_secs(60);
+        let down = "sink: No space left on device (os error 28)";
+        // The worker's only lane: nothing tells its outage from a poison split, so it is the
+        // worker's (released, intake paused) although one split is below the threshold of 3.
+        let mut b = Breaker::new(3, Duration::from_secs(60));
+        assert_eq!(
+            b.on_failure(t1, &s("a"), down, outage(DataSide::Sink, t0)),
+            BreakerVerdict::Release { tripped: true }
+        );
+        // While it is open, the same split failing again is charged (excused once per cause).
+        assert_eq!(
+            b.on_failure(t1, &s("a"), down, outage(DataSide::Sink, t0)),
+            BreakerVerdict::Charge { tripped: false }
+        );
+
+        // Another lane flushed after the outage began: the sink works, the failure is the split's.
+        let mut b = Breaker::new(3, Duration::from_secs(60));
+        b.on_commit(t0 + Duration::from_secs(1), &s("b"), Some(t0 - Duration::from_secs(1)));
+        assert_eq!(b.on_failure(t1, &s("a"), down, outage(DataSide::Sink, t0)), CHARGE);
+        // ... but its reads were before a source outage began: no evidence for the source.
+        let reset = "reading a: connection reset by peer (os error 104)";
+        assert_eq!(
+            b.on_failure(t1, &s("c"), reset, outage(DataSide::Source, t0)),
+            BreakerVerdict::Release { tripped: true }
+        );
+
+        // The failing split's own commits are no evidence, nor others' from before the outage.
+        let mut b = Breaker::new(3, Duration::from_secs(60));
+        b.on_commit(t0 - Duration::from_secs(1), &s("b"), Some(t0 - Duration::from_secs(1)));
+        b.on_commit(t0 + Duration::from_secs(2), &s("a"), Some(t0 + Duration::from_secs(2)));
+        assert_eq!(
+            b.on_failure(t1, &s("a"), down, outage(DataSide::Sink, t0)),
+            BreakerVerdict::Release { tripped: true }
+        );
+
+        // A failure that is not an outage (the sink rejected the split's data) needs none.
+        let mut b = Breaker::new(3, Duration::from_secs(60));
+        assert_eq!(b.on_failure(t1, &s("a"), "sink: schema mismatch", None), CHARGE);
+        // And a breaker turned off charges everything.
+        let mut off = Breaker::new(0, Duration::from_secs(60));
+        assert_eq!(off.on_failure(t1, &s("a"), down, outage(DataSide::Sink, t0)), CHARGE);
+    }
+
+    #[test]
+    fn the_latest_success_of_another_split_is_kept_whatever_the_order_of_the_reports() {
+        let t = |ms| Timestamp::from_millis(ms);
+        let mut l = Latest::default();
+        assert!(!l.other_since(&s("a"), t(0)), "nothing yet");
+        l.record(t(10), &s("a"));
+        assert!(!l.other_since(&s("a"), t(0)), "a's own");
+        assert!(l.other_since(&s("b"), t(10)));
+        l.record(t(5), &s("b")); // reported late
+        assert!(l.other_since(&s("a"), t(5)));
+        assert!(!l.other_since(&s("a"), t(6)));
+        l.record(t(20), &s("a"));
+        assert!(l.other_since(&s("a"), t(5)), "b's stays the latest other than a");
+        l.record(t(30), &s("b"));
+        assert!(l.other_since(&s("b"), t(20)), "a's is now the latest other than b");
+        assert!(!l.other_since(&s("b"), t(21)));
+        assert!(l.other_since(&s("c"), t(30)));
     }
 
     #[test]

@@ -52,7 +52,7 @@ mod time;
 mod view;
 mod worker;
 
-pub use breaker::{Breaker, BreakerState, BreakerVerdict, failure_cause};
+pub use breaker::{Breaker, BreakerState, BreakerVerdict, DataSide, Outage, failure_cause};
 pub use config::{Config, ConfigError, Tuning, defaults};
 pub use ids::{
     Epoch, Incarnation, InstanceId, JobName, MAX_NAME_LEN, NameError, OpId, Owner, Revision, SplitId,

@@ -2,7 +2,7 @@
 //! a lane sends to the driver task ([`LaneMsg`]).
 
 use bytes::Bytes;
-use etl_coordination_core::{AcquisitionReason, CommitOutcome, Epoch, SplitId, StopReason};
+use etl_coordination_core::{AcquisitionReason, CommitOutcome, DataSide, Epoch, SplitId, StopReason};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
@@ -10,11 +10,31 @@ use tokio::time::Instant;
 #[derive(Debug)]
 pub(crate) enum LaneMsg {
     /// `Input::Commit`, answered through `reply`.
-    Commit { split: SplitId, epoch: Epoch, progress: Bytes, reply: oneshot::Sender<CommitOutcome> },
+    /// `read_at`: the lane's last successful read (for the breaker's evidence).
+    Commit {
+        split: SplitId,
+        epoch: Epoch,
+        progress: Bytes,
+        read_at: Option<Instant>,
+        reply: oneshot::Sender<CommitOutcome>,
+    },
     /// `Input::Finish`, answered through `reply`.
-    Finish { split: SplitId, epoch: Epoch, progress: Bytes, reply: oneshot::Sender<CommitOutcome> },
-    /// `Input::Fail`.
-    Fail { split: SplitId, epoch: Epoch, error: String, unprocessable: bool },
+    Finish {
+        split: SplitId,
+        epoch: Epoch,
+        progress: Bytes,
+        read_at: Option<Instant>,
+        reply: oneshot::Sender<CommitOutcome>,
+    },
+    /// `Input::Fail`; `outage`: a transient failure of that side, waited out since then past
+    /// the retry budget (the breaker weighs it).
+    Fail {
+        split: SplitId,
+        epoch: Epoch,
+        error: String,
+        unprocessable: bool,
+        outage: Option<(DataSide, Instant)>,
+    },
     /// `Input::LaneStopped`.
     Stopped { split: SplitId, epoch: Epoch },
     /// `Input::Quarantine`: the lane gives the split up.
@@ -54,6 +74,11 @@ pub struct Lane {
     pub(crate) ended: bool,
     /// The answer to a commit whose future was dropped before it came.
     pub(crate) in_flight: Option<oneshot::Receiver<CommitOutcome>>,
+    /// The last successful read from the source (the pipeline sets it).
+    pub(crate) read_at: Option<Instant>,
+    /// The outage that ends this lane: the side and when it began (the pipeline sets it
+    /// when a transient failure outlives the budget).
+    pub(crate) outage: Option<(DataSide, Instant)>,
 }
 
 impl Lane {
@@ -79,6 +104,8 @@ impl Lane {
             stop,
             ended: false,
             in_flight: None,
+            read_at: None,
+            outage: None,
         };
         (lane, stop_tx)
     }
@@ -156,8 +183,10 @@ impl Lane {
     /// at once; nothing was written), `Retryable` if nothing was written for now (store
     /// unavailable): keep the progress and commit again later.
     pub async fn commit(&mut self, progress: Bytes) -> CommitOutcome {
-        let outcome =
-            self.request(|split, epoch, reply| LaneMsg::Commit { split, epoch, progress, reply }).await;
+        let read_at = self.read_at;
+        let outcome = self
+            .request(|split, epoch, reply| LaneMsg::Commit { split, epoch, progress, read_at, reply })
+            .await;
         if outcome == CommitOutcome::Lost {
             self.ended = true;
         }
@@ -167,8 +196,10 @@ impl Lane {
     /// Commits the final progress and marks the split Done. On `Retryable`, the lane is handed
     /// back so the source can try again.
     pub async fn finish(mut self, progress: Bytes) -> Result<(), (Lane, CommitOutcome)> {
-        let outcome =
-            self.request(|split, epoch, reply| LaneMsg::Finish { split, epoch, progress, reply }).await;
+        let read_at = self.read_at;
+        let outcome = self
+            .request(|split, epoch, reply| LaneMsg::Finish { split, epoch, progress, read_at, reply })
+            .await;
         match outcome {
             CommitOutcome::Ok => {
                 self.ended = true;
@@ -215,6 +246,7 @@ impl Lane {
             epoch: self.epoch,
             error,
             unprocessable,
+            outage: if unprocessable { None } else { self.outage.take() },
         });
     }
 
@@ -241,6 +273,7 @@ impl Drop for Lane {
                     epoch: self.epoch,
                     error: "the source dropped the lane without finishing, failing or stopping it".into(),
                     unprocessable: false,
+                    outage: None,
                 });
             }
         }

@@ -442,8 +442,10 @@ async fn read_split<So: Source, Si: Sink<So::Record>>(
             }
         };
         if next.is_ok() {
-            // The source answers again: its outage (if it had one) is over.
+            // The source answers again: its outage (if it had one) is over, and the breaker
+            // hears at the next commit that it answered (evidence for other lanes' outages).
             retry.recovered(Side::Source);
+            lane.read_at = Some(Instant::now());
         }
         match next {
             Err(e) if e.is_transient() => {

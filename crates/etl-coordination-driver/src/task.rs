@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use etl_coordination_core::{
     Action, Breaker, BreakerState, BreakerVerdict, Bucket, CommitOutcome, Config, Epoch, Event, Input,
-    Outcome, SplitId, StopReason, Timestamp, Worker,
+    Outage, Outcome, SplitId, StopReason, Timestamp, Worker,
 };
 use etl_coordination_metrics::Metrics;
 use etl_coordination_store::layers::{Observed, Timeout};
@@ -132,6 +132,12 @@ impl<S: Store, P: Planner> Task<S, P> {
         self.origin + t.since_origin()
     }
 
+    /// `i` on the core's clock.
+    fn stamp(&self, i: Instant) -> Timestamp {
+        let micros = i.saturating_duration_since(self.origin).as_micros();
+        Timestamp::from_micros(u64::try_from(micros).unwrap_or(u64::MAX))
+    }
+
     pub(crate) async fn run(mut self) {
         self.handle(Input::Start);
         // Without handles nobody can drain any more, but the worker goes on to its outcome.
@@ -204,25 +210,26 @@ impl<S: Store, P: Planner> Task<S, P> {
     /// `Action::CommitDone` (a lane has at most one commit in flight, see `Lane::commit`).
     fn on_lane(&mut self, msg: LaneMsg) -> Option<Input> {
         Some(match msg {
-            LaneMsg::Commit { split, epoch, progress, reply } => {
+            LaneMsg::Commit { split, epoch, progress, read_at, reply } => {
                 self.wait_for_commit(&split, epoch, reply);
-                self.breaker_answered(&split);
+                self.breaker_answered(&split, read_at);
                 Input::Commit { split, epoch, progress }
             }
-            LaneMsg::Finish { split, epoch, progress, reply } => {
+            LaneMsg::Finish { split, epoch, progress, read_at, reply } => {
                 self.wait_for_commit(&split, epoch, reply);
-                self.breaker_answered(&split);
+                self.breaker_answered(&split, read_at);
                 if let Some(l) = self.running.get(&split, epoch) {
                     l.finishing = true;
                 }
                 Input::Finish { split, epoch, progress }
             }
-            LaneMsg::Fail { split, epoch, error, unprocessable } => {
+            LaneMsg::Fail { split, epoch, error, unprocessable, outage } => {
                 self.lane_ended(&split, epoch);
                 let verdict = if unprocessable {
                     BreakerVerdict::Charge { tripped: false }
                 } else {
-                    self.breaker.on_failure(self.now(), &split, &error)
+                    let outage = outage.map(|(side, since)| Outage { side, since: self.stamp(since) });
+                    self.breaker.on_failure(self.now(), &split, &error, outage)
                 };
                 match verdict {
                     BreakerVerdict::Charge { tripped } => {
@@ -258,9 +265,11 @@ impl<S: Store, P: Planner> Task<S, P> {
         })
     }
 
-    /// A lane flushed its outputs and commits: they answer again (a probing breaker closes).
-    fn breaker_answered(&mut self, split: &SplitId) {
-        if self.breaker.on_commit() {
+    /// A lane flushed its outputs and commits: they answer again (a probing breaker closes);
+    /// `read_at`: its last read from the source.
+    fn breaker_answered(&mut self, split: &SplitId, read_at: Option<Instant>) {
+        let read_at = read_at.map(|i| self.stamp(i));
+        if self.breaker.on_commit(self.now(), split, read_at) {
             info!(%split, "breaker closed: a lane flushed its sink and commits; intake resumes");
             self.report.metrics.breaker_open(false);
             self.deferred.push(Input::Intake { limit: None });

@@ -24,11 +24,7 @@ pub(crate) enum Wait {
 
 /// Which side of the lane failed: a success of the same side ends the outage (a read that
 /// works says nothing about a sink that is down).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Side {
-    Source,
-    Sink,
-}
+pub(crate) use etl_coordination_core::DataSide as Side;
 
 /// One lane's transient failures in a row.
 pub(crate) struct Transient {
@@ -56,6 +52,8 @@ impl Transient {
         let (since, tries) = (*since, *tries);
         let spent = now.saturating_duration_since(since);
         if spent >= self.budget {
+            // The breaker weighs it with when it began (did other lanes get through since?).
+            lane.outage = Some((side, since));
             return Wait::Spent(format!(
                 "{error} ({what} kept failing for {:.0?}, past the transient retry budget of {:?})",
                 spent, self.budget

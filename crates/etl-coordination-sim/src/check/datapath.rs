@@ -32,6 +32,19 @@ pub(crate) struct Streak {
     failures: Vec<(Timestamp, SplitId, &'static str)>,
 }
 
+/// What got through on one worker, for the evidence an outage charge needs: (when on the
+/// worker's clock, the split, the side) of each read and flush its lanes reported at commits.
+#[derive(Debug, Default)]
+pub(crate) struct GotThrough {
+    ok: std::collections::VecDeque<(Timestamp, SplitId, &'static str)>,
+}
+
+/// How far back successes are kept: well beyond any outage's start (outages are shorter than
+/// two retry budgets, and a lane's run of failures cannot be much longer).
+fn horizon(budget: std::time::Duration) -> std::time::Duration {
+    budget * 10 + std::time::Duration::from_secs(60)
+}
+
 impl Checker {
     /// Record `record` of `id` went to the dead-letter sink: delivered, as far as I2 goes.
     pub(super) fn on_dead_lettered(&mut self, id: &SplitId, record: u64) {
@@ -80,6 +93,21 @@ impl Checker {
         others.dedup();
         let tripped = threshold > 0 && others.len() + 1 >= threshold;
         streak.failures.push((local, id.clone(), side));
+        // With nothing else on the worker through on that side since the outage began, the
+        // worker cannot tell the split from the path: a charge could quarantine a healthy split.
+        let evidence = self
+            .got_through
+            .get(who)
+            .is_some_and(|g| g.ok.iter().any(|(t, s, c)| *c == side && s != id && *t >= since));
+        if charged && threshold > 0 && !again && !evidence {
+            self.fail(
+                at,
+                "P12",
+                format!(
+                    "split {id}: {who} charged an attempt for a {side} outage (since {since:?}) although no other split of it got through on the {side} since: the outage may be the worker's, so the breaker releases it without blame"
+                ),
+            );
+        }
         if charged && tripped && !again {
             let n = others.len();
             self.fail(
@@ -92,10 +120,27 @@ impl Checker {
         }
     }
 
-    /// A worker flushed its sink: its failures so far no longer add up (lenient: the breaker
-    /// itself forgets them only when a probe succeeds or the window passes).
-    pub(super) fn on_flushed(&mut self, who: &Owner) {
+    /// A worker's lane of `id` flushed its sink at `local` (having read at `read_at`): its
+    /// failures so far no longer add up (the breaker closes), and both paths got through.
+    pub(super) fn on_flushed(
+        &mut self,
+        who: &Owner,
+        id: &SplitId,
+        local: Timestamp,
+        read_at: Option<Timestamp>,
+    ) {
         self.streaks.remove(who);
+        let horizon = horizon(self.transient_budget);
+        let g = self.got_through.entry(who.clone()).or_default();
+        // (In the order reported: a read is older than its flush, so the front is only about
+        // the oldest; it is a horizon, not a bound the check relies on.)
+        while g.ok.front().is_some_and(|(t, ..)| local.saturating_since(*t) > horizon) {
+            g.ok.pop_front();
+        }
+        if let Some(t) = read_at {
+            g.ok.push_back((t, id.clone(), "source"));
+        }
+        g.ok.push_back((local, id.clone(), "sink"));
     }
 
     /// An attempt of `id` was charged, for `cause`; a healthy split is never quarantined by

@@ -82,6 +82,7 @@ pub(crate) struct Checker {
     pub(super) breaker_window: Duration,
     /// Per worker, its failures past the budget since its last flush (the breaker's oracle).
     pub(super) streaks: BTreeMap<Owner, datapath::Streak>,
+    pub(super) got_through: BTreeMap<Owner, datapath::GotThrough>,
     /// Tenancies charged for an outage past the budget.
     pub(super) outage_failed: BTreeSet<(SplitId, Epoch)>,
     /// Tenancies whose lane gave the split up (bad records past the cap).
@@ -172,8 +173,9 @@ pub(crate) enum Observation<'a> {
         local: Timestamp,
         charged: bool,
     },
-    /// A worker's lane flushed its sink and commits.
-    Flushed { who: &'a Owner },
+    /// A worker's lane flushed its sink and commits at `local`, having last read its source at
+    /// `read_at` (both on the worker's clock).
+    Flushed { who: &'a Owner, id: &'a SplitId, local: Timestamp, read_at: Option<Timestamp> },
     /// A write of the leadership lease landed (or its holder deleted it: `deadline` now).
     LeaderLease { owner: &'a Owner, deadline: Timestamp },
     /// A worker sends a write of the plan (its head or a manifest chunk).
@@ -285,6 +287,7 @@ impl Checker {
             breaker_threshold: opts.breaker_threshold,
             breaker_window: opts.breaker_window,
             streaks: BTreeMap::new(),
+            got_through: BTreeMap::new(),
             outage_failed: BTreeSet::new(),
             gave_up: BTreeSet::new(),
             charges: BTreeMap::new(),
@@ -356,7 +359,7 @@ impl Checker {
             O::OutageFailed { id, epoch, who, side, since, local, charged } => {
                 self.on_outage_failed(at, id, epoch, who, side, (since, local), charged)
             }
-            O::Flushed { who } => self.on_flushed(who),
+            O::Flushed { who, id, local, read_at } => self.on_flushed(who, id, local, read_at),
             O::LeaderLease { owner, deadline } => {
                 self.leader_deadline.insert(owner.clone(), deadline);
             }

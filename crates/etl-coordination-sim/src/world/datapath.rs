@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use etl_coordination_core::{BreakerVerdict, Epoch, Input, SplitId, Timestamp};
+use etl_coordination_core::{BreakerVerdict, DataSide, Epoch, Input, Outage, SplitId, Timestamp};
 
 use super::{Ev, Status, World, ms};
 use crate::check::Observation;
@@ -105,6 +105,9 @@ impl World {
             if lane.failing.is_some_and(|(s, _)| s == side) {
                 lane.failing = None;
             }
+            if side == Side::Source {
+                lane.read_ok = Some(self.now);
+            }
             return Path::Up;
         }
         if draining {
@@ -140,7 +143,14 @@ impl World {
         self.lane_ended(slot, &split, epoch);
         let error = outage_error(side, &split);
         let local = self.slots[slot].clock.local(self.now);
-        let verdict = self.slots[slot].breaker.on_failure(local, &split, &error);
+        let outage = Outage {
+            side: match side {
+                Side::Sink => DataSide::Sink,
+                Side::Source => DataSide::Source,
+            },
+            since: self.slots[slot].clock.local(since),
+        };
+        let verdict = self.slots[slot].breaker.on_failure(local, &split, &error, Some(outage));
         let (charged, tripped) = match verdict {
             BreakerVerdict::Charge { tripped } => (true, tripped),
             BreakerVerdict::Release { tripped } => (false, tripped),
@@ -217,11 +227,15 @@ impl World {
         self.deliver(slot, Input::Intake { limit: Some(held + 1) });
     }
 
-    /// A lane flushed its sink and commits (or finishes): a probing breaker closes.
-    pub(super) fn flushed(&mut self, slot: usize) {
+    /// A lane flushed its sink and commits (or finishes), having last read its source at
+    /// `read_ok`: a probing breaker closes, and the breaker has evidence that both work.
+    pub(super) fn flushed(&mut self, slot: usize, split: &SplitId, read_ok: Option<Timestamp>) {
         let who = self.slots[slot].owner.clone();
-        self.checker.observe(self.now, Observation::Flushed { who: &who }, &mut self.state);
-        if self.slots[slot].breaker.on_commit() {
+        let clock = &self.slots[slot].clock;
+        let (local, read_at) = (clock.local(self.now), read_ok.map(|t| clock.local(t)));
+        let obs = Observation::Flushed { who: &who, id: split, local, read_at };
+        self.checker.observe(self.now, obs, &mut self.state);
+        if self.slots[slot].breaker.on_commit(local, split, read_at) {
             self.deliver(slot, Input::Intake { limit: None });
         }
     }

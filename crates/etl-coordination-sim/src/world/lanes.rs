@@ -30,6 +30,8 @@ pub(crate) struct Lane {
     pub failing: Option<(Side, Timestamp)>,
     /// A transient read error of this lane alone, until then.
     pub read_error_until: Option<Timestamp>,
+    /// Its last successful read (the breaker hears of it at the next commit).
+    pub read_ok: Option<Timestamp>,
     /// Bad records skipped by this tenancy.
     pub bad_met: u32,
 }
@@ -84,6 +86,7 @@ impl World {
             drain_until: None,
             failing: None,
             read_error_until: None,
+            read_ok: None,
             bad_met: 0,
         };
         self.slots[slot].lanes.insert((split.clone(), epoch), lane);
@@ -211,9 +214,11 @@ impl World {
         if let Path::Down = self.data_path(slot, &split, epoch, Side::Sink) {
             return;
         }
-        self.slots[slot].lanes.get_mut(&(split, epoch)).expect("lane").committing = true;
+        let lane = self.slots[slot].lanes.get_mut(&(split.clone(), epoch)).expect("lane");
+        lane.committing = true;
+        let read_ok = lane.read_ok;
         self.deliver(slot, input);
-        self.flushed(slot);
+        self.flushed(slot, &split, read_ok);
     }
 
     /// Record `at` of the split is bad: quarantined with its split (the default policy) or
@@ -301,9 +306,9 @@ impl World {
         if lane.since_commit > 0 && self.now >= self.slots[slot].sink_down_until {
             let lane = self.slots[slot].lanes.get_mut(&(split.clone(), epoch)).expect("lane");
             lane.committing = true;
-            let p = lane.next;
-            self.deliver(slot, Input::Commit { split, epoch, progress: le(p) });
-            self.flushed(slot);
+            let (p, read_ok) = (lane.next, lane.read_ok);
+            self.deliver(slot, Input::Commit { split: split.clone(), epoch, progress: le(p) });
+            self.flushed(slot, &split, read_ok);
         } else {
             // Nothing to commit, or the sink is down: the lane stops without its last commit
             // (what it emitted since is read again by the next owner: at-least-once).
