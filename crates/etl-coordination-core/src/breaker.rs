@@ -141,6 +141,8 @@ pub struct Breaker {
     excused: BTreeSet<(SplitId, String)>,
     /// The latest successes of each side (source, sink), for the evidence an outage needs.
     ok: [Latest; 2],
+    /// When it last opened: only a flush after that closes it.
+    opened_at: Timestamp,
 }
 
 /// The cause of a failure, as compared between splits: the innermost message of the error
@@ -179,6 +181,7 @@ impl Breaker {
             also: BTreeSet::new(),
             excused: BTreeSet::new(),
             ok: Default::default(),
+            opened_at: Timestamp::from_micros(0),
         }
     }
 
@@ -212,6 +215,7 @@ impl Breaker {
                 let wait = (wait * 2).min(MAX_PROBE_WAIT);
                 let cause = open_cause.unwrap_or(cause);
                 self.state = BreakerState::Open { cause, until: now + wait, wait };
+                self.opened_at = now;
                 true
             } else {
                 false
@@ -236,19 +240,29 @@ impl Breaker {
         if splits.len() < self.threshold && !unproven {
             return BreakerVerdict::Charge { tripped: false };
         }
-        if open_cause.is_some() {
-            // Open for another cause, and this one is the worker's too: intake is paused
-            // already; its failures are excused like the first cause's.
+        if let Some(open_cause) = open_cause {
+            // Open for another cause, and this one is the worker's too: its failures are excused
+            // like the first cause's. Intake is paused already, unless it was probing: then the
+            // probe failed (open again, for twice as long).
             self.recent.retain(|(_, _, c)| *c != cause);
             self.excused.insert((split.clone(), cause.clone()));
             self.also.insert(cause);
-            return BreakerVerdict::Release { tripped: false };
+            let tripped = if let BreakerState::HalfOpen { wait, .. } = self.state {
+                let wait = (wait * 2).min(MAX_PROBE_WAIT);
+                self.state = BreakerState::Open { cause: open_cause, until: now + wait, wait };
+                self.opened_at = now;
+                true
+            } else {
+                false
+            };
+            return BreakerVerdict::Release { tripped };
         }
         // (Failures of other causes still count: the sink may be failing too.)
         self.recent.retain(|(_, _, other)| *other != cause);
         self.excused.clear();
         self.excused.insert((split.clone(), cause.clone()));
         self.state = BreakerState::Open { cause, until: now + FIRST_PROBE_WAIT, wait: FIRST_PROBE_WAIT };
+        self.opened_at = now;
         BreakerVerdict::Release { tripped: true }
     }
 
@@ -267,20 +281,21 @@ impl Breaker {
         }
     }
 
-    /// A lane flushed its outputs and asks to commit (or to finish its split): they answer,
-    /// so the cause is gone. Closes an open or probing breaker (a lane that kept running while
-    /// it was open counts: its flush reached the sink); `true` if it did. Without this, a
-    /// breaker opened by one outage charged the splits it had excused then when a second
-    /// outage came, although the sink had worked in between (sweep seeds 3048588, 3077272).
-    ///
-    /// `split`'s lane flushed at `now`, and last read from the source at `read_at` (`None`: not
-    /// known): evidence that both paths worked then, for other splits' outages.
-    pub fn on_commit(&mut self, now: Timestamp, split: &SplitId, read_at: Option<Timestamp>) -> bool {
-        self.ok[DataSide::Sink as usize].record(now, split);
+    /// A lane of `split` flushed its outputs at `flushed_at` and asks to commit (or to finish
+    /// its split), having last read from the source at `read_at` (`None`: not known): evidence
+    /// that both paths worked then, for other splits' outages (a commit tried again while the
+    /// store could not take it passes the time of its flush, not its own: the sink may have
+    /// gone down since). A flush after the breaker opened says the cause is gone: it closes an
+    /// open or probing breaker (a lane that kept running while it was open counts); `true` if
+    /// it did. Without this, a breaker opened by one outage charged the splits it had excused
+    /// then when a second outage came, although the sink had worked in between (sweep seeds
+    /// 3048588, 3077272).
+    pub fn on_commit(&mut self, split: &SplitId, flushed_at: Timestamp, read_at: Option<Timestamp>) -> bool {
+        self.ok[DataSide::Sink as usize].record(flushed_at, split);
         if let Some(at) = read_at {
             self.ok[DataSide::Source as usize].record(at, split);
         }
-        if !matches!(self.state, BreakerState::Closed) {
+        if !matches!(self.state, BreakerState::Closed) && flushed_at >= self.opened_at {
             self.state = BreakerState::Closed;
             self.excused.clear();
             self.also.clear();
@@ -357,7 +372,7 @@ mod tests {
         // with the same message is charged, and reaches quarantine while the breaker is open.
         assert_eq!(b.on_failure(t1, &s("c"), "x: down", None), BreakerVerdict::Charge { tripped: true });
         b.probe();
-        assert!(b.on_commit(t0, &s("z"), None));
+        assert!(b.on_commit(&s("z"), t1, None));
         assert_eq!(b.state(), &BreakerState::Closed);
         assert_eq!(b.on_failure(t1, &s("d"), "x: down", None), CHARGE, "closed: counting again from zero");
     }
@@ -369,7 +384,7 @@ mod tests {
         b.on_failure(t0, &s("a"), "x: down", None);
         assert_eq!(b.on_failure(t0, &s("b"), "x: down", None), BreakerVerdict::Release { tripped: true });
         // A lane that kept running flushed its sink: the outage is over.
-        assert!(b.on_commit(t0, &s("z"), None));
+        assert!(b.on_commit(&s("z"), t0, None));
         assert_eq!(b.state(), &BreakerState::Closed);
         assert_eq!(b.probe_at(), None);
         // A second outage: `b`, excused in the first opening, is one split failing again,
@@ -377,7 +392,7 @@ mod tests {
         assert_eq!(b.on_failure(t0, &s("b"), "x: down", None), CHARGE);
         assert_eq!(b.on_failure(t0, &s("c"), "x: down", None), BreakerVerdict::Release { tripped: true });
         assert!(
-            !Breaker::new(2, Duration::from_secs(60)).on_commit(t0, &s("z"), None),
+            !Breaker::new(2, Duration::from_secs(60)).on_commit(&s("z"), t0, None),
             "closed: nothing to close"
         );
     }
@@ -404,7 +419,7 @@ mod tests {
         );
         assert_eq!(b.on_failure(t0, &s("e"), "sink: disk full", None), CHARGE, "each split is excused once");
         b.probe();
-        assert!(b.on_commit(t0, &s("z"), None));
+        assert!(b.on_commit(&s("z"), t0, None));
         assert_eq!(
             b.on_failure(t0, &s("f"), "sink: disk full", None),
             CHARGE,
@@ -454,7 +469,7 @@ mod tests {
 
         // Another lane flushed after the outage began: the sink works, the failure is the split's.
         let mut b = Breaker::new(3, Duration::from_secs(60));
-        b.on_commit(t0 + Duration::from_secs(1), &s("b"), Some(t0 - Duration::from_secs(1)));
+        b.on_commit(&s("b"), t0 + Duration::from_secs(1), Some(t0 - Duration::from_secs(1)));
         assert_eq!(b.on_failure(t1, &s("a"), down, outage(DataSide::Sink, t0)), CHARGE);
         // ... but its reads were before a source outage began: no evidence for the source.
         let reset = "reading a: connection reset by peer (os error 104)";
@@ -465,8 +480,8 @@ mod tests {
 
         // The failing split's own commits are no evidence, nor others' from before the outage.
         let mut b = Breaker::new(3, Duration::from_secs(60));
-        b.on_commit(t0 - Duration::from_secs(1), &s("b"), Some(t0 - Duration::from_secs(1)));
-        b.on_commit(t0 + Duration::from_secs(2), &s("a"), Some(t0 + Duration::from_secs(2)));
+        b.on_commit(&s("b"), t0 - Duration::from_secs(1), Some(t0 - Duration::from_secs(1)));
+        b.on_commit(&s("a"), t0 + Duration::from_secs(2), Some(t0 + Duration::from_secs(2)));
         assert_eq!(
             b.on_failure(t1, &s("a"), down, outage(DataSide::Sink, t0)),
             BreakerVerdict::Release { tripped: true }
@@ -478,6 +493,47 @@ mod tests {
         // And a breaker turned off charges everything.
         let mut off = Breaker::new(0, Duration::from_secs(60));
         assert_eq!(off.on_failure(t1, &s("a"), down, outage(DataSide::Sink, t0)), CHARGE);
+    }
+
+    #[test]
+    fn a_commit_of_a_flush_from_before_it_opened_does_not_close_it_nor_vouch_for_later() {
+        let t0 = Timestamp::from_millis(1_000);
+        let secs = |n| t0 + Duration::from_secs(n);
+        let down = "sink: No space left on device (os error 28)";
+        let mut b = Breaker::new(3, Duration::from_secs(60));
+        b.on_commit(&s("b"), secs(1), None);
+        assert_eq!(
+            b.on_failure(secs(30), &s("a"), down, outage(DataSide::Sink, secs(5))),
+            BreakerVerdict::Release { tripped: true }
+        );
+        // `b`'s commit is tried again (the store could not take it): its flush was at 1 s,
+        // before the outage began and before the breaker opened.
+        assert!(!b.on_commit(&s("b"), secs(1), None), "a stale flush does not close it");
+        assert!(matches!(b.state(), BreakerState::Open { .. }));
+        assert_eq!(
+            b.on_failure(secs(31), &s("c"), down, outage(DataSide::Sink, secs(6))),
+            BreakerVerdict::Release { tripped: false }
+        );
+        assert!(b.on_commit(&s("b"), secs(32), None), "a new flush does");
+    }
+
+    #[test]
+    fn a_probe_failing_with_a_second_cause_reopens_it_for_twice_as_long() {
+        let t0 = Timestamp::from_millis(1_000);
+        let mut b = Breaker::new(3, Duration::from_secs(60));
+        let sink = outage(DataSide::Sink, t0);
+        assert_eq!(
+            b.on_failure(t0, &s("a"), "sink: disk full", sink),
+            BreakerVerdict::Release { tripped: true }
+        );
+        b.probe();
+        let t1 = t0 + FIRST_PROBE_WAIT;
+        let source = outage(DataSide::Source, t0);
+        assert_eq!(
+            b.on_failure(t1, &s("b"), "source: connection reset", source),
+            BreakerVerdict::Release { tripped: true }
+        );
+        assert_eq!(b.probe_at(), Some(t1 + FIRST_PROBE_WAIT * 2), "a failed probe, whatever its cause");
     }
 
     #[test]

@@ -62,9 +62,11 @@ pub struct DriverConfig {
     /// What to do about a stalled lane.
     pub on_lane_stall: OnLaneStall,
     /// How long a lane waits out a transient failure of its source or sink (a full disk, a
-    /// restarting warehouse, a throttled object store) in place, with backoff, before it counts
-    /// as a failure of the split (one attempt). A success renews it. `Duration::ZERO`: no
-    /// waiting (every transient failure fails the tenancy at once). Default: 5 minutes (below
+    /// restarting warehouse, a throttled object store) in place, with backoff, before it ends
+    /// the tenancy as failing (the breaker then says whether the split is charged one attempt:
+    /// see [`DriverConfig::breaker_threshold`]). A success renews it. `Duration::ZERO`: no
+    /// waiting (every transient failure fails the tenancy at once, and opens the breaker unless
+    /// another lane got through at that very moment). Default: 5 minutes (below
     /// the lane stall timeout, so a lane waiting out an outage is not reported stalled).
     pub transient_retry_budget: Duration,
     /// What a bad record ([`SourceError::BadRecord`](crate::SourceError::BadRecord)) does to
@@ -73,8 +75,11 @@ pub struct DriverConfig {
     /// The breaker: this many distinct splits failing with the same cause within
     /// [`DriverConfig::breaker_window`] say the cause is the worker's (its sink is down), not
     /// the splits': their tenancies are released without charge, intake pauses, and after a
-    /// backoff (10 s doubling to 5 min) the worker probes with one split. Failures the source
-    /// calls unprocessable never count. 0 turns it off. Default: 3.
+    /// backoff (10 s doubling to 5 min) the worker probes with one split. It also opens on one
+    /// failure past the transient retry budget that no other lane of the worker got through
+    /// since it began (none read from the source, or flushed to the sink, since): the worker
+    /// cannot tell that split from the path. Failures the source calls unprocessable never
+    /// count. 0 turns it off (every failure is charged). Default: 3.
     pub breaker_threshold: u32,
     /// See [`DriverConfig::breaker_threshold`]. Default: 1 minute.
     pub breaker_window: Duration,
@@ -163,7 +168,7 @@ impl DriverConfig {
             return Err(ConfigError {
                 field: "breaker_threshold",
                 value: "1".into(),
-                rule: "must be 0 (off) or at least 2: one split failing is that split's failure, and with 1 no split would ever be charged",
+                rule: "must be 0 (off) or at least 2: one split failing while others work is that split's failure, and with 1 no split would ever be charged",
             });
         }
         if self.breaker_threshold > 0 && self.breaker_window.is_zero() {

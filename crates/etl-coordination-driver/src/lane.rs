@@ -10,11 +10,13 @@ use tokio::time::Instant;
 #[derive(Debug)]
 pub(crate) enum LaneMsg {
     /// `Input::Commit`, answered through `reply`.
-    /// `read_at`: the lane's last successful read (for the breaker's evidence).
+    /// `flushed_at`, `read_at`: the lane's last flush and successful read, for the breaker's
+    /// evidence (`None`: the embedder's lane does not say; then the commit is the flush).
     Commit {
         split: SplitId,
         epoch: Epoch,
         progress: Bytes,
+        flushed_at: Option<Instant>,
         read_at: Option<Instant>,
         reply: oneshot::Sender<CommitOutcome>,
     },
@@ -23,6 +25,7 @@ pub(crate) enum LaneMsg {
         split: SplitId,
         epoch: Epoch,
         progress: Bytes,
+        flushed_at: Option<Instant>,
         read_at: Option<Instant>,
         reply: oneshot::Sender<CommitOutcome>,
     },
@@ -74,8 +77,10 @@ pub struct Lane {
     pub(crate) ended: bool,
     /// The answer to a commit whose future was dropped before it came.
     pub(crate) in_flight: Option<oneshot::Receiver<CommitOutcome>>,
-    /// The last successful read from the source (the pipeline sets it).
+    /// The last successful read from the source and the last flush of the sink (the pipeline
+    /// sets them).
     pub(crate) read_at: Option<Instant>,
+    pub(crate) flushed_at: Option<Instant>,
     /// The outage that ends this lane: the side and when it began (the pipeline sets it
     /// when a transient failure outlives the budget).
     pub(crate) outage: Option<(DataSide, Instant)>,
@@ -105,6 +110,7 @@ impl Lane {
             ended: false,
             in_flight: None,
             read_at: None,
+            flushed_at: None,
             outage: None,
         };
         (lane, stop_tx)
@@ -183,9 +189,16 @@ impl Lane {
     /// at once; nothing was written), `Retryable` if nothing was written for now (store
     /// unavailable): keep the progress and commit again later.
     pub async fn commit(&mut self, progress: Bytes) -> CommitOutcome {
-        let read_at = self.read_at;
+        let (read_at, flushed_at) = (self.read_at, self.flushed_at);
         let outcome = self
-            .request(|split, epoch, reply| LaneMsg::Commit { split, epoch, progress, read_at, reply })
+            .request(|split, epoch, reply| LaneMsg::Commit {
+                split,
+                epoch,
+                progress,
+                flushed_at,
+                read_at,
+                reply,
+            })
             .await;
         if outcome == CommitOutcome::Lost {
             self.ended = true;
@@ -196,9 +209,16 @@ impl Lane {
     /// Commits the final progress and marks the split Done. On `Retryable`, the lane is handed
     /// back so the source can try again.
     pub async fn finish(mut self, progress: Bytes) -> Result<(), (Lane, CommitOutcome)> {
-        let read_at = self.read_at;
+        let (read_at, flushed_at) = (self.read_at, self.flushed_at);
         let outcome = self
-            .request(|split, epoch, reply| LaneMsg::Finish { split, epoch, progress, read_at, reply })
+            .request(|split, epoch, reply| LaneMsg::Finish {
+                split,
+                epoch,
+                progress,
+                flushed_at,
+                read_at,
+                reply,
+            })
             .await;
         match outcome {
             CommitOutcome::Ok => {

@@ -318,7 +318,10 @@ async fn lane_loop<So: Source, Si: Sink<So::Record>>(
             r = open_at(source, info, at.as_ref()) => r,
         };
         let reader = match opened {
-            Ok(r) => r,
+            Ok(r) => {
+                lane.read_at = Some(Instant::now());
+                r
+            }
             Err(e) if e.is_transient() => {
                 match retry.wait_out(&mut lane, Side::Source, "opening the split", e.to_string()).await {
                     Wait::Again => continue,
@@ -442,9 +445,12 @@ async fn read_split<So: Source, Si: Sink<So::Record>>(
             }
         };
         if next.is_ok() {
-            // The source answers again: its outage (if it had one) is over, and the breaker
-            // hears at the next commit that it answered (evidence for other lanes' outages).
+            // The source answers again: its outage (if it had one) is over.
             retry.recovered(Side::Source);
+        }
+        if next.is_ok() || matches!(next, Err(SourceError::BadRecord(_))) {
+            // The breaker hears at the next commit that the source answered (evidence for other
+            // lanes' outages).
             lane.read_at = Some(Instant::now());
         }
         match next {
@@ -592,6 +598,7 @@ async fn flush_retrying<R, Si: Sink<R>>(
         match sink.flush().await {
             Ok(()) => {
                 retry.recovered(Side::Sink);
+                lane.flushed_at = Some(Instant::now());
                 return Ok(());
             }
             Err(e) if e.is_transient() => {
@@ -649,6 +656,7 @@ async fn drain_commit(
         warn!(error = %e, "the sink failed to flush while draining; the uncommitted tail replays");
         return;
     }
+    lane.flushed_at = Some(Instant::now());
     let mut delays = retry_delays();
     loop {
         match lane.commit(progress.clone()).await {

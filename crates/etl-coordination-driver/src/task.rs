@@ -210,14 +210,14 @@ impl<S: Store, P: Planner> Task<S, P> {
     /// `Action::CommitDone` (a lane has at most one commit in flight, see `Lane::commit`).
     fn on_lane(&mut self, msg: LaneMsg) -> Option<Input> {
         Some(match msg {
-            LaneMsg::Commit { split, epoch, progress, read_at, reply } => {
+            LaneMsg::Commit { split, epoch, progress, flushed_at, read_at, reply } => {
                 self.wait_for_commit(&split, epoch, reply);
-                self.breaker_answered(&split, read_at);
+                self.breaker_answered(&split, flushed_at, read_at);
                 Input::Commit { split, epoch, progress }
             }
-            LaneMsg::Finish { split, epoch, progress, read_at, reply } => {
+            LaneMsg::Finish { split, epoch, progress, flushed_at, read_at, reply } => {
                 self.wait_for_commit(&split, epoch, reply);
-                self.breaker_answered(&split, read_at);
+                self.breaker_answered(&split, flushed_at, read_at);
                 if let Some(l) = self.running.get(&split, epoch) {
                     l.finishing = true;
                 }
@@ -266,10 +266,12 @@ impl<S: Store, P: Planner> Task<S, P> {
     }
 
     /// A lane flushed its outputs and commits: they answer again (a probing breaker closes);
-    /// `read_at`: its last read from the source.
-    fn breaker_answered(&mut self, split: &SplitId, read_at: Option<Instant>) {
+    /// `flushed_at`, `read_at`: its last flush and read (`None`: an embedder's lane; its commit
+    /// is taken as the flush).
+    fn breaker_answered(&mut self, split: &SplitId, flushed_at: Option<Instant>, read_at: Option<Instant>) {
+        let flushed_at = flushed_at.map_or_else(|| self.now(), |i| self.stamp(i));
         let read_at = read_at.map(|i| self.stamp(i));
-        if self.breaker.on_commit(self.now(), split, read_at) {
+        if self.breaker.on_commit(split, flushed_at, read_at) {
             info!(%split, "breaker closed: a lane flushed its sink and commits; intake resumes");
             self.report.metrics.breaker_open(false);
             self.deferred.push(Input::Intake { limit: None });
@@ -286,7 +288,7 @@ impl<S: Store, P: Planner> Task<S, P> {
             %error,
             cause = %etl_coordination_core::failure_cause(error),
             probe_in = ?wait,
-            "breaker open: splits on this worker keep failing with the same cause, so the cause is the worker's or its sink's, not theirs; their failures are not charged, intake is paused, and one split will be tried again after the wait"
+            "breaker open: splits on this worker fail with one cause (several of them, or one that no other lane got through since its outage began), so the cause is the worker's or its sink's as far as it can tell, not theirs; their failures are not charged, intake is paused, and one split will be tried again after the wait"
         );
         self.report.metrics.breaker_open(true);
         self.report.metrics.breaker_trip();

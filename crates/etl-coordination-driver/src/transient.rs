@@ -1,6 +1,7 @@
 //! Transient failures of a lane's source or sink (an outage, not the split's fault), retried
 //! in place: waits with backoff and jitter, raced against the lane's stop, within a budget that
-//! a success renews. Past the budget the failure counts as the split's (one attempt, P12).
+//! a success renews. Past the budget the tenancy ends as failing, with the side and the start of
+//! the outage, and the worker's breaker says whether the split is charged (P12).
 
 use std::time::Duration;
 

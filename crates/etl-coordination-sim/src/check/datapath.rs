@@ -28,8 +28,8 @@ pub(crate) enum Charge {
 /// One worker's failures past the budget, for the breaker's oracle.
 #[derive(Debug, Default)]
 pub(crate) struct Streak {
-    /// (when on the worker's clock, split, side) of each failure since its last flush.
-    failures: Vec<(Timestamp, SplitId, &'static str)>,
+    /// (when on the worker's clock, split, side, charged) of each failure since its last flush.
+    failures: Vec<(Timestamp, SplitId, &'static str, bool)>,
 }
 
 /// What got through on one worker, for the evidence an outage charge needs: (when on the
@@ -82,17 +82,18 @@ impl Checker {
         let window = self.breaker_window;
         let threshold = self.breaker_threshold as usize;
         let streak = self.streaks.entry(who.clone()).or_default();
-        let again = streak.failures.iter().any(|(_, s, c)| s == id && *c == side);
+        // Failed and was released before (the breaker excuses a split once per opening).
+        let again = streak.failures.iter().any(|(_, s, c, charged)| s == id && *c == side && !charged);
         let mut others: Vec<SplitId> = streak
             .failures
             .iter()
-            .filter(|(t, s, c)| *c == side && s != id && local.saturating_since(*t) <= window)
-            .map(|(_, s, _)| s.clone())
+            .filter(|(t, s, c, _)| *c == side && s != id && local.saturating_since(*t) <= window)
+            .map(|(_, s, ..)| s.clone())
             .collect();
         others.sort();
         others.dedup();
         let tripped = threshold > 0 && others.len() + 1 >= threshold;
-        streak.failures.push((local, id.clone(), side));
+        streak.failures.push((local, id.clone(), side, charged));
         // With nothing else on the worker through on that side since the outage began, the
         // worker cannot tell the split from the path: a charge could quarantine a healthy split.
         let evidence = self

@@ -235,7 +235,7 @@ impl World {
         let (local, read_at) = (clock.local(self.now), read_ok.map(|t| clock.local(t)));
         let obs = Observation::Flushed { who: &who, id: split, local, read_at };
         self.checker.observe(self.now, obs, &mut self.state);
-        if self.slots[slot].breaker.on_commit(local, split, read_at) {
+        if self.slots[slot].breaker.on_commit(split, local, read_at) {
             self.deliver(slot, Input::Intake { limit: None });
         }
     }
