@@ -2044,3 +2044,84 @@ fn p13_a_chunk_read_of_a_failed_manifest_load_is_not_sent_again() {
     let again = apply_all_but(&mut r, is_manifest_read);
     assert_eq!(again, vec![], "no chunk read before the heartbeat drops the failed load");
 }
+
+/// Applies pending requests in order (and moves time on when none is pending) until one
+/// `wanted` comes; it is taken out of `pending`, unanswered.
+fn until_request_in_time(
+    r: &mut Rig,
+    wanted: impl Fn(Bucket, &StoreRequest) -> bool,
+) -> (OpId, StoreRequest) {
+    for _ in 0..400 {
+        if let Some(i) = r.pending.iter().position(|(_, b, q)| wanted(*b, q)) {
+            let (op, _, req) = r.pending.remove(i);
+            return (op, req);
+        }
+        if r.pending.is_empty() {
+            r.advance(Duration::from_millis(250));
+        } else {
+            r.apply_and_answer(0, None);
+        }
+    }
+    panic!("the request never came: {:?}", r.pending)
+}
+
+fn is_head_write(_: Bucket, q: &StoreRequest) -> bool {
+    matches!(q, StoreRequest::CompareAndSwap { key, .. } | StoreRequest::Create { key, .. } if *key == keys::plan_head())
+}
+
+fn is_head_read(_: Bucket, q: &StoreRequest) -> bool {
+    matches!(q, StoreRequest::Get { key } if *key == keys::plan_head())
+}
+
+#[test]
+fn p4_a_head_read_that_misses_the_head_seen_is_a_lagging_replica_and_decides_nothing() {
+    // w1 planned and published a Final plan (term 1), then died; w2 finds it, takes the
+    // leadership when w1's key expires, and bumps the term over the head it has seen.
+    let mut r = running(2);
+    let published = r.kv.get(Bucket::State, "plan.head").unwrap();
+    let mut r2 = Rig::new(cfg("w2", 2));
+    r2.kv = std::mem::take(&mut r.kv);
+    r2.kv.watches.clear();
+    r2.auto = false;
+    r2.feed(Input::Start);
+    let (bump, req) = until_request_in_time(&mut r2, is_head_write);
+    assert!(
+        matches!(&req, StoreRequest::CompareAndSwap { expected, .. } if *expected == published.revision),
+        "{req:?}"
+    );
+    // Its answer is lost; the read that resolves it is answered by a replica that has not got
+    // the head at all (sweep seed 4496670).
+    r2.answer(bump, Err(StoreError::Indeterminate("no answer".into())));
+    let (read, _) = until_request_in_time(&mut r2, is_head_read);
+    r2.answer(read, Ok(StoreReply::Value(None)));
+    // Nothing is decided on it: no bump over an absent head (a create of term 1), no step down.
+    assert!(!r2.pending.iter().any(|(_, b, q)| is_head_write(*b, q)), "{:?}", r2.pending);
+    assert!(!r2.events().iter().any(|e| matches!(e, Event::Leadership { .. })), "{:?}", r2.events());
+    // It reads again later; this replica is behind too, with an older head naming w2 as the
+    // leader of term 1 (what a bump over an absent head would have written): not adopted.
+    let (read, _) = until_request_in_time(&mut r2, is_head_read);
+    let mut old: records::PlanHead = records::decode(&published.value).unwrap();
+    old.leader = Owner { instance: id("w2"), incarnation: Incarnation(2) };
+    old.status = records::PlanStatus::Planning;
+    old.manifest = None;
+    let stale = Entry { key: keys::plan_head(), value: records::encode(&old), revision: Revision(1) };
+    r2.answer(read, Ok(StoreReply::Value(Some(stale))));
+    assert!(!r2.pending.iter().any(|(_, b, q)| is_head_write(*b, q)), "{:?}", r2.pending);
+    // The store answers truly from then on: w2 bumps the term over the published head, leads
+    // term 2, and never lists the Final plan again.
+    for _ in 0..40 {
+        if r2.events().iter().any(|e| matches!(e, Event::Leadership { leader: true, .. })) {
+            break;
+        }
+        if r2.pending.is_empty() {
+            r2.advance(Duration::from_millis(250));
+        } else {
+            r2.apply_and_answer(0, None);
+        }
+    }
+    assert!(r2.events().contains(&Event::Leadership { leader: true, term: 2 }), "{:?}", r2.events());
+    assert!(!r2.log.iter().any(|a| matches!(a, Action::Plan { .. })), "P4: one listing per Final plan");
+    let head: records::PlanHead =
+        records::decode(&r2.kv.get(Bucket::State, "plan.head").unwrap().value).unwrap();
+    assert_eq!((head.term, head.status), (2, records::PlanStatus::Published));
+}

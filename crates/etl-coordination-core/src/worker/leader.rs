@@ -314,10 +314,20 @@ impl Worker {
             // the step in progress: re-planning here would list a plan twice.
             Read::Failed(_) => return self.read_head_again(now, attempted),
         };
-        if let (Some((rev, _)), Some((known, _))) = (&current, &l.head)
-            && rev < known
-        {
-            // A lagging replica: read again.
+        // A lagging replica: read again. Behind what this stint wrote, or behind what the worker
+        // has seen of the head (its watch, its earlier stints): a read that misses a head seen,
+        // or answers an older one, decides nothing. Acting on it, a worker that stepped down
+        // and led again bumped a term over an absent head, and adopted an old head equal to its
+        // bump as its own write: it planned again over a Final plan (sweep seed 4496670). An
+        // operator's deletion of the head reaches the view through the watch and clears it.
+        let seen = self.view.plan_head.as_ref().map(|(r, _)| *r);
+        let known = l.head.as_ref().map(|(r, _)| *r).max(seen);
+        let lagging = match (&current, known) {
+            (Some((rev, _)), Some(known)) => *rev < known,
+            (None, _) => seen.is_some(),
+            (Some(_), None) => false,
+        };
+        if lagging {
             return self.read_head_again(now, attempted);
         }
         let my_term = l.head.as_ref().map(|(_, h)| h.term);
