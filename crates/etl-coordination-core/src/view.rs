@@ -82,9 +82,20 @@ pub(crate) struct View {
     /// revision comes from a lagging replica and decides nothing.
     pub leader_seen: Revision,
     pub plan_head: Option<(Revision, PlanHead)>,
+    /// The newest revision of the plan head seen (put, own write, or delete), and whether it
+    /// was a delete: a read older than it, or absent while the head was last seen present,
+    /// comes from a lagging replica. Never lowered (a listing that lacks the head may lag too).
+    pub plan_head_seen: (Revision, bool),
 }
 
 impl View {
+    /// The plan head was seen at `rev`, present (`deleted`: false) or deleted.
+    pub fn saw_plan_head(&mut self, rev: Revision, deleted: bool) {
+        if rev > self.plan_head_seen.0 || (rev == self.plan_head_seen.0 && !deleted) {
+            self.plan_head_seen = (rev, deleted);
+        }
+    }
+
     pub fn new(me: InstanceId, incarnation: Incarnation) -> Self {
         View {
             me,
@@ -105,6 +116,7 @@ impl View {
             leader: None,
             leader_seen: Revision(0),
             plan_head: None,
+            plan_head_seen: (Revision(0), false),
         }
     }
 

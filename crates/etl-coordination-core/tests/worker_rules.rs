@@ -2089,10 +2089,16 @@ fn p4_a_head_read_that_misses_the_head_seen_is_a_lagging_replica_and_decides_not
         matches!(&req, StoreRequest::CompareAndSwap { expected, .. } if *expected == published.revision),
         "{req:?}"
     );
-    // Its answer is lost; the read that resolves it is answered by a replica that has not got
-    // the head at all (sweep seed 4496670).
+    // Its answer is lost; the read that resolves it is slow. Meanwhile the periodic resync's
+    // listing of the plan is answered by a replica from before the head existed (the view
+    // forgets the head; the revision seen must not be forgotten with it).
     r2.answer(bump, Err(StoreError::Indeterminate("no answer".into())));
     let (read, _) = until_request_in_time(&mut r2, is_head_read);
+    let is_plan_listing = |_: Bucket, q: &StoreRequest| matches!(q, StoreRequest::List { prefix } if *prefix == WatchId::Plan.prefix());
+    let (listing, _) = until_request_in_time(&mut r2, is_plan_listing);
+    r2.answer(listing, Ok(StoreReply::Entries(Vec::new())));
+    // Then the read is answered by a replica that has not got the head at all (sweep seed
+    // 4496670).
     r2.answer(read, Ok(StoreReply::Value(None)));
     // Nothing is decided on it: no bump over an absent head (a create of term 1), no step down.
     assert!(!r2.pending.iter().any(|(_, b, q)| is_head_write(*b, q)), "{:?}", r2.pending);

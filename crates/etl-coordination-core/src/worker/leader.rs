@@ -271,6 +271,7 @@ impl Worker {
         let first = l.head.as_ref().is_none_or(|(_, h)| h.term != head.term);
         let publishing = matches!(l.stage, PlanStage::Publishing);
         l.head = Some((rev, head.clone()));
+        self.view.saw_plan_head(rev, false);
         if self.view.plan_head.as_ref().is_none_or(|(r, _)| *r <= rev) {
             self.view.plan_head = Some((rev, head.clone()));
         }
@@ -320,12 +321,12 @@ impl Worker {
         // and led again bumped a term over an absent head, and adopted an old head equal to its
         // bump as its own write: it planned again over a Final plan (sweep seed 4496670). An
         // operator's deletion of the head reaches the view through the watch and clears it.
-        let seen = self.view.plan_head.as_ref().map(|(r, _)| *r);
-        let known = l.head.as_ref().map(|(r, _)| *r).max(seen);
-        let lagging = match (&current, known) {
-            (Some((rev, _)), Some(known)) => *rev < known,
-            (None, _) => seen.is_some(),
-            (Some(_), None) => false,
+        // (The floor survives resyncs: a listing that lacks the head may lag as well.)
+        let (seen, deleted) = self.view.plan_head_seen;
+        let known = l.head.as_ref().map_or(seen, |(r, _)| (*r).max(seen));
+        let lagging = match &current {
+            Some((rev, _)) => *rev < known,
+            None => known > Revision(0) && !(deleted && seen == known),
         };
         if lagging {
             return self.read_head_again(now, attempted);

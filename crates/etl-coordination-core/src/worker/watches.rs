@@ -156,6 +156,7 @@ impl Worker {
             },
             WatchId::Plan => {
                 if entry.key == keys::plan_head() {
+                    self.view.saw_plan_head(entry.revision, false);
                     records::decode::<PlanHead>(&entry.value).map(|h| {
                         if self.view.plan_head.as_ref().is_none_or(|(r, _)| *r <= entry.revision) {
                             self.view.plan_head = Some((entry.revision, h));
@@ -293,8 +294,11 @@ impl Worker {
                 }
             }
             WatchId::Plan => {
-                if key == keys::plan_head() && self.view.plan_head.as_ref().is_some_and(|(r, _)| *r < rev) {
-                    self.view.plan_head = None;
+                if key == keys::plan_head() {
+                    self.view.saw_plan_head(rev, true);
+                    if self.view.plan_head.as_ref().is_some_and(|(r, _)| *r < rev) {
+                        self.view.plan_head = None;
+                    }
                 }
             }
         }
