@@ -1228,11 +1228,19 @@ fn record_writes(r: &Rig, split: &str) -> usize {
 
 #[test]
 fn p12_a_missing_descriptor_is_read_again_for_a_lease_duration_before_it_counts() {
-    let mut r = starting_by_hand(1);
+    // A lease long enough for more absent reads than the count that decides (5) to fit inside
+    // it: the count alone must not decide (mutant descriptor-gone-by-count-alone survived a
+    // window of 2 s of a 3 s lease, where the paced re-reads never reached the count).
+    let mut c = cfg("w1", 1);
+    c.tuning.lease_duration = Duration::from_secs(20);
+    let mut r = Rig::new(c);
+    r.plan = Some(plan(1, PlanKind::Final));
+    r.auto = false;
+    r.feed(Input::Start);
     // Seeds 104120 and 201380: a replica lagging behind the descriptor's write answered every
-    // re-read absent. Well inside a lease duration (3 s), many absent reads decide nothing.
-    let misses = answer_descriptor_absent(&mut r, "s0", Timestamp::from_millis(2_000));
-    assert!(misses >= 3, "re-read {misses} times");
+    // re-read absent. Well inside a lease duration, many absent reads decide nothing.
+    let misses = answer_descriptor_absent(&mut r, "s0", Timestamp::from_millis(15_000));
+    assert!(misses >= 5, "re-read {misses} times: as many as the count that decides");
     assert_eq!(record_writes(&r, "s0"), 0, "no claim, no failure while the descriptor may be lagging");
     // The replica catches up: the claim is written and the lane starts, no attempt charged.
     r.auto = true;
@@ -1240,7 +1248,13 @@ fn p12_a_missing_descriptor_is_read_again_for_a_lease_duration_before_it_counts(
     for (op, bucket, req) in pending {
         r.answer_applied(op, bucket, &req);
     }
-    r.advance(Duration::from_millis(500));
+    // (The next re-read is due after the backoff the misses grew to.)
+    for _ in 0..20 {
+        if !r.started().is_empty() {
+            break;
+        }
+        r.advance(Duration::from_millis(500));
+    }
     assert_eq!(r.started(), vec![(sid("s0"), Epoch(1))]);
     assert_eq!(r.kv.record("s0").attempts, 0);
 }
