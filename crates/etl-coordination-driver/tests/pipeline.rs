@@ -665,6 +665,41 @@ async fn a_split_whose_writes_fail_past_the_budget_while_another_lane_flushes_is
         quarantined[0].1.as_deref().unwrap().contains("past the transient retry budget"),
         "{quarantined:?}"
     );
+    assert_eq!(
+        split_record(&stores, "s00").epoch,
+        Epoch(1),
+        "charged at its first failure, not released first"
+    );
+    assert_eq!(split_record(&stores, "s01").state, records::SplitState::Done);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_split_whose_reads_fail_past_the_budget_while_another_lane_reads_is_charged() {
+    // The source answers s01's reads and keeps throttling s00's first record: the other lane's
+    // reads (reported with its commits) show the source works, so the failure is the split's.
+    // Without that evidence it would be released without blame again and again.
+    let stores = fresh_stores();
+    let source = Throttled {
+        inner: numbers(2, 30),
+        at: 0,
+        left: Arc::new(Mutex::new(u64::MAX)),
+        opens: Arc::default(),
+        only: Some(SplitId::new("s00").unwrap()),
+    };
+    let mut cfg = config("a");
+    cfg.on_stall = OnStall::Warn;
+    cfg.transient_retry_budget = Duration::from_secs(20);
+    cfg.tuning.max_in_flight = 2;
+    cfg.tuning.max_attempts = 1;
+    let p = Pipeline::new(stores.clone(), source, Recorder::default()).config(cfg).commit_every(cadence());
+    let run = p.run_until(std::future::pending());
+    let outcome = tokio::time::timeout(Duration::from_secs(600), run).await.expect("ends").unwrap();
+    let JobOutcome::Stalled { quarantined } = outcome else { panic!("a stall, not {outcome:?}") };
+    assert_eq!(quarantined.len(), 1, "{quarantined:?}");
+    assert_eq!(quarantined[0].0.as_str(), "s00");
+    // Charged at its first failure: not released first (a release, then a failure while the
+    // breaker is still open, would quarantine it too, one tenancy later).
+    assert_eq!(split_record(&stores, "s00").epoch, Epoch(1), "quarantined by its first tenancy");
     assert_eq!(split_record(&stores, "s01").state, records::SplitState::Done);
 }
 
@@ -699,6 +734,8 @@ struct Throttled {
     at: u64,
     left: Arc<Mutex<u64>>,
     opens: Arc<Mutex<Vec<Option<u64>>>>,
+    /// Only this split's reads fail (`None`: every split's).
+    only: Option<SplitId>,
 }
 
 impl Planner for Throttled {
@@ -715,6 +752,7 @@ struct ThrottledReader {
     inner: NumbersReader,
     at: u64,
     left: Arc<Mutex<u64>>,
+    fails: bool,
 }
 
 impl Source for Throttled {
@@ -725,7 +763,8 @@ impl Source for Throttled {
     async fn open(&self, lane: &LaneInfo, from: Option<u64>) -> Result<ThrottledReader, SourceError> {
         self.opens.lock().unwrap().push(from);
         let inner = self.inner.open(lane, from).await?;
-        Ok(ThrottledReader { inner, at: self.at, left: self.left.clone() })
+        let fails = self.only.as_ref().is_none_or(|s| s == lane.split());
+        Ok(ThrottledReader { inner, at: self.at, left: self.left.clone(), fails })
     }
 }
 
@@ -734,7 +773,7 @@ impl SplitReader for ThrottledReader {
     type Progress = u64;
 
     async fn next(&mut self) -> NextRecord<(SplitId, u64), u64> {
-        if self.inner.next == self.at {
+        if self.fails && self.inner.next == self.at {
             let mut left = self.left.lock().unwrap();
             if *left > 0 {
                 *left -= 1;
@@ -749,8 +788,13 @@ impl SplitReader for ThrottledReader {
 async fn a_transient_source_error_reopens_the_reader_after_the_last_record_written() {
     let stores = fresh_stores();
     let sink = Recorder::default();
-    let source =
-        Throttled { inner: numbers(1, 30), at: 12, left: Arc::new(Mutex::new(4)), opens: Arc::default() };
+    let source = Throttled {
+        inner: numbers(1, 30),
+        at: 12,
+        left: Arc::new(Mutex::new(4)),
+        opens: Arc::default(),
+        only: None,
+    };
     let mut cfg = config("a");
     cfg.transient_retry_budget = Duration::from_secs(60);
     let p = Pipeline::new(stores.clone(), source.clone(), sink.clone()).config(cfg).commit_every(cadence());
@@ -766,8 +810,13 @@ async fn a_transient_source_error_reopens_the_reader_after_the_last_record_writt
 #[tokio::test(start_paused = true)]
 async fn with_no_budget_a_transient_error_fails_the_tenancy_at_once() {
     let stores = fresh_stores();
-    let source =
-        Throttled { inner: numbers(1, 30), at: 3, left: Arc::new(Mutex::new(100)), opens: Arc::default() };
+    let source = Throttled {
+        inner: numbers(1, 30),
+        at: 3,
+        left: Arc::new(Mutex::new(100)),
+        opens: Arc::default(),
+        only: None,
+    };
     let mut cfg = config("a");
     cfg.on_stall = OnStall::Warn;
     cfg.transient_retry_budget = Duration::ZERO;
@@ -952,7 +1001,7 @@ async fn bad_records_met_again_after_a_transient_failure_are_not_counted_twice_a
     inner.bad = vec![("s00", 5), ("s00", 6)];
     // Right after the two bad records, the source throttles three times: the reader is opened
     // again after record 4 each time, and meets records 5 and 6 again.
-    let source = Throttled { inner, at: 7, left: Arc::new(Mutex::new(3)), opens: Arc::default() };
+    let source = Throttled { inner, at: 7, left: Arc::new(Mutex::new(3)), opens: Arc::default(), only: None };
     let opens = source.opens.clone();
     let mut cfg = config("a");
     cfg.on_bad_record = OnBadRecord::Skip { max_per_split: 2 };
