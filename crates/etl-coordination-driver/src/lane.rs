@@ -9,22 +9,14 @@ use tokio::time::Instant;
 /// What a lane tells the driver task; each maps to one input of the core.
 #[derive(Debug)]
 pub(crate) enum LaneMsg {
-    /// `Input::Commit`, answered through `reply`.
-    /// `flushed_at`, `read_at`: the lane's last flush and successful read, for the breaker's
-    /// evidence (`None`: the embedder's lane does not say; then the commit is the flush).
+    /// `Input::Commit` (`finish`: `Input::Finish`), answered through `reply`. `flushed_at`,
+    /// `read_at`: the lane's last flush and successful read, for the breaker's evidence
+    /// (`None`: the embedder's lane does not say; then the commit is the flush).
     Commit {
         split: SplitId,
         epoch: Epoch,
         progress: Bytes,
-        flushed_at: Option<Instant>,
-        read_at: Option<Instant>,
-        reply: oneshot::Sender<CommitOutcome>,
-    },
-    /// `Input::Finish`, answered through `reply`.
-    Finish {
-        split: SplitId,
-        epoch: Epoch,
-        progress: Bytes,
+        finish: bool,
         flushed_at: Option<Instant>,
         read_at: Option<Instant>,
         reply: oneshot::Sender<CommitOutcome>,
@@ -185,21 +177,26 @@ impl Lane {
         outcome
     }
 
+    /// Sends a commit (or the finishing one) with the times the breaker weighs.
+    async fn send_commit(&mut self, progress: Bytes, finish: bool) -> CommitOutcome {
+        let (read_at, flushed_at) = (self.read_at, self.flushed_at);
+        self.request(|split, epoch, reply| LaneMsg::Commit {
+            split,
+            epoch,
+            progress,
+            finish,
+            flushed_at,
+            read_at,
+            reply,
+        })
+        .await
+    }
+
     /// Commits progress (P8): `Ok` once durable, `Lost` if the split is no longer ours (stop
     /// at once; nothing was written), `Retryable` if nothing was written for now (store
     /// unavailable): keep the progress and commit again later.
     pub async fn commit(&mut self, progress: Bytes) -> CommitOutcome {
-        let (read_at, flushed_at) = (self.read_at, self.flushed_at);
-        let outcome = self
-            .request(|split, epoch, reply| LaneMsg::Commit {
-                split,
-                epoch,
-                progress,
-                flushed_at,
-                read_at,
-                reply,
-            })
-            .await;
+        let outcome = self.send_commit(progress, false).await;
         if outcome == CommitOutcome::Lost {
             self.ended = true;
         }
@@ -209,17 +206,7 @@ impl Lane {
     /// Commits the final progress and marks the split Done. On `Retryable`, the lane is handed
     /// back so the source can try again.
     pub async fn finish(mut self, progress: Bytes) -> Result<(), (Lane, CommitOutcome)> {
-        let (read_at, flushed_at) = (self.read_at, self.flushed_at);
-        let outcome = self
-            .request(|split, epoch, reply| LaneMsg::Finish {
-                split,
-                epoch,
-                progress,
-                flushed_at,
-                read_at,
-                reply,
-            })
-            .await;
+        let outcome = self.send_commit(progress, true).await;
         match outcome {
             CommitOutcome::Ok => {
                 self.ended = true;

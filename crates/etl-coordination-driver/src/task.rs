@@ -210,14 +210,12 @@ impl<S: Store, P: Planner> Task<S, P> {
     /// `Action::CommitDone` (a lane has at most one commit in flight, see `Lane::commit`).
     fn on_lane(&mut self, msg: LaneMsg) -> Option<Input> {
         Some(match msg {
-            LaneMsg::Commit { split, epoch, progress, flushed_at, read_at, reply } => {
+            LaneMsg::Commit { split, epoch, progress, finish, flushed_at, read_at, reply } => {
                 self.wait_for_commit(&split, epoch, reply);
                 self.breaker_answered(&split, flushed_at, read_at);
-                Input::Commit { split, epoch, progress }
-            }
-            LaneMsg::Finish { split, epoch, progress, flushed_at, read_at, reply } => {
-                self.wait_for_commit(&split, epoch, reply);
-                self.breaker_answered(&split, flushed_at, read_at);
+                if !finish {
+                    return Some(Input::Commit { split, epoch, progress });
+                }
                 if let Some(l) = self.running.get(&split, epoch) {
                     l.finishing = true;
                 }
