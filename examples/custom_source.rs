@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use etl_coordination_driver::{
     DriverConfig, InstanceId, JobName, JobOutcome, JobStores, LaneInfo, NextRecord, Pipeline, Plan,
-    PlanError, PlanKind, PlannedSplit, Planner, Sink, SinkError, Source, SourceError, SplitId, SplitReader,
+    PlanError, PlanKind, PlannedSplit, Planner, Sink, SinkError, SinkWriter, Source, SourceError, SplitId,
+    SplitReader,
 };
 use serde::{Deserialize, Serialize};
 
@@ -86,18 +87,26 @@ impl SplitReader for PageReader {
     }
 }
 
-/// Counts the records; a real sink would write them somewhere and make them durable in
-/// `flush`, which runs before every commit.
+/// Counts the records, each lane through a clone of it; a real sink's writer would buffer its
+/// lane's records and make them durable in `flush`, which runs before every commit.
 #[derive(Clone, Default)]
 struct Count(Arc<AtomicU64>);
 
 impl Sink<String> for Count {
-    async fn write(&self, _: &LaneInfo, _: String) -> Result<(), SinkError> {
+    type Writer = Count;
+
+    async fn open(&self, _: &LaneInfo) -> Result<Count, SinkError> {
+        Ok(self.clone())
+    }
+}
+
+impl SinkWriter<String> for Count {
+    async fn write(&mut self, _: String) -> Result<(), SinkError> {
         self.0.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    async fn flush(&self) -> Result<(), SinkError> {
+    async fn flush(&mut self) -> Result<(), SinkError> {
         Ok(())
     }
 }

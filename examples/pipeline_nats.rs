@@ -3,7 +3,7 @@
 //!
 //! `NATS_URL=nats://127.0.0.1:4222 cargo run -p etl-coordination-examples --example pipeline_nats -- deploy/input`
 
-use etl_coordination_driver::{JobName, JobStores, LaneInfo, Pipeline, Sink, SinkError};
+use etl_coordination_driver::{JobName, JobStores, LaneInfo, Pipeline, Sink, SinkError, SinkWriter, SplitId};
 use etl_coordination_sources::Line;
 use etl_coordination_sources::files::FilesSource;
 
@@ -20,16 +20,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Prints every line with the split it came from; nothing to flush.
+/// Prints every line with the split it came from: each lane through a writer of its own.
 struct Stdout;
 
 impl Sink<Line> for Stdout {
-    async fn write(&self, lane: &LaneInfo, line: Line) -> Result<(), SinkError> {
-        println!("{} {}: {}", lane.split(), line.key, line.content);
+    type Writer = Printer;
+
+    async fn open(&self, lane: &LaneInfo) -> Result<Printer, SinkError> {
+        Ok(Printer(lane.split().clone()))
+    }
+}
+
+/// One lane's writer: it buffers nothing, so there is nothing to flush.
+struct Printer(SplitId);
+
+impl SinkWriter<Line> for Printer {
+    async fn write(&mut self, line: Line) -> Result<(), SinkError> {
+        println!("{} {}: {}", self.0, line.key, line.content);
         Ok(())
     }
 
-    async fn flush(&self) -> Result<(), SinkError> {
+    async fn flush(&mut self) -> Result<(), SinkError> {
         Ok(())
     }
 }

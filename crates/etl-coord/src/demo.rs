@@ -12,14 +12,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use etl_coordination_driver::{
     CommitCadence, DriverConfig, DriverHandle, InstanceId, JobName, JobOutcome, JobStores, LaneInfo,
-    Pipeline, Sink, SinkError,
+    Pipeline, Sink, SinkError, SinkWriter,
 };
 use etl_coordination_memory::MemoryStore;
 use etl_coordination_sources::Line;
 use etl_coordination_sources::files::FilesSource;
 use tokio::sync::Mutex;
 
-use crate::sink::JsonlSink;
+use crate::sink::{JsonlSink, JsonlWriter};
 use crate::sources::{Faults, Faulty};
 
 /// Demo settings.
@@ -156,14 +156,28 @@ struct Counted {
 }
 
 impl Sink<Line> for Counted {
-    async fn write(&self, lane: &LaneInfo, record: Line) -> Result<(), SinkError> {
-        self.sink.write(lane, record).await?;
+    type Writer = CountedWriter;
+
+    async fn open(&self, lane: &LaneInfo) -> Result<CountedWriter, SinkError> {
+        Ok(CountedWriter { writer: self.sink.open(lane).await?, emitted: self.emitted.clone() })
+    }
+}
+
+/// One lane's writer of a [`Counted`] sink.
+struct CountedWriter {
+    writer: JsonlWriter,
+    emitted: Arc<AtomicU64>,
+}
+
+impl SinkWriter<Line> for CountedWriter {
+    async fn write(&mut self, record: Line) -> Result<(), SinkError> {
+        self.writer.write(record).await?;
         self.emitted.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    async fn flush(&self) -> Result<(), SinkError> {
-        self.sink.flush().await
+    async fn flush(&mut self) -> Result<(), SinkError> {
+        self.writer.flush().await
     }
 }
 
@@ -217,7 +231,6 @@ pub async fn run_demo(
     if let Some(other) = outcome {
         bail!("the demo job did not complete: {other}");
     }
-    fleet.sink.sync()?;
     summary.read_output(&sink_path, &expected)?;
     if let Some(m) = metrics {
         summary.read_metrics(&m.render());

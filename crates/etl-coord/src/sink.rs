@@ -2,11 +2,13 @@
 //! the whole input, the lane's epoch (fencing token) and the instance that emitted it.
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use etl_coordination_driver::{BadRecord, BoxFuture, DeadLetters, LaneInfo, Sink, SinkError};
+use etl_coordination_driver::{
+    BadRecord, BoxFuture, DeadLetterWriter, DeadLetters, LaneInfo, Sink, SinkError, SinkWriter,
+};
 use etl_coordination_sources::Line;
 use serde::{Deserialize, Serialize};
 
@@ -31,15 +33,27 @@ pub fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// The write buffer: a line shorter than this is buffered whole or not at all.
+/// A lane's writer sends its lines to the file once it holds this much, without waiting for its
+/// flush.
 const BUFFER: usize = 1 << 20;
 
-/// Appends records to a file; shared by every lane of a process.
+/// Appends records to a file shared by every lane of a process; each lane buffers its own lines
+/// ([`JsonlWriter`]) and appends them at its flush, whole or not at all.
 #[derive(Clone, Debug)]
 pub struct JsonlSink {
-    out: Arc<Mutex<Option<BufWriter<File>>>>,
-    /// Whether the file can be synced (a regular file; `/dev/null` or a pipe cannot).
-    syncable: bool,
+    file: Arc<Mutex<SinkFile>>,
+}
+
+/// The file, and why it can no longer be trusted, if it cannot.
+#[derive(Debug)]
+struct SinkFile {
+    /// `None`: the sink discards everything.
+    file: Option<File>,
+    /// Whether the file can be synced and cut back (a regular file; `/dev/null` or a pipe
+    /// cannot).
+    regular: bool,
+    /// Set by a failed `fsync` or a write that could not be cut back: every later flush fails.
+    poisoned: Option<String>,
 }
 
 impl JsonlSink {
@@ -52,67 +66,67 @@ impl JsonlSink {
             let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
             file.set_len(whole as u64)?;
         }
-        let syncable = file.metadata()?.is_file();
-        Ok(JsonlSink { out: Arc::new(Mutex::new(Some(BufWriter::with_capacity(BUFFER, file)))), syncable })
+        let regular = file.metadata()?.is_file();
+        Ok(Self::with(SinkFile { file: Some(file), regular, poisoned: None }))
     }
 
     /// A sink that drops everything (when no `--sink` is given).
     pub fn discard() -> Self {
-        JsonlSink { out: Arc::new(Mutex::new(None)), syncable: false }
+        Self::with(SinkFile { file: None, regular: false, poisoned: None })
     }
 
-    /// Buffers one record, whole or not at all: the line is made first and handed to the
-    /// buffer in one write, so a write that fails (the buffer had to go to a full disk) leaves
-    /// no part of it behind, and writing it again later does not corrupt the file.
-    pub fn write_line(&self, line: &SinkLine) -> std::io::Result<()> {
-        self.write_bytes(&Self::line_bytes(line)?)
+    fn with(file: SinkFile) -> Self {
+        JsonlSink { file: Arc::new(Mutex::new(file)) }
     }
 
-    fn line_bytes(line: &SinkLine) -> std::io::Result<Vec<u8>> {
-        let mut bytes = serde_json::to_vec(line)?;
-        bytes.push(b'\n');
-        Ok(bytes)
+    /// A buffer of lines for one lane, appended to this file at its flush.
+    fn lines(&self) -> Lines {
+        Lines { sink: self.clone(), buf: Vec::new() }
     }
 
-    fn write_bytes(&self, bytes: &[u8]) -> std::io::Result<()> {
-        let mut g = self.out.lock().expect("sink lock");
-        if let Some(w) = g.as_mut() {
-            w.write_all(bytes)?;
+    /// Appends whole lines, all of them or none: a write cut short (a full disk) is cut off
+    /// again, so writing them again later does not corrupt the file. A full disk or quota is
+    /// an outage (transient); a write to a pipe cut short cannot be taken back (permanent).
+    fn append(&self, bytes: &[u8]) -> Result<(), SinkError> {
+        let mut g = self.file.lock().expect("sink lock");
+        let SinkFile { file, regular, poisoned } = &mut *g;
+        if let Some(why) = poisoned {
+            return Err(SinkError::new(why.clone()));
         }
-        Ok(())
+        let Some(file) = file.as_mut() else { return Ok(()) };
+        if !*regular {
+            return file.write_all(bytes).map_err(SinkError::new);
+        }
+        let len = file.metadata().map_err(SinkError::new)?.len();
+        let Err(e) = file.write_all(bytes) else { return Ok(()) };
+        if let Err(cut) = file.set_len(len) {
+            let why = format!(
+                "a write failed ({e}) and could not be cut back ({cut}): the file may hold part of a line"
+            );
+            *poisoned = Some(why.clone());
+            return Err(SinkError::new(why));
+        }
+        Err(SinkError::from(e))
     }
 
-    /// [`JsonlSink::sync`] for the pipeline: what the buffer could not write is kept and
-    /// tried again (a full disk: transient); a failed `fsync` is not retried (permanent): the
-    /// kernel may have dropped the pages it could not write, and a second `fsync` would then
-    /// report success for data that is not on disk.
-    fn sync_for_commit(&self) -> Result<(), SinkError> {
-        let mut g = self.out.lock().expect("sink lock");
-        if let Some(w) = g.as_mut() {
-            w.flush().map_err(SinkError::from)?;
-            if self.syncable {
-                w.get_ref().sync_data().map_err(|e| {
-                    SinkError::new(format!("fsync failed, not retried (the data may be lost): {e}"))
-                })?;
-            }
+    /// Makes everything appended durable (blocking: `fsync`). A failed `fsync` is not retried,
+    /// by this lane or any other: the kernel may have dropped the pages it could not write (any
+    /// lane's), and a second `fsync` would report success for data that is not on disk. The
+    /// process must restart (its uncommitted records replay).
+    fn sync(&self) -> Result<(), SinkError> {
+        let mut g = self.file.lock().expect("sink lock");
+        let SinkFile { file, regular, poisoned } = &mut *g;
+        if let Some(why) = poisoned {
+            return Err(SinkError::new(why.clone()));
         }
-        Ok(())
-    }
-
-    /// Makes everything written so far durable in the file (blocking: `fsync`). Called before
-    /// every progress commit: a committed position must never be ahead of the sink (no loss on
-    /// a crash).
-    pub fn sync(&self) -> std::io::Result<()> {
-        let mut g = self.out.lock().expect("sink lock");
-        if let Some(w) = g.as_mut() {
-            // What does not reach the file stays in the buffer (a full disk): a later sync
-            // writes it, after what did.
-            w.flush()?;
-            if self.syncable {
-                w.get_ref().sync_data()?;
-            }
+        match file.as_ref() {
+            Some(f) if *regular => f.sync_data().map_err(|e| {
+                let why = format!("fsync failed, not retried (the data may be lost): {e}");
+                *poisoned = Some(why.clone());
+                SinkError::new(why)
+            }),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// Reads a sink file back (for checks). A last line without its newline is a write in
@@ -135,35 +149,78 @@ impl JsonlSink {
             })
             .collect()
     }
+}
 
-    /// Buffers `value` as one line for the pipeline: a full disk or quota is an outage
-    /// (transient), waited out in place, since the line is whole in the buffer or absent. A
-    /// line as large as the buffer goes to the file directly and may be cut short by a full
-    /// disk: not retried (it would be doubled).
-    fn write_value<T: Serialize>(&self, value: &T) -> Result<(), SinkError> {
-        let mut bytes = serde_json::to_vec(value).map_err(SinkError::new)?;
-        bytes.push(b'\n');
-        let whole = bytes.len() < BUFFER;
-        self.write_bytes(&bytes).map_err(|e| if whole { SinkError::from(e) } else { SinkError::new(e) })
+/// One lane's lines, buffered until its flush (or until they fill [`BUFFER`]).
+#[derive(Debug)]
+struct Lines {
+    sink: JsonlSink,
+    buf: Vec<u8>,
+}
+
+impl Lines {
+    /// Buffers `value` as one line. A line that fills the buffer sends it to the file; if that
+    /// fails, the line is not taken (the pipeline writes it again) and what was buffered before
+    /// it is kept.
+    fn push<T: Serialize>(&mut self, value: &T) -> Result<(), SinkError> {
+        let start = self.buf.len();
+        serde_json::to_writer(&mut self.buf, value).map_err(SinkError::new)?;
+        self.buf.push(b'\n');
+        if self.buf.len() >= BUFFER {
+            if let Err(e) = self.sink.append(&self.buf) {
+                self.buf.truncate(start);
+                return Err(e);
+            }
+            self.buf.clear();
+        }
+        Ok(())
+    }
+
+    /// Appends the buffered lines and syncs the file, off the async threads. Lines the file did
+    /// not take stay buffered for the next flush.
+    async fn flush(&mut self) -> Result<(), SinkError> {
+        let (sink, buf) = (self.sink.clone(), std::mem::take(&mut self.buf));
+        let (buf, result) = tokio::task::spawn_blocking(move || match sink.append(&buf) {
+            Ok(()) => (Vec::new(), sink.sync()),
+            Err(e) => (buf, Err(e)),
+        })
+        .await
+        .map_err(SinkError::new)?;
+        self.buf = buf;
+        result
     }
 }
 
 /// The pipeline's sink: one line per record, with the lane's split, epoch and worker.
 impl Sink<Line> for JsonlSink {
-    async fn write(&self, lane: &LaneInfo, record: Line) -> Result<(), SinkError> {
-        let line = SinkLine {
+    type Writer = JsonlWriter;
+
+    async fn open(&self, lane: &LaneInfo) -> Result<JsonlWriter, SinkError> {
+        Ok(JsonlWriter { lines: self.lines(), lane: lane.clone() })
+    }
+}
+
+/// The records of one lane, appended to the [`JsonlSink`]'s file at each flush.
+#[derive(Debug)]
+pub struct JsonlWriter {
+    lines: Lines,
+    lane: LaneInfo,
+}
+
+impl SinkWriter<Line> for JsonlWriter {
+    async fn write(&mut self, record: Line) -> Result<(), SinkError> {
+        let lane = &self.lane;
+        self.lines.push(&SinkLine {
             split: lane.split().to_string(),
             record: record.key,
             epoch: lane.epoch().0,
             instance: lane.instance().to_string(),
             at_ms: unix_ms(),
-        };
-        self.write_value(&line)
+        })
     }
 
-    async fn flush(&self) -> Result<(), SinkError> {
-        let sink = self.clone();
-        tokio::task::spawn_blocking(move || sink.sync_for_commit()).await.map_err(SinkError::new)?
+    async fn flush(&mut self) -> Result<(), SinkError> {
+        self.lines.flush().await
     }
 }
 
@@ -194,28 +251,36 @@ pub struct DeadLine {
 pub struct DeadLetterFile(pub JsonlSink);
 
 impl DeadLetters for DeadLetterFile {
-    fn write<'a>(
-        &'a self,
-        lane: &'a LaneInfo,
-        record: &'a BadRecord,
-    ) -> BoxFuture<'a, Result<(), SinkError>> {
-        Box::pin(async move {
-            let text = std::str::from_utf8(&record.raw);
-            let line = DeadLine {
-                split: lane.split().to_string(),
-                position: record.position.clone(),
-                error: record.error.clone(),
-                raw: String::from_utf8_lossy(&record.raw).into_owned(),
-                raw_hex: text.is_err().then(|| record.raw.iter().map(|b| format!("{b:02x}")).collect()),
-                epoch: lane.epoch().0,
-                instance: lane.instance().to_string(),
-            };
-            self.0.write_value(&line)
-        })
+    fn open<'a>(&'a self, lane: &'a LaneInfo) -> BoxFuture<'a, Result<Box<dyn DeadLetterWriter>, SinkError>> {
+        let writer = DeadWriter { lines: self.0.lines(), lane: lane.clone() };
+        Box::pin(async move { Ok(Box::new(writer) as Box<dyn DeadLetterWriter>) })
+    }
+}
+
+/// The bad records of one lane, appended to the dead-letter file at each flush.
+struct DeadWriter {
+    lines: Lines,
+    lane: LaneInfo,
+}
+
+impl DeadLetterWriter for DeadWriter {
+    fn write<'a>(&'a mut self, record: &'a BadRecord) -> BoxFuture<'a, Result<(), SinkError>> {
+        let text = std::str::from_utf8(&record.raw);
+        let line = DeadLine {
+            split: self.lane.split().to_string(),
+            position: record.position.clone(),
+            error: record.error.clone(),
+            raw: String::from_utf8_lossy(&record.raw).into_owned(),
+            raw_hex: text.is_err().then(|| record.raw.iter().map(|b| format!("{b:02x}")).collect()),
+            epoch: self.lane.epoch().0,
+            instance: self.lane.instance().to_string(),
+        };
+        let pushed = self.lines.push(&line);
+        Box::pin(async move { pushed })
     }
 
-    fn flush(&self) -> BoxFuture<'_, Result<(), SinkError>> {
-        Box::pin(Sink::<Line>::flush(&self.0))
+    fn flush(&mut self) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(self.lines.flush())
     }
 }
 
@@ -228,32 +293,61 @@ impl DeadLetterFile {
 
 #[cfg(test)]
 mod tests {
+    use etl_coordination_driver::{Epoch, InstanceId, SplitId};
+
     use super::*;
 
-    fn line(record: &str) -> SinkLine {
-        SinkLine { split: "s".into(), record: record.into(), epoch: 1, instance: "w".into(), at_ms: 0 }
+    fn writer(sink: &JsonlSink, split: &str) -> JsonlWriter {
+        let id = SplitId::new(split).unwrap();
+        let lane = LaneInfo::new(id, Epoch(1), InstanceId::new("w").unwrap(), bytes::Bytes::new(), 1);
+        futures_util::FutureExt::now_or_never(sink.open(&lane)).unwrap().unwrap()
     }
 
-    #[test]
-    fn a_line_cut_short_by_a_crash_is_not_read_and_is_cut_off_when_the_sink_reopens() {
+    fn line(key: &str) -> Line {
+        Line { key: key.into(), content: String::new() }
+    }
+
+    fn records(p: &Path) -> Vec<String> {
+        JsonlSink::read(p).unwrap().into_iter().map(|l| l.record).collect()
+    }
+
+    #[tokio::test]
+    async fn each_lane_appends_its_own_lines_at_its_own_flush() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out.jsonl");
         let sink = JsonlSink::open(&path).unwrap();
-        sink.write_line(&line("a")).unwrap();
-        sink.write_line(&line("b")).unwrap();
-        sink.sync().unwrap();
-        drop(sink);
-        // A SIGKILL while the buffer was being written: half a line, no newline.
+        let (mut a, mut b) = (writer(&sink, "a"), writer(&sink, "b"));
+        a.write(line("a1")).await.unwrap();
+        b.write(line("b1")).await.unwrap();
+        a.write(line("a2")).await.unwrap();
+        a.flush().await.unwrap();
+        assert_eq!(records(&path), ["a1", "a2"], "b's line waits for b's flush");
+        drop(b);
+        a.write(line("a3")).await.unwrap();
+        a.flush().await.unwrap();
+        assert_eq!(records(&path), ["a1", "a2", "a3"], "a lane dropped unflushed wrote nothing");
+    }
+
+    #[tokio::test]
+    async fn a_line_cut_short_by_a_crash_is_not_read_and_is_cut_off_when_the_sink_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.jsonl");
+        let sink = JsonlSink::open(&path).unwrap();
+        let mut w = writer(&sink, "s");
+        w.write(line("a")).await.unwrap();
+        w.write(line("b")).await.unwrap();
+        w.flush().await.unwrap();
+        drop((w, sink));
+        // A SIGKILL while the lines were being appended: half a line, no newline.
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
         f.write_all(br#"{"split":"s","rec"#).unwrap();
         drop(f);
-        let records =
-            |p: &Path| JsonlSink::read(p).unwrap().into_iter().map(|l| l.record).collect::<Vec<_>>();
         assert_eq!(records(&path), ["a", "b"]);
         // The restarted process appends after the last whole line.
         let sink = JsonlSink::open(&path).unwrap();
-        sink.write_line(&line("c")).unwrap();
-        sink.sync().unwrap();
+        let mut w = writer(&sink, "s");
+        w.write(line("c")).await.unwrap();
+        w.flush().await.unwrap();
         assert_eq!(records(&path), ["a", "b", "c"]);
     }
 }

@@ -14,7 +14,7 @@ use etl_coordination_core::records::keys;
 use etl_coordination_driver::{
     AcquisitionReason, CommitCadence, DriverConfig, DriverHandle, InstanceId, JobName, JobStores, LaneInfo,
     NatsConfig, NextRecord, Pipeline, Plan, PlanError, PlanKind, PlannedSplit, Planner, Sink, SinkError,
-    Source, SourceError, SplitId, SplitReader,
+    SinkWriter, Source, SourceError, SplitId, SplitReader,
 };
 use etl_coordination_store::layers::{Call, CallOutcome, Counts, Observed, Op, StoreObserver};
 use tokio::time::Instant;
@@ -245,15 +245,26 @@ impl SplitReader for WorkReader {
 pub struct Count(pub Arc<AtomicU64>, pub Option<Work>);
 
 impl Sink<u64> for Count {
-    async fn write(&self, lane: &LaneInfo, record: u64) -> Result<(), SinkError> {
-        self.0.fetch_add(1, Ordering::Relaxed);
-        if let Some(work) = &self.1 {
-            work.emitted(lane.split().as_str(), record);
+    type Writer = CountWriter;
+
+    async fn open(&self, lane: &LaneInfo) -> Result<CountWriter, SinkError> {
+        Ok(CountWriter(self.clone(), lane.split().to_string()))
+    }
+}
+
+/// One lane's writer of a [`Count`] sink: the sink, and the lane's split.
+pub struct CountWriter(Count, String);
+
+impl SinkWriter<u64> for CountWriter {
+    async fn write(&mut self, record: u64) -> Result<(), SinkError> {
+        self.0.0.fetch_add(1, Ordering::Relaxed);
+        if let Some(work) = &self.0.1 {
+            work.emitted(&self.1, record);
         }
         Ok(())
     }
 
-    async fn flush(&self) -> Result<(), SinkError> {
+    async fn flush(&mut self) -> Result<(), SinkError> {
         Ok(())
     }
 }

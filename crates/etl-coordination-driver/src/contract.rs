@@ -1,6 +1,7 @@
 //! What an embedder implements for a [`Pipeline`](crate::Pipeline): a [`Source`] (its
-//! [`Planner`], and reading one split as records with their progress) and a [`Sink`]; the
-//! errors they report; what a lane is ([`LaneInfo`]) and when it commits ([`CommitCadence`]).
+//! [`Planner`], and reading one split as records with their progress) and a [`Sink`] (a
+//! [`SinkWriter`] per lane); the errors they report; what a lane is ([`LaneInfo`]) and when it
+//! commits ([`CommitCadence`]).
 
 use std::future::Future;
 use std::time::Duration;
@@ -33,7 +34,7 @@ pub trait Source: Planner {
     ) -> impl Future<Output = Result<Self::Reader, SourceError>> + Send;
 }
 
-/// Reads one split, record by record.
+/// Reads one split, record by record (or batch by batch: [`SplitReader::next_batch`]).
 pub trait SplitReader: Send + 'static {
     /// One record.
     type Record: Send + 'static;
@@ -44,20 +45,79 @@ pub trait SplitReader: Send + 'static {
     /// progress reads the records after it); `None` at the end of the split. The pipeline drops
     /// the future when the split is lost: a read must not hold anything a drop cannot release.
     fn next(&mut self) -> impl Future<Output = NextRecord<Self::Record, Self::Progress>> + Send;
+
+    /// The next records and the split's progress once all of them are written; `None` at the
+    /// end of the split. What the pipeline calls: the default reads one record with
+    /// [`SplitReader::next`]. A columnar or bulk reader overrides it to hand over what it has
+    /// (a row group, a page of rows) in one call, and the sink gets the batch in one
+    /// [`SinkWriter::write_batch`]. A batch holds no bad record and no error: a reader that
+    /// meets one returns the records before it, then the error on the next call. An empty batch
+    /// moves the progress on without records (rows filtered out). A batch counts as its length
+    /// towards [`CommitCadence::records`]; a commit never falls inside a batch.
+    fn next_batch(&mut self) -> impl Future<Output = NextBatch<Self::Record, Self::Progress>> + Send {
+        async { Ok(self.next().await?.map(|(record, progress)| (vec![record], progress))) }
+    }
 }
 
 /// What [`SplitReader::next`] gives: a record and the progress after it, the end of the split
 /// (`None`), or an error.
 pub type NextRecord<R, P> = Result<Option<(R, P)>, SourceError>;
 
-/// Where records go.
-pub trait Sink<R>: Send + Sync + 'static {
-    /// Writes one record of `lane` (buffering is fine: [`Sink::flush`] makes it durable).
-    fn write(&self, lane: &LaneInfo, record: R) -> impl Future<Output = Result<(), SinkError>> + Send;
+/// What [`SplitReader::next_batch`] gives: records and the progress after the last of them, the
+/// end of the split (`None`), or an error.
+pub type NextBatch<R, P> = Result<Option<(Vec<R>, P)>, SourceError>;
 
-    /// Makes everything written so far durable. Called before every commit of progress: once
-    /// it returns, a crash must not lose what was written.
-    fn flush(&self) -> impl Future<Output = Result<(), SinkError>> + Send;
+/// Where records go: a [`SinkWriter`] for each lane.
+///
+/// Each lane writes through a writer of its own and commits only what its own writer flushed,
+/// so a flush that fails fails that lane alone, and never drops (or commits) another lane's
+/// records. Share the destination (a connection pool, a file) in the sink; keep what one lane
+/// buffers in its writer.
+pub trait Sink<R: Send + 'static>: Send + Sync + 'static {
+    /// Writes one lane's records.
+    type Writer: SinkWriter<R>;
+
+    /// A writer for `lane` (a new tenancy of a split: its epoch is [`LaneInfo::epoch`]),
+    /// opened before the lane reads anything. A transient error is waited out like a failed
+    /// flush; another one fails the lane.
+    fn open(&self, lane: &LaneInfo) -> impl Future<Output = Result<Self::Writer, SinkError>> + Send;
+}
+
+/// Writes the records of one lane: made by [`Sink::open`], used by that lane alone.
+///
+/// The pipeline calls [`SinkWriter::flush`] before every commit of the lane's progress, and
+/// commits the progress of the records written before it only once it has returned `Ok`. A
+/// writer ends with [`SinkWriter::close`] when its lane has committed its last progress (the
+/// split finished, or was released on a drain); when the lane ends otherwise (its split lost,
+/// a failure) the writer is dropped, and what it did not flush replays elsewhere.
+pub trait SinkWriter<R: Send + 'static>: Send + 'static {
+    /// Writes one record (buffering is fine: [`SinkWriter::flush`] makes it durable).
+    fn write(&mut self, record: R) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// Writes records in order (what a batch of [`SplitReader::next_batch`] becomes). The
+    /// default writes them one by one. After an error, what the writer took of the batch may
+    /// be written again (at-least-once), never lost.
+    fn write_batch(&mut self, records: Vec<R>) -> impl Future<Output = Result<(), SinkError>> + Send {
+        async move {
+            for record in records {
+                self.write(record).await?;
+            }
+            Ok(())
+        }
+    }
+
+    /// Makes everything this writer wrote so far durable: once it returns `Ok`, a crash must
+    /// not lose it.
+    fn flush(&mut self) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// Ends the writer after its lane's last commit (everything it wrote was flushed). The
+    /// default does nothing; an error is logged.
+    fn close(self) -> impl Future<Output = Result<(), SinkError>> + Send
+    where
+        Self: Sized,
+    {
+        async { Ok(()) }
+    }
 }
 
 /// A source could not read a split.
@@ -112,17 +172,23 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a
 
 /// Where the records skipped under [`OnBadRecord::Skip`](crate::OnBadRecord::Skip) go, with
 /// their split and lane ([`Pipeline::dead_letters`](crate::Pipeline::dead_letters)). Like a
-/// [`Sink`]: `write` may buffer, `flush` makes what was written durable (it is called before
-/// every commit of progress, so a skipped record is kept before the progress past it is), and
+/// [`Sink`]: one [`DeadLetterWriter`] per lane (opened at the lane's first bad record), whose
+/// `write` may buffer and whose `flush` makes what it wrote durable (called before every
+/// commit of the lane's progress, so a skipped record is kept before the progress past it is);
 /// a transient error is waited out like the sink's. A record may be written again when its
 /// split is read again after a failure (at-least-once, as the sink's records).
 pub trait DeadLetters: Send + Sync + 'static {
-    /// Keeps one bad record of `lane`.
-    fn write<'a>(&'a self, lane: &'a LaneInfo, record: &'a BadRecord)
-    -> BoxFuture<'a, Result<(), SinkError>>;
+    /// A writer for the bad records of `lane`.
+    fn open<'a>(&'a self, lane: &'a LaneInfo) -> BoxFuture<'a, Result<Box<dyn DeadLetterWriter>, SinkError>>;
+}
 
-    /// Makes everything written so far durable.
-    fn flush(&self) -> BoxFuture<'_, Result<(), SinkError>>;
+/// Keeps the bad records of one lane: made by [`DeadLetters::open`].
+pub trait DeadLetterWriter: Send + 'static {
+    /// Keeps one bad record.
+    fn write<'a>(&'a mut self, record: &'a BadRecord) -> BoxFuture<'a, Result<(), SinkError>>;
+
+    /// Makes everything this writer wrote so far durable.
+    fn flush(&mut self) -> BoxFuture<'_, Result<(), SinkError>>;
 }
 
 impl SourceError {

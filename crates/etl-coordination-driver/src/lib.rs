@@ -13,7 +13,8 @@
 //! ownership (the core does, by CAS).
 //!
 //! Most embedders use [`Pipeline`] instead: implement a [`Source`] (plan the work as splits,
-//! read one split from its committed progress) and a [`Sink`] (write, flush durably), and the
+//! read one split from its committed progress) and a [`Sink`] (a [`SinkWriter`] per lane that
+//! writes, and flushes durably), and the
 //! library runs the lanes (commit cadence, flush before every commit, revocation, drain,
 //! failures). With the source and sink below (hidden here: `examples/custom_source.rs` in the
 //! repository is a whole one), the glue is two lines; `JobStores::nats(&config, &job).await?`
@@ -43,8 +44,12 @@
 //! # }
 //! # struct Discard;
 //! # impl Sink<u64> for Discard {
-//! #     async fn write(&self, _: &LaneInfo, _: u64) -> Result<(), SinkError> { Ok(()) }
-//! #     async fn flush(&self) -> Result<(), SinkError> { Ok(()) }
+//! #     type Writer = Discard;
+//! #     async fn open(&self, _: &LaneInfo) -> Result<Discard, SinkError> { Ok(Discard) }
+//! # }
+//! # impl SinkWriter<u64> for Discard {
+//! #     async fn write(&mut self, _: u64) -> Result<(), SinkError> { Ok(()) }
+//! #     async fn flush(&mut self) -> Result<(), SinkError> { Ok(()) }
 //! # }
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), DriverError> {
@@ -76,8 +81,8 @@ pub use config::{
     OnBadRecord, OnLaneStall, OnStall,
 };
 pub use contract::{
-    BadRecord, BoxFuture, CommitCadence, DeadLetters, LaneInfo, NextRecord, Sink, SinkError, Source,
-    SourceError, SplitReader, is_transient_io,
+    BadRecord, BoxFuture, CommitCadence, DeadLetterWriter, DeadLetters, LaneInfo, NextBatch, NextRecord,
+    Sink, SinkError, SinkWriter, Source, SourceError, SplitReader, is_transient_io,
 };
 pub use etl_coordination_core::{
     AcquisitionReason, CommitOutcome, Epoch, InstanceId, JobName, Plan, PlanKind, PlannedSplit, SplitId,
@@ -98,8 +103,8 @@ pub use tokio_util::sync::CancellationToken;
 /// item is documented once, at the crate root.
 pub mod prelude {
     pub use crate::{
-        CommitCadence, DriverConfig, DriverError, JobName, JobOutcome, JobStores, LaneInfo, NextRecord,
-        Pipeline, Plan, PlanError, PlanKind, PlannedSplit, Planner, Sink, SinkError, Source, SourceError,
-        SplitId, SplitReader,
+        CommitCadence, DriverConfig, DriverError, JobName, JobOutcome, JobStores, LaneInfo, NextBatch,
+        NextRecord, Pipeline, Plan, PlanError, PlanKind, PlannedSplit, Planner, Sink, SinkError, SinkWriter,
+        Source, SourceError, SplitId, SplitReader,
     };
 }

@@ -1,28 +1,51 @@
-//! Where a lane's records go: the sink, and under [`OnBadRecord::Skip`] the dead-letter sink
-//! that keeps the bad records skipped. Flushing flushes both, so a commit (which flushes
-//! first) never moves progress past a skipped record that is not yet kept.
+//! Where a lane's records go: its sink writer, and under [`OnBadRecord::Skip`] its dead-letter
+//! writer (opened at the first bad record) that keeps the bad records skipped. Flushing
+//! flushes both, so a commit (which flushes first) never moves progress past a skipped record
+//! that is not yet kept.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use crate::config::OnBadRecord;
-use crate::contract::{DeadLetters, LaneInfo, Sink, SinkError};
+use crate::contract::{BadRecord, DeadLetterWriter, DeadLetters, LaneInfo, SinkError, SinkWriter};
 
-/// The sink and the dead letters of a pipeline's lanes.
+/// The sink and the dead letters of a pipeline, shared by its lanes.
 pub(crate) struct Outputs<Si> {
     pub(crate) sink: Arc<Si>,
     pub(crate) dead: Option<Arc<dyn DeadLetters>>,
     pub(crate) on_bad: OnBadRecord,
 }
 
-impl<R, Si: Sink<R>> Sink<R> for Outputs<Si> {
-    fn write(&self, lane: &LaneInfo, record: R) -> impl Future<Output = Result<(), SinkError>> + Send {
-        self.sink.write(lane, record)
+/// One lane's writers, of records `R`.
+pub(crate) struct LaneOutputs<R, W> {
+    pub(crate) writer: W,
+    dead: Option<Box<dyn DeadLetterWriter>>,
+    records: PhantomData<fn(R)>,
+}
+
+impl<R: Send + 'static, W: SinkWriter<R>> LaneOutputs<R, W> {
+    pub(crate) fn new(writer: W) -> Self {
+        LaneOutputs { writer, dead: None, records: PhantomData }
     }
 
-    async fn flush(&self) -> Result<(), SinkError> {
-        if let Some(dead) = &self.dead {
+    /// Keeps one bad record in the lane's dead-letter writer, opening it first if needed.
+    pub(crate) async fn dead_letter(
+        &mut self,
+        letters: &dyn DeadLetters,
+        lane: &LaneInfo,
+        record: &BadRecord,
+    ) -> Result<(), SinkError> {
+        if self.dead.is_none() {
+            self.dead = Some(letters.open(lane).await?);
+        }
+        self.dead.as_mut().expect("opened").write(record).await
+    }
+
+    /// Flushes the dead letters, then the records.
+    pub(crate) async fn flush(&mut self) -> Result<(), SinkError> {
+        if let Some(dead) = &mut self.dead {
             dead.flush().await?;
         }
-        self.sink.flush().await
+        self.writer.flush().await
     }
 }

@@ -39,9 +39,10 @@ use crate::transient::{Side, Transient, Wait};
 
 use crate::config::OnBadRecord;
 use crate::contract::{
-    BadRecord, CommitCadence, DeadLetters, LaneInfo, Sink, SinkError, Source, SourceError, SplitReader,
+    BadRecord, CommitCadence, DeadLetters, LaneInfo, Sink, SinkError, SinkWriter, Source, SourceError,
+    SplitReader,
 };
-use crate::outputs::Outputs;
+use crate::outputs::{LaneOutputs, Outputs};
 
 /// A coordinated worker whose lanes the library runs: see the module documentation, and the
 /// crate's for an example.
@@ -199,7 +200,7 @@ enum LaneEnd {
 async fn run_lane<So: Source, Si: Sink<So::Record>>(
     lane: Lane,
     source: Arc<So>,
-    sink: Arc<Outputs<Si>>,
+    outputs: Arc<Outputs<Si>>,
     cadence: CommitCadence,
     instance: InstanceId,
     budget: Duration,
@@ -227,7 +228,7 @@ async fn run_lane<So: Source, Si: Sink<So::Record>>(
         cancel.cancel();
     });
     async move {
-        let (emitted, end) = lane_loop(lane, &info, &*source, &*sink, cadence, budget).await;
+        let (emitted, end) = lane_loop(lane, &info, &*source, &*outputs, cadence, budget).await;
         info!(emitted, end = ?end, "lane ended");
     }
     .instrument(span)
@@ -272,13 +273,15 @@ fn encode<P: Serialize>(p: &P) -> Bytes {
 const NO_PROGRESS: &[u8] = b"null";
 
 /// The state of a lane between reads: what was written since the last commit.
-struct Written {
+struct Written<P> {
     /// Records emitted by this lane.
     emitted: u64,
-    /// The progress after the last record written (`None`: none yet).
-    last: Option<Bytes>,
-    /// Records written since the last commit (0: `last` is committed, or there is none).
+    /// The progress after the last record written (`None`: none yet), encoded when committed.
+    last: Option<P>,
+    /// Records written since the last commit.
     pending: u64,
+    /// Whether `last` is ahead of the last commit (records written, or an empty batch read).
+    dirty: bool,
     /// Bad records this lane skipped into the dead-letter sink.
     skipped: u32,
     /// Of those, the ones after the last record written: a reader opened again (after a
@@ -287,34 +290,94 @@ struct Written {
     last_commit: Instant,
 }
 
-/// Runs a lane: reads its split from the resume point, writes each record to the sink, commits
-/// on the cadence, and ends as the split, the stop signal or an error says. A transient error
-/// of the source or the sink is waited out in place (see [`Transient`]): the reader is opened
-/// again at the record after the last one written (a failed write's record is read again), and
-/// a flush is tried again.
+impl<P: Serialize> Written<P> {
+    /// The progress to commit: the last written, encoded.
+    fn progress(&self) -> Bytes {
+        encode(self.last.as_ref().expect("written"))
+    }
+
+    /// The progress written and not committed, if any.
+    fn uncommitted(&self) -> Option<Bytes> {
+        self.dirty.then(|| self.progress())
+    }
+
+    /// What was written is committed.
+    fn committed(&mut self) {
+        (self.pending, self.dirty, self.last_commit) = (0, false, Instant::now());
+    }
+}
+
+/// Runs a lane: opens its sink writer, reads its split from the resume point, writes each
+/// batch to the writer, commits on the cadence, and ends as the split, the stop signal or an
+/// error says. A transient error of the source or the sink is waited out in place (see
+/// [`Transient`]): the reader is opened again at the record after the last one written (a
+/// failed write's records are read again), and a flush is tried again. The writer is closed
+/// when the lane ends in order (finished, or released on a drain), and dropped otherwise.
 async fn lane_loop<So: Source, Si: Sink<So::Record>>(
     mut lane: Lane,
     info: &LaneInfo,
     source: &So,
-    sink: &Outputs<Si>,
+    outputs: &Outputs<Si>,
     cadence: CommitCadence,
     budget: Duration,
 ) -> (u64, LaneEnd) {
-    let resume = lane.resume_from().cloned();
     let mut retry = Transient::new(budget);
+    let writer = loop {
+        let opened = tokio::select! {
+            biased;
+            stop = lane.revoked() => return (0, stop_now(lane, stop)),
+            r = outputs.sink.open(info) => r,
+        };
+        match opened {
+            Ok(writer) => {
+                retry.recovered(Side::Sink);
+                break writer;
+            }
+            Err(e) if e.is_transient() => {
+                match retry.wait_out(&mut lane, Side::Sink, "opening the sink writer", e.to_string()).await {
+                    Wait::Again => {}
+                    Wait::Stop(stop) => return (0, stop_now(lane, stop)),
+                    Wait::Spent(why) => return (0, sink_failed(lane, SinkError::new(why))),
+                }
+            }
+            Err(e) => return (0, sink_failed(lane, e)),
+        }
+    };
+    let mut out = LaneOutputs::new(writer);
+    let (emitted, end) = read_lane(lane, info, source, outputs, &mut out, cadence, retry).await;
+    if matches!(end, LaneEnd::Finished | LaneEnd::Stopped)
+        && let Err(e) = out.writer.close().await
+    {
+        warn!(error = %e, "closing the sink writer failed (after the lane's last commit)");
+    }
+    (emitted, end)
+}
+
+/// [`lane_loop`] once the writer is open.
+async fn read_lane<So: Source, Si: Sink<So::Record>>(
+    mut lane: Lane,
+    info: &LaneInfo,
+    source: &So,
+    outputs: &Outputs<Si>,
+    out: &mut LaneOutputs<So::Record, Si::Writer>,
+    cadence: CommitCadence,
+    mut retry: Transient,
+) -> (u64, LaneEnd) {
+    let resume = lane.resume_from().cloned();
     let mut w = Written {
         emitted: 0,
         last: None,
         pending: 0,
+        dirty: false,
         skipped: 0,
         skipped_since_last: 0,
         last_commit: Instant::now(),
     };
     loop {
-        let at = w.last.clone().or_else(|| resume.clone());
+        let at = w.last.as_ref().map(encode).or_else(|| resume.clone());
         let opened = tokio::select! {
             biased;
-            stop = lane.revoked() => return (w.emitted, stop_lane(lane, sink, &w, stop).await),
+            stop = lane.revoked() => return (w.emitted, stop_lane(lane, out, w.uncommitted(), stop).await),
             r = open_at(source, info, at.as_ref()) => r,
         };
         let reader = match opened {
@@ -325,24 +388,16 @@ async fn lane_loop<So: Source, Si: Sink<So::Record>>(
             Err(e) if e.is_transient() => {
                 match retry.wait_out(&mut lane, Side::Source, "opening the split", e.to_string()).await {
                     Wait::Again => continue,
-                    Wait::Stop(stop) => return (w.emitted, stop_lane(lane, sink, &w, stop).await),
+                    Wait::Stop(stop) => {
+                        return (w.emitted, stop_lane(lane, out, w.uncommitted(), stop).await);
+                    }
                     Wait::Spent(why) => return (w.emitted, report(lane, SourceError::Failed(why))),
                 }
             }
             Err(e) => return (w.emitted, report(lane, e)),
         };
-        match read_split::<So, Si>(
-            &mut lane,
-            info,
-            reader,
-            sink,
-            cadence,
-            &mut retry,
-            &mut w,
-            resume.as_ref(),
-        )
-        .await
-        {
+        let mut read = Read { lane: &mut lane, info, outputs, out, cadence, retry: &mut retry, w: &mut w };
+        match read.split::<So>(reader, resume.as_ref()).await {
             // A transient failure was waited out: open again where the lane is (the bad records
             // after the last one written are met again).
             ReadEnd::Reopen => {
@@ -350,14 +405,14 @@ async fn lane_loop<So: Source, Si: Sink<So::Record>>(
                 w.skipped_since_last = 0;
                 continue;
             }
-            ReadEnd::Stop(stop) => return (w.emitted, stop_lane(lane, sink, &w, stop).await),
+            ReadEnd::Stop(stop) => return (w.emitted, stop_lane(lane, out, w.uncommitted(), stop).await),
             ReadEnd::Source(e) => return (w.emitted, report(lane, e)),
             ReadEnd::Sink(e) => return (w.emitted, sink_failed(lane, e)),
             ReadEnd::Commit(end) => return (w.emitted, end.apply(lane)),
             ReadEnd::Finished(progress) => return (w.emitted, finish(lane, progress).await),
             ReadEnd::GiveUp(why) => {
                 // What was skipped is kept before the split is given up.
-                if let Err(e) = flush_retrying(&mut lane, sink, &mut retry).await {
+                if let Err(e) = flush_retrying(&mut lane, out, &mut retry).await {
                     let e = match e {
                         FlushEnd::Failed(e) => e.to_string(),
                         FlushEnd::Stop(_) => "the lane was stopped".into(),
@@ -410,155 +465,192 @@ enum ReadEnd {
     GiveUp(String),
 }
 
-/// Reads with `reader` until the split ends, the lane stops, a failure ends it, or a transient
-/// failure calls for a new reader.
-#[allow(clippy::too_many_arguments)]
-async fn read_split<So: Source, Si: Sink<So::Record>>(
-    lane: &mut Lane,
-    info: &LaneInfo,
-    mut reader: So::Reader,
-    sink: &Outputs<Si>,
+/// What reading with one reader works with: the lane, its writers and what it wrote.
+struct Read<'a, Si: Sink<R>, R: Send + 'static, P> {
+    lane: &'a mut Lane,
+    info: &'a LaneInfo,
+    outputs: &'a Outputs<Si>,
+    out: &'a mut LaneOutputs<R, Si::Writer>,
     cadence: CommitCadence,
-    retry: &mut Transient,
-    w: &mut Written,
-    resume: Option<&Bytes>,
-) -> ReadEnd {
-    loop {
-        // One read. While it waits, the time cadence commits what was written: the read's future
-        // is kept (not dropped and started again), so a reader that is not cancel-safe loses
-        // nothing. It is dropped only when the lane stops, with the reader.
-        let read = reader.next();
-        tokio::pin!(read);
-        let next = loop {
-            tokio::select! {
-                biased;
-                stop = lane.revoked() => return ReadEnd::Stop(stop),
-                () = tokio::time::sleep_until(w.last_commit + cadence.interval), if w.pending > 0 => {
-                    match flush_and_commit(lane, sink, retry, w.last.clone().expect("written")).await {
-                        Ok(true) => (w.pending, w.last_commit) = (0, Instant::now()),
-                        // A stop came: the next round sees it.
-                        Ok(false) => {}
-                        Err(end) => return ReadEnd::Commit(end),
-                    }
-                }
-                r = &mut read => break r,
-            }
-        };
-        if next.is_ok() {
-            // The source answers again: its outage (if it had one) is over.
-            retry.recovered(Side::Source);
-        }
-        if next.is_ok() || matches!(next, Err(SourceError::BadRecord(_))) {
-            // The breaker hears at the next commit that the source answered (evidence for other
-            // lanes' outages).
-            lane.read_at = Some(Instant::now());
-        }
-        match next {
-            Err(e) if e.is_transient() => {
-                return match retry.wait_out(lane, Side::Source, "reading the split", e.to_string()).await {
-                    Wait::Again => ReadEnd::Reopen,
-                    Wait::Stop(stop) => ReadEnd::Stop(stop),
-                    Wait::Spent(why) => ReadEnd::Source(SourceError::Failed(why)),
-                };
-            }
-            Err(SourceError::BadRecord(bad)) if matches!(sink.on_bad, OnBadRecord::Skip { .. }) => {
-                match skip(lane, info, sink, retry, w, bad).await {
-                    Some(end) => return end,
-                    None => continue,
-                }
-            }
-            Err(e) => return ReadEnd::Source(e),
-            Ok(None) => {
-                return match flush_retrying(lane, sink, retry).await {
-                    Ok(()) => ReadEnd::Finished(
-                        w.last.clone().or(resume.cloned()).unwrap_or(Bytes::from_static(NO_PROGRESS)),
-                    ),
-                    Err(FlushEnd::Stop(stop)) => ReadEnd::Stop(stop),
-                    Err(FlushEnd::Failed(e)) => ReadEnd::Sink(e),
-                };
-            }
-            Ok(Some((record, progress))) => {
-                match sink.write(info, record).await {
-                    Ok(()) => retry.recovered(Side::Sink),
-                    // Not taken: the record is read again from a new reader.
-                    Err(e) if e.is_transient() => {
-                        return match retry
-                            .wait_out(lane, Side::Sink, "writing to the sink", e.to_string())
-                            .await
-                        {
-                            Wait::Again => ReadEnd::Reopen,
-                            Wait::Stop(stop) => ReadEnd::Stop(stop),
-                            Wait::Spent(why) => ReadEnd::Sink(SinkError::new(why)),
-                        };
-                    }
-                    Err(e) => return ReadEnd::Sink(e),
-                }
-                w.emitted += 1;
-                w.pending += 1;
-                w.skipped_since_last = 0;
-                w.last = Some(encode(&progress));
-                if w.pending >= cadence.records || w.last_commit.elapsed() >= cadence.interval {
-                    // Commit before going on: a lane never runs more than one commit interval
-                    // ahead of its durable progress, so a store outage bounds both the replay
-                    // and what a zombie (a lane that lost its split without hearing of it) emits
-                    // twice.
-                    match flush_and_commit(lane, sink, retry, w.last.clone().expect("written")).await {
-                        Ok(true) => (w.pending, w.last_commit) = (0, Instant::now()),
-                        Ok(false) => {}
-                        Err(end) => return ReadEnd::Commit(end),
-                    }
-                }
-            }
-        }
-    }
+    retry: &'a mut Transient,
+    w: &'a mut Written<P>,
 }
 
-/// On-bad-record skip: keeps `bad` in the dead-letter sink and goes on reading (`None`), or
-/// says how reading ends: the cap is passed (the split is given up), the dead-letter sink
-/// failed, or its outage was waited out (the reader is opened again, and meets the record
-/// again).
-async fn skip<Si>(
-    lane: &mut Lane,
-    info: &LaneInfo,
-    out: &Outputs<Si>,
-    retry: &mut Transient,
-    w: &mut Written,
-    bad: BadRecord,
-) -> Option<ReadEnd> {
-    let OnBadRecord::Skip { max_per_split } = out.on_bad else { unreachable!("skipping") };
-    if w.skipped >= max_per_split {
-        let kept = if max_per_split > 0 { "; those skipped are in the dead-letter sink" } else { "" };
-        return Some(ReadEnd::GiveUp(format!(
-            "more than {max_per_split} bad records in one tenancy (the last at {}: {}){kept}: fix the input, then \
-             requeue the split",
-            bad.position, bad.error
-        )));
-    }
-    let dead = out.dead.as_ref().expect("checked when the pipeline started");
-    match dead.write(info, &bad).await {
-        Ok(()) => {
-            retry.recovered(Side::Sink);
-            w.skipped += 1;
-            w.skipped_since_last += 1;
-            lane.skipped();
-            warn!(position = %bad.position, error = %bad.error, "bad record skipped into the dead-letter sink");
-            None
+impl<Si: Sink<R>, R: Send + 'static, P: Serialize> Read<'_, Si, R, P> {
+    /// Reads with `reader` until the split ends, the lane stops, a failure ends it, or a
+    /// transient failure calls for a new reader.
+    async fn split<So>(&mut self, mut reader: So::Reader, resume: Option<&Bytes>) -> ReadEnd
+    where
+        So: Source<Record = R, Progress = P>,
+    {
+        loop {
+            // One read. While it waits, the time cadence commits what was written: the read's
+            // future is kept (not dropped and started again), so a reader that is not
+            // cancel-safe loses nothing. It is dropped only when the lane stops, with the reader.
+            let read = reader.next_batch();
+            tokio::pin!(read);
+            let next = loop {
+                tokio::select! {
+                    biased;
+                    stop = self.lane.revoked() => return ReadEnd::Stop(stop),
+                    () = tokio::time::sleep_until(self.w.last_commit + self.cadence.interval), if self.w.dirty => {
+                        match self.commit().await {
+                            Ok(()) => {}
+                            Err(end) => return end,
+                        }
+                    }
+                    r = &mut read => break r,
+                }
+            };
+            if next.is_ok() {
+                // The source answers again: its outage (if it had one) is over.
+                self.retry.recovered(Side::Source);
+            }
+            if next.is_ok() || matches!(next, Err(SourceError::BadRecord(_))) {
+                // The breaker hears at the next commit that the source answered (evidence for
+                // other lanes' outages).
+                self.lane.read_at = Some(Instant::now());
+            }
+            match next {
+                Err(e) if e.is_transient() => {
+                    return match self
+                        .retry
+                        .wait_out(self.lane, Side::Source, "reading the split", e.to_string())
+                        .await
+                    {
+                        Wait::Again => ReadEnd::Reopen,
+                        Wait::Stop(stop) => ReadEnd::Stop(stop),
+                        Wait::Spent(why) => ReadEnd::Source(SourceError::Failed(why)),
+                    };
+                }
+                Err(SourceError::BadRecord(bad))
+                    if matches!(self.outputs.on_bad, OnBadRecord::Skip { .. }) =>
+                {
+                    match self.skip(bad).await {
+                        Some(end) => return end,
+                        None => continue,
+                    }
+                }
+                Err(e) => return ReadEnd::Source(e),
+                Ok(None) => {
+                    return match flush_retrying(self.lane, self.out, self.retry).await {
+                        Ok(()) => ReadEnd::Finished(
+                            self.w
+                                .last
+                                .as_ref()
+                                .map(encode)
+                                .or(resume.cloned())
+                                .unwrap_or(Bytes::from_static(NO_PROGRESS)),
+                        ),
+                        Err(FlushEnd::Stop(stop)) => ReadEnd::Stop(stop),
+                        Err(FlushEnd::Failed(e)) => ReadEnd::Sink(e),
+                    };
+                }
+                Ok(Some((records, progress))) => {
+                    let n = records.len() as u64;
+                    if n > 0 {
+                        match self.out.writer.write_batch(records).await {
+                            Ok(()) => self.retry.recovered(Side::Sink),
+                            // Not taken: the records are read again from a new reader.
+                            Err(e) if e.is_transient() => {
+                                return match self
+                                    .retry
+                                    .wait_out(self.lane, Side::Sink, "writing to the sink", e.to_string())
+                                    .await
+                                {
+                                    Wait::Again => ReadEnd::Reopen,
+                                    Wait::Stop(stop) => ReadEnd::Stop(stop),
+                                    Wait::Spent(why) => ReadEnd::Sink(SinkError::new(why)),
+                                };
+                            }
+                            Err(e) => return ReadEnd::Sink(e),
+                        }
+                        self.w.skipped_since_last = 0;
+                    }
+                    self.w.emitted += n;
+                    self.w.pending += n;
+                    self.w.dirty = true;
+                    self.w.last = Some(progress);
+                    if self.w.pending >= self.cadence.records
+                        || self.w.last_commit.elapsed() >= self.cadence.interval
+                    {
+                        // Commit before going on: a lane never runs more than one commit
+                        // interval ahead of its durable progress, so a store outage bounds both
+                        // the replay and what a zombie (a lane that lost its split without
+                        // hearing of it) emits twice.
+                        if let Err(end) = self.commit().await {
+                            return end;
+                        }
+                    }
+                }
+            }
         }
-        Err(e) if e.is_transient() => Some(
-            match retry.wait_out(lane, Side::Sink, "writing to the dead-letter sink", e.to_string()).await {
-                Wait::Again => ReadEnd::Reopen,
-                Wait::Stop(stop) => ReadEnd::Stop(stop),
-                Wait::Spent(why) => ReadEnd::Sink(SinkError::new(why)),
-            },
-        ),
-        Err(e) => Some(ReadEnd::Sink(SinkError::new(format!("dead-letter sink: {}", e.message())))),
+    }
+
+    /// Flushes and commits what was written; `Err` ends the reading.
+    async fn commit(&mut self) -> Result<(), ReadEnd> {
+        match flush_and_commit(self.lane, self.out, self.retry, self.w.progress()).await {
+            Ok(true) => {
+                self.w.committed();
+                Ok(())
+            }
+            // A stop came: the next round sees it.
+            Ok(false) => Ok(()),
+            Err(end) => Err(ReadEnd::Commit(end)),
+        }
+    }
+
+    /// On-bad-record skip: keeps `bad` in the dead-letter sink and goes on reading (`None`), or
+    /// says how reading ends: the cap is passed (the split is given up), the dead-letter sink
+    /// failed, or its outage was waited out (the reader is opened again, and meets the record
+    /// again).
+    async fn skip(&mut self, bad: BadRecord) -> Option<ReadEnd> {
+        let OnBadRecord::Skip { max_per_split } = self.outputs.on_bad else { unreachable!("skipping") };
+        if self.w.skipped >= max_per_split {
+            let kept = if max_per_split > 0 { "; those skipped are in the dead-letter sink" } else { "" };
+            return Some(ReadEnd::GiveUp(format!(
+                "more than {max_per_split} bad records in one tenancy (the last at {}: {}){kept}: fix the input, \
+                 then requeue the split",
+                bad.position, bad.error
+            )));
+        }
+        let letters = self.outputs.dead.as_deref().expect("checked when the pipeline started");
+        match self.out.dead_letter(letters, self.info, &bad).await {
+            Ok(()) => {
+                self.retry.recovered(Side::Sink);
+                self.w.skipped += 1;
+                self.w.skipped_since_last += 1;
+                self.lane.skipped();
+                warn!(position = %bad.position, error = %bad.error, "bad record skipped into the dead-letter sink");
+                None
+            }
+            Err(e) if e.is_transient() => Some(
+                match self
+                    .retry
+                    .wait_out(self.lane, Side::Sink, "writing to the dead-letter sink", e.to_string())
+                    .await
+                {
+                    Wait::Again => ReadEnd::Reopen,
+                    Wait::Stop(stop) => ReadEnd::Stop(stop),
+                    Wait::Spent(why) => ReadEnd::Sink(SinkError::new(why)),
+                },
+            ),
+            Err(e) => Some(ReadEnd::Sink(SinkError::new(format!("dead-letter sink: {}", e.message())))),
+        }
     }
 }
 
 /// A lane told to stop: a draining one commits what it wrote first (its split is released).
-async fn stop_lane<R, Si: Sink<R>>(mut lane: Lane, sink: &Si, w: &Written, stop: Stop) -> LaneEnd {
-    if stop.reason == StopReason::Draining && w.pending > 0 {
-        drain_commit(&mut lane, sink.flush(), w.last.clone().expect("written"), stop).await;
+async fn stop_lane<R: Send + 'static, W: SinkWriter<R>>(
+    mut lane: Lane,
+    out: &mut LaneOutputs<R, W>,
+    uncommitted: Option<Bytes>,
+    stop: Stop,
+) -> LaneEnd {
+    if stop.reason == StopReason::Draining
+        && let Some(progress) = uncommitted
+    {
+        drain_commit(&mut lane, out.flush(), progress, stop).await;
     }
     stop_now(lane, stop)
 }
@@ -588,14 +680,14 @@ enum FlushEnd {
     Failed(SinkError),
 }
 
-/// Flushes the sink, waiting out transient failures.
-async fn flush_retrying<R, Si: Sink<R>>(
+/// Flushes the lane's writers, waiting out transient failures.
+async fn flush_retrying<R: Send + 'static, W: SinkWriter<R>>(
     lane: &mut Lane,
-    sink: &Si,
+    out: &mut LaneOutputs<R, W>,
     retry: &mut Transient,
 ) -> Result<(), FlushEnd> {
     loop {
-        match sink.flush().await {
+        match out.flush().await {
             Ok(()) => {
                 retry.recovered(Side::Sink);
                 lane.flushed_at = Some(Instant::now());
@@ -613,17 +705,17 @@ async fn flush_retrying<R, Si: Sink<R>>(
     }
 }
 
-/// Flushes the sink (waiting out transient failures), then commits `progress` (never ahead of
-/// the sink), trying again while the store cannot take it. `Ok(true)`: durable; `Ok(false)`: a
-/// stop came while the sink or the store could not take it (the progress stays uncommitted);
-/// `Err`: the lane must end.
-async fn flush_and_commit<R, Si: Sink<R>>(
+/// Flushes the lane's writers (waiting out transient failures), then commits `progress` (never
+/// ahead of the sink), trying again while the store cannot take it. `Ok(true)`: durable;
+/// `Ok(false)`: a stop came while the sink or the store could not take it (the progress stays
+/// uncommitted); `Err`: the lane must end.
+async fn flush_and_commit<R: Send + 'static, W: SinkWriter<R>>(
     lane: &mut Lane,
-    sink: &Si,
+    out: &mut LaneOutputs<R, W>,
     retry: &mut Transient,
     progress: Bytes,
 ) -> Result<bool, CommitEnd> {
-    match flush_retrying(lane, sink, retry).await {
+    match flush_retrying(lane, out, retry).await {
         Ok(()) => {}
         Err(FlushEnd::Stop(_)) => return Ok(false),
         Err(FlushEnd::Failed(e)) => return Err(CommitEnd::Sink(e)),

@@ -127,25 +127,39 @@ impl SplitReader for NumbersReader {
 type Written = (SplitId, u64, Epoch, String);
 
 /// Records written and records made durable (flushed), per split; every commit the store sees
-/// must be covered by durable records.
+/// must be covered by durable records. Each lane's writer buffers its records until its flush.
 #[derive(Clone, Default)]
 struct Recorder {
-    pending: Arc<Mutex<Vec<(SplitId, u64)>>>,
     durable: Arc<Mutex<BTreeMap<SplitId, BTreeSet<u64>>>>,
     written: Arc<Mutex<Vec<Written>>>,
 }
 
+/// One lane's writer of a [`Recorder`]: what it wrote is pending until its flush.
+struct RecWriter {
+    rec: Recorder,
+    lane: LaneInfo,
+    pending: Vec<(SplitId, u64)>,
+}
+
 impl Sink<(SplitId, u64)> for Recorder {
-    async fn write(&self, lane: &LaneInfo, (split, i): (SplitId, u64)) -> Result<(), SinkError> {
-        self.pending.lock().unwrap().push((split.clone(), i));
-        self.written.lock().unwrap().push((split, i, lane.epoch(), lane.instance().to_string()));
+    type Writer = RecWriter;
+
+    async fn open(&self, lane: &LaneInfo) -> Result<RecWriter, SinkError> {
+        Ok(RecWriter { rec: self.clone(), lane: lane.clone(), pending: Vec::new() })
+    }
+}
+
+impl SinkWriter<(SplitId, u64)> for RecWriter {
+    async fn write(&mut self, (split, i): (SplitId, u64)) -> Result<(), SinkError> {
+        self.pending.push((split.clone(), i));
+        let lane = &self.lane;
+        self.rec.written.lock().unwrap().push((split, i, lane.epoch(), lane.instance().to_string()));
         Ok(())
     }
 
-    async fn flush(&self) -> Result<(), SinkError> {
-        let pending = std::mem::take(&mut *self.pending.lock().unwrap());
-        let mut durable = self.durable.lock().unwrap();
-        for (s, i) in pending {
+    async fn flush(&mut self) -> Result<(), SinkError> {
+        let mut durable = self.rec.durable.lock().unwrap();
+        for (s, i) in self.pending.drain(..) {
             durable.entry(s).or_default().insert(i);
         }
         Ok(())
@@ -157,20 +171,28 @@ impl Sink<(SplitId, u64)> for Recorder {
 #[derive(Clone, Default)]
 struct Dead(Recorder);
 
+struct DeadWriter(RecWriter);
+
 impl DeadLetters for Dead {
-    fn write<'a>(
-        &'a self,
-        lane: &'a LaneInfo,
-        record: &'a BadRecord,
-    ) -> BoxFuture<'a, Result<(), SinkError>> {
+    fn open<'a>(&'a self, lane: &'a LaneInfo) -> BoxFuture<'a, Result<Box<dyn DeadLetterWriter>, SinkError>> {
+        Box::pin(async move {
+            let w = self.0.open(lane).await?;
+            Ok(Box::new(DeadWriter(w)) as Box<dyn DeadLetterWriter>)
+        })
+    }
+}
+
+impl DeadLetterWriter for DeadWriter {
+    fn write<'a>(&'a mut self, record: &'a BadRecord) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async move {
             let i: u64 = record.position.rsplit('#').next().unwrap().parse().unwrap();
             assert_eq!(record.raw.as_ref(), format!("garbage {i}").as_bytes());
-            self.0.write(lane, (lane.split().clone(), i)).await
+            let split = self.0.lane.split().clone();
+            self.0.write((split, i)).await
         })
     }
 
-    fn flush(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+    fn flush(&mut self) -> BoxFuture<'_, Result<(), SinkError>> {
         Box::pin(self.0.flush())
     }
 }
@@ -446,19 +468,29 @@ struct Stuck {
     unblocked: Arc<std::sync::atomic::AtomicU64>,
 }
 
+struct StuckWriter(Stuck, RecWriter);
+
 impl Sink<(SplitId, u64)> for Stuck {
-    async fn write(&self, lane: &LaneInfo, record: (SplitId, u64)) -> Result<(), SinkError> {
+    type Writer = StuckWriter;
+
+    async fn open(&self, lane: &LaneInfo) -> Result<StuckWriter, SinkError> {
+        Ok(StuckWriter(self.clone(), self.inner.open(lane).await?))
+    }
+}
+
+impl SinkWriter<(SplitId, u64)> for StuckWriter {
+    async fn write(&mut self, record: (SplitId, u64)) -> Result<(), SinkError> {
         use std::sync::atomic::Ordering::SeqCst;
-        if self.block.load(SeqCst) {
-            lane.cancelled().cancelled().await;
-            self.unblocked.fetch_add(1, SeqCst);
+        if self.0.block.load(SeqCst) {
+            self.1.lane.cancelled().cancelled().await;
+            self.0.unblocked.fetch_add(1, SeqCst);
             return Err(SinkError::new("given up: the lane was cancelled"));
         }
-        self.inner.write(lane, record).await
+        self.1.write(record).await
     }
 
-    async fn flush(&self) -> Result<(), SinkError> {
-        self.inner.flush().await
+    async fn flush(&mut self) -> Result<(), SinkError> {
+        self.1.flush().await
     }
 }
 
@@ -501,11 +533,19 @@ async fn a_drain_cancels_a_lane_inside_its_sink_and_run_until_waits_for_every_la
 struct Full;
 
 impl Sink<(SplitId, u64)> for Full {
-    async fn write(&self, _: &LaneInfo, _: (SplitId, u64)) -> Result<(), SinkError> {
+    type Writer = Full;
+
+    async fn open(&self, _: &LaneInfo) -> Result<Full, SinkError> {
+        Ok(Full)
+    }
+}
+
+impl SinkWriter<(SplitId, u64)> for Full {
+    async fn write(&mut self, _: (SplitId, u64)) -> Result<(), SinkError> {
         Ok(())
     }
 
-    async fn flush(&self) -> Result<(), SinkError> {
+    async fn flush(&mut self) -> Result<(), SinkError> {
         Err(SinkError::new("no space left on device"))
     }
 }
@@ -556,21 +596,33 @@ impl Outage {
     }
 }
 
+struct OutageWriter(Outage, RecWriter);
+
 impl Sink<(SplitId, u64)> for Outage {
-    async fn write(&self, lane: &LaneInfo, record: (SplitId, u64)) -> Result<(), SinkError> {
-        if self.down() && self.only.as_ref().is_none_or(|s| *s == record.0) {
-            self.failures.lock().unwrap().0 += 1;
+    type Writer = OutageWriter;
+
+    async fn open(&self, lane: &LaneInfo) -> Result<OutageWriter, SinkError> {
+        Ok(OutageWriter(self.clone(), self.inner.open(lane).await?))
+    }
+}
+
+impl SinkWriter<(SplitId, u64)> for OutageWriter {
+    async fn write(&mut self, record: (SplitId, u64)) -> Result<(), SinkError> {
+        let sink = &self.0;
+        if sink.down() && sink.only.as_ref().is_none_or(|s| *s == record.0) {
+            sink.failures.lock().unwrap().0 += 1;
             return Err(std::io::Error::from(std::io::ErrorKind::StorageFull).into());
         }
-        self.inner.write(lane, record).await
+        self.1.write(record).await
     }
 
-    async fn flush(&self) -> Result<(), SinkError> {
-        if self.down() && self.only.is_none() {
-            self.failures.lock().unwrap().1 += 1;
+    async fn flush(&mut self) -> Result<(), SinkError> {
+        let sink = &self.0;
+        if sink.down() && sink.only.is_none() {
+            sink.failures.lock().unwrap().1 += 1;
             return Err(SinkError::transient("the warehouse is restarting"));
         }
-        self.inner.flush().await
+        self.1.flush().await
     }
 }
 
@@ -937,7 +989,8 @@ async fn by_default_a_bad_record_makes_its_split_unprocessable_and_nothing_is_sk
     assert_eq!(error, "bad record at s01#5: not a number");
     assert_eq!(split_record(&stores, "s01").last_end, Some(records::EndReason::Unprocessable));
     let good = sink.durable.lock().unwrap();
-    assert!(!good[&SplitId::new("s01").unwrap()].iter().any(|i| *i > 5), "nothing past it was written");
+    let s01 = good.get(&SplitId::new("s01").unwrap());
+    assert!(s01.is_none_or(|d| !d.iter().any(|i| *i > 5)), "nothing past it was written");
 }
 
 #[tokio::test]
@@ -1018,4 +1071,187 @@ async fn bad_records_met_again_after_a_transient_failure_are_not_counted_twice_a
     assert_eq!(opens.lock().unwrap().len(), 4, "opened once and again after each of the three failures");
     assert_eq!(dead.0.durable.lock().unwrap()[&SplitId::new("s00").unwrap()], set(&[5, 6]));
     assert_eq!(sink.durable.lock().unwrap()[&SplitId::new("s00").unwrap()].len(), 28);
+}
+
+/// A buffering sink whose first flush of one split's writer fails for good, dropping what that
+/// writer buffered: what a sink shared by every lane turned into silent loss (a flush that
+/// failed dropped the other lanes' rows, whose next flush then committed past them).
+#[derive(Clone)]
+struct FailsOnce {
+    inner: Recorder,
+    split: SplitId,
+    failed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+struct FailsOnceWriter(FailsOnce, RecWriter);
+
+impl Sink<(SplitId, u64)> for FailsOnce {
+    type Writer = FailsOnceWriter;
+
+    async fn open(&self, lane: &LaneInfo) -> Result<FailsOnceWriter, SinkError> {
+        Ok(FailsOnceWriter(self.clone(), self.inner.open(lane).await?))
+    }
+}
+
+impl SinkWriter<(SplitId, u64)> for FailsOnceWriter {
+    async fn write(&mut self, record: (SplitId, u64)) -> Result<(), SinkError> {
+        self.1.write(record).await
+    }
+
+    async fn flush(&mut self) -> Result<(), SinkError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if *self.1.lane.split() == self.0.split && !self.0.failed.swap(true, SeqCst) {
+            self.1.pending.clear();
+            return Err(SinkError::new("the warehouse rejected the batch"));
+        }
+        self.1.flush().await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_flush_that_fails_on_one_lane_loses_nothing_of_the_others() {
+    let stores = fresh_stores();
+    let sink =
+        FailsOnce { inner: Recorder::default(), split: SplitId::new("s01").unwrap(), failed: Arc::default() };
+    let problems = sink.inner.spawn_commit_check(&stores);
+    // One worker runs the three lanes side by side, each buffering between its commits.
+    let p = Pipeline::new(stores.clone(), numbers(3, 30), sink.clone())
+        .config(config("a"))
+        .commit_every(cadence());
+    assert_eq!(p.run_until(std::future::pending()).await.unwrap(), JobOutcome::Complete);
+    assert!(sink.failed.load(std::sync::atomic::Ordering::SeqCst), "the flush failed once");
+    sink.inner.assert_complete(3, 30);
+    assert!(
+        problems.lock().unwrap().is_empty(),
+        "a commit past records not durable: {:?}",
+        problems.lock().unwrap()
+    );
+    // Done splits keep no attempt count: the tenancies (epochs) tell who failed.
+    assert_eq!(split_record(&stores, "s01").epoch, Epoch(2), "the failed flush failed its own lane");
+    for s in ["s00", "s02"] {
+        assert_eq!(
+            split_record(&stores, s).epoch,
+            Epoch(1),
+            "{s}: another lane's flush failure is not its own"
+        );
+    }
+}
+
+/// [`Numbers`] read in batches of up to `size` records ([`SplitReader::next_batch`]), into a
+/// sink that records the batches it is given.
+#[derive(Clone)]
+struct Batches {
+    inner: Numbers,
+    size: usize,
+}
+
+impl Planner for Batches {
+    fn fingerprint(&self) -> String {
+        self.inner.fingerprint()
+    }
+
+    async fn plan(&self) -> Result<Plan, PlanError> {
+        self.inner.plan().await
+    }
+}
+
+struct BatchReader(NumbersReader, usize);
+
+impl Source for Batches {
+    type Record = (SplitId, u64);
+    type Progress = u64;
+    type Reader = BatchReader;
+
+    async fn open(&self, lane: &LaneInfo, from: Option<u64>) -> Result<BatchReader, SourceError> {
+        Ok(BatchReader(self.inner.open(lane, from).await?, self.size))
+    }
+}
+
+impl SplitReader for BatchReader {
+    type Record = (SplitId, u64);
+    type Progress = u64;
+
+    async fn next(&mut self) -> NextRecord<(SplitId, u64), u64> {
+        unreachable!("the pipeline reads batches")
+    }
+
+    async fn next_batch(&mut self) -> NextBatch<(SplitId, u64), u64> {
+        let mut batch = Vec::new();
+        let mut progress = None;
+        while batch.len() < self.1 {
+            match self.0.next().await? {
+                Some((record, p)) => {
+                    batch.push(record);
+                    progress = Some(p);
+                }
+                None => break,
+            }
+        }
+        Ok(progress.map(|p| (batch, p)))
+    }
+}
+
+/// A [`Recorder`] whose writers note the size of every batch they are given.
+#[derive(Clone, Default)]
+struct BatchSizes(Recorder, Arc<Mutex<Vec<usize>>>);
+
+struct BatchSizesWriter(BatchSizes, RecWriter);
+
+impl Sink<(SplitId, u64)> for BatchSizes {
+    type Writer = BatchSizesWriter;
+
+    async fn open(&self, lane: &LaneInfo) -> Result<BatchSizesWriter, SinkError> {
+        Ok(BatchSizesWriter(self.clone(), self.0.open(lane).await?))
+    }
+}
+
+impl SinkWriter<(SplitId, u64)> for BatchSizesWriter {
+    async fn write(&mut self, _: (SplitId, u64)) -> Result<(), SinkError> {
+        unreachable!("the pipeline writes batches")
+    }
+
+    async fn write_batch(&mut self, records: Vec<(SplitId, u64)>) -> Result<(), SinkError> {
+        self.0.1.lock().unwrap().push(records.len());
+        for r in records {
+            self.1.write(r).await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), SinkError> {
+        self.1.flush().await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn batches_go_from_the_reader_to_the_writer_whole_and_commits_fall_between_them() {
+    let stores = fresh_stores();
+    let sink = BatchSizes::default();
+    let problems = sink.0.spawn_commit_check(&stores);
+    let commits = Arc::new(Mutex::new(Vec::new()));
+    let seen = commits.clone();
+    let state = stores.state.clone();
+    tokio::spawn(async move {
+        use futures_util::StreamExt;
+        let mut w = state.watch(&keys::split_prefix()).await.unwrap();
+        while let Some(Ok(ev)) = w.next().await {
+            let etl_coordination_core::WatchEvent::Put(e) = ev else { continue };
+            let rec: SplitRecord = records::decode(&e.value).unwrap();
+            if let Some(p) = rec.progress {
+                seen.lock().unwrap().push(serde_json::from_slice::<u64>(&p).unwrap());
+            }
+        }
+    });
+    let source = Batches { inner: numbers(2, 23), size: 5 };
+    // Seven records a commit: a commit comes after the batch that reaches them.
+    let p = Pipeline::new(stores.clone(), source, sink.clone()).config(config("a")).commit_every(cadence());
+    assert_eq!(p.run_until(std::future::pending()).await.unwrap(), JobOutcome::Complete);
+    sink.0.assert_complete(2, 23);
+    let mut sizes = sink.1.lock().unwrap().clone();
+    sizes.sort_unstable();
+    assert_eq!(sizes, [3, 3, 5, 5, 5, 5, 5, 5, 5, 5], "each split: four batches of five, then three");
+    let commits = commits.lock().unwrap().clone();
+    assert!(!commits.is_empty());
+    assert!(commits.iter().all(|p| p % 5 == 0 || *p == 23), "a commit inside a batch: {commits:?}");
+    assert!(problems.lock().unwrap().is_empty(), "{:?}", problems.lock().unwrap());
 }

@@ -20,19 +20,26 @@
 //!
 //! ```
 //! # #[cfg(feature = "files")] {
-//! use etl_coordination_driver::{JobName, JobOutcome, JobStores, LaneInfo, Pipeline, Sink, SinkError};
+//! use etl_coordination_driver::prelude::*;
 //! use etl_coordination_sources::{Line, files::FilesSource};
 //! use std::sync::{Arc, Mutex};
 //!
-//! /// Collects what it is given; a real sink writes somewhere and makes it durable in `flush`.
+//! /// Collects what it is given, each lane through a clone of it; a real sink's writer buffers
+//! /// its lane's records and makes them durable in `flush`.
 //! #[derive(Clone, Default)]
 //! struct Collect(Arc<Mutex<Vec<String>>>);
 //! impl Sink<Line> for Collect {
-//!     async fn write(&self, _: &LaneInfo, line: Line) -> Result<(), SinkError> {
+//!     type Writer = Collect;
+//!     async fn open(&self, _: &LaneInfo) -> Result<Collect, SinkError> {
+//!         Ok(self.clone())
+//!     }
+//! }
+//! impl SinkWriter<Line> for Collect {
+//!     async fn write(&mut self, line: Line) -> Result<(), SinkError> {
 //!         self.0.lock().unwrap().push(line.key);
 //!         Ok(())
 //!     }
-//!     async fn flush(&self) -> Result<(), SinkError> {
+//!     async fn flush(&mut self) -> Result<(), SinkError> {
 //!         Ok(())
 //!     }
 //! }
