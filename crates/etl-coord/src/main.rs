@@ -29,18 +29,9 @@ instance id when --instance-id is not set. RUST_LOG, if set, overrides -v/-q.";
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// More log output: -v debug, -vv trace (default: info; the demo's default is error).
-    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
-    verbose: u8,
-    /// Less log output: -q warnings and errors, -qq errors only.
-    #[arg(short, long, action = clap::ArgAction::Count, global = true, conflicts_with = "verbose")]
-    quiet: u8,
-    /// Log format on stderr: `text` (human) or `json` (one object per line, for log pipelines).
-    #[arg(long, global = true, env = "ETL_COORD_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
-    log_format: String,
-    /// Colour in text logs: `auto` (only when stderr is a terminal), `always`, `never`.
-    #[arg(long, global = true, env = "ETL_COORD_COLOR", default_value = "auto", value_parser = ["auto", "always", "never"])]
-    color: String,
+    /// The logs (-v, -q, --log-format, --color; the demo's default level is error).
+    #[command(flatten)]
+    logs: etl_coordination_runner::LogFlags,
 }
 
 #[derive(Subcommand, Debug)]
@@ -100,7 +91,7 @@ fn main() -> ExitCode {
     };
     validate(&cli);
     init_logging(&cli);
-    let json = cli.log_format == "json";
+    let json = cli.logs.json();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     match rt.block_on(run(cli)) {
         Ok(code) => code,
@@ -115,30 +106,10 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs go through tracing only, to stderr: the level from -v/-q (RUST_LOG overrides), text
-/// (colour only on a terminal, unless --color says otherwise) or JSON lines.
+/// Logs go through tracing only, to stderr (the runner's [`LogFlags`](etl_coordination_runner::LogFlags)):
+/// info by default, error for the demo, whose takeovers and revocations are expected.
 fn init_logging(cli: &Cli) {
-    use std::io::IsTerminal;
-    // The demo's takeovers and revocations are expected; it shows only errors by default.
-    let levels = ["error", "warn", "info", "debug", "trace"];
-    let base: i32 = if matches!(cli.command, Command::Demo(_)) { 0 } else { 2 };
-    let level = (base + i32::from(cli.verbose) - i32::from(cli.quiet)).clamp(0, 4) as usize;
-    // The NATS client's own info lines (every connect) stay out of a healthy worker's log.
-    let client = if level >= 4 { "debug" } else { levels[level.min(1)] };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(format!("{},async_nats={client}", levels[level]))
-    });
-    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter);
-    if cli.log_format == "json" {
-        builder.json().with_current_span(true).with_span_list(false).init();
-    } else {
-        let ansi = match cli.color.as_str() {
-            "always" => true,
-            "never" => false,
-            _ => std::io::stderr().is_terminal(),
-        };
-        builder.with_ansi(ansi).init();
-    }
+    cli.logs.init(if matches!(cli.command, Command::Demo(_)) { 0 } else { 2 });
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {

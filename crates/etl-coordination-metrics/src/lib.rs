@@ -5,12 +5,15 @@
 //! `coordination_instance` labels (not `job` and `instance`, which Prometheus sets on scrape),
 //! so several workers in one process (the embedded default) stay apart in
 //! one exporter. The protocol core never touches metrics; the driver records them from the
-//! core's events and from its store calls. [`install_prometheus`] installs a global recorder
-//! and returns the handle whose `render()` is the text exposition served at `/metrics`.
+//! core's events and from its store calls. `install_prometheus` (feature `prometheus`) installs
+//! a global recorder and returns the handle whose `render()` is the text exposition served at
+//! `/metrics`; without it the families go to whatever recorder the process installed (none:
+//! they cost nothing).
 //!
 //! The families, their labels and what to alert on are documented in `docs/METRICS.md`.
 //!
 //! ```
+//! # #[cfg(feature = "prometheus")] {
 //! use etl_coordination_metrics::{Metrics, install_prometheus};
 //!
 //! let exposition = install_prometheus()?; // once per process
@@ -23,12 +26,14 @@
 //!     .expect("the gauge is exported");
 //! assert!(owned.ends_with(" 3"), "{owned}");
 //! assert!(text.contains("etl_coordination_acquisitions_total{"), "counters start at zero");
+//! # }
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 use std::time::Duration;
 
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+#[cfg(feature = "prometheus")]
 pub use metrics_exporter_prometheus::PrometheusHandle;
 
 /// Metric names, so dashboards, alerts and tests can refer to them.
@@ -349,6 +354,7 @@ impl Metrics {
 }
 
 /// The Prometheus recorder could not be installed.
+#[cfg(feature = "prometheus")]
 #[derive(Debug, thiserror::Error)]
 #[error("cannot install the Prometheus metrics recorder: {0} (is another metrics recorder installed?)")]
 pub struct InstallError(String);
@@ -361,6 +367,7 @@ pub const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 /// Installs a global Prometheus recorder (store-op latencies as histograms with buckets from
 /// 100 µs to 10 s), describes every family, and starts the recorder's upkeep (a thread running
 /// it every [`UPKEEP_INTERVAL`]). Call once per process.
+#[cfg(feature = "prometheus")]
 pub fn install_prometheus() -> Result<PrometheusHandle, InstallError> {
     let buckets = [
         0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -387,7 +394,7 @@ pub fn install_prometheus() -> Result<PrometheusHandle, InstallError> {
     Ok(handle)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "prometheus"))]
 mod tests {
     use super::*;
 

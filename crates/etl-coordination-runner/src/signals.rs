@@ -1,7 +1,5 @@
 //! Termination signals: the first drains, the second exits.
 
-use anyhow::Context;
-
 pub(crate) struct ShutdownSignals {
     #[cfg(unix)]
     term: tokio::signal::unix::Signal,
@@ -10,13 +8,13 @@ pub(crate) struct ShutdownSignals {
 }
 
 impl ShutdownSignals {
-    pub(crate) fn new() -> anyhow::Result<Self> {
+    pub(crate) fn new() -> std::io::Result<Self> {
         #[cfg(unix)]
         {
             use tokio::signal::unix::{SignalKind, signal};
             Ok(ShutdownSignals {
-                term: signal(SignalKind::terminate()).context("listening for SIGTERM")?,
-                int: signal(SignalKind::interrupt()).context("listening for SIGINT")?,
+                term: signal(SignalKind::terminate())?,
+                int: signal(SignalKind::interrupt())?,
             })
         }
         #[cfg(not(unix))]
