@@ -1,5 +1,5 @@
 //! The workspace's compiled examples (`pipeline`, `pipeline_nats`, `custom_source`,
-//! `core_loop`: run them with `cargo run -p etl-coordination-examples --example NAME`), and the
+//! `core_loop`, `runner`: run them with `cargo run -p etl-coordination-examples --example NAME`), and the
 //! code of `docs/CUSTOM_SOURCES.md`, compiled and run as this crate's documentation tests.
 #![doc = include_str!("../../docs/CUSTOM_SOURCES.md")]
 
@@ -37,5 +37,22 @@ mod tests {
         for line in lines {
             assert!(example.contains(&line), "README line not in examples/pipeline.rs: {line}");
         }
+    }
+
+    /// The runner's embedding (the program's flags and its `main`) is under 20 lines of code.
+    #[test]
+    fn the_runner_example_embeds_the_runner_in_under_20_lines() {
+        let text = std::fs::read_to_string(format!("{}/runner.rs", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        let embedding =
+            text.split("// The embedding: ").nth(1).and_then(|s| s.split("// The embedding ends").next());
+        let code: Vec<&str> = embedding
+            .expect("runner.rs marks its embedding")
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with("//"))
+            .skip(1)
+            .collect();
+        assert!(code.iter().any(|l| l.contains("runner::main")), "{code:#?}");
+        assert!(code.len() < 20, "{} lines: {code:#?}", code.len());
     }
 }

@@ -12,34 +12,43 @@ use crate::{cargo, cargo_env, postgres};
 
 pub(crate) fn run() -> Result<()> {
     let t0 = Instant::now();
-    cargo(&["fmt", "--all", "--", "--check"])?;
-    cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
-    if cfg!(feature = "containers") {
-        // The container code of xtask, compiled only where an engine answers.
-        cargo(&[
-            "clippy",
-            "-p",
-            "xtask",
-            "--features",
-            "containers",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ])?;
-    }
-    let servers = Servers::provision()?;
-    cargo_env(&["test", "--workspace"], &servers.env())?;
-    let mut s3 = vec!["test"];
-    s3.extend(S3_TEST);
-    cargo_env(&s3, &servers.env())?;
-    examples(&servers)?;
-    container_suites()?;
-    let pg = postgres::start()?;
-    bench_quick(servers.nats_url(), &pg.conninfo)?;
+    let mut times = Phases::default();
+    times.run("format and lints", || {
+        cargo(&["fmt", "--all", "--", "--check"])?;
+        cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+        if cfg!(feature = "containers") {
+            // The container code of xtask, compiled only where an engine answers.
+            cargo(&[
+                "clippy",
+                "-p",
+                "xtask",
+                "--features",
+                "containers",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ])?;
+        }
+        Ok(())
+    })?;
+    times.run("cargo package", package)?;
+    let servers = times.run("servers", Servers::provision)?;
+    times.run("cargo test --workspace", || cargo_env(&["test", "--workspace"], &servers.env()))?;
+    times.run("s3 test", || {
+        let mut s3 = vec!["test"];
+        s3.extend(S3_TEST);
+        cargo_env(&s3, &servers.env())
+    })?;
+    times.run("examples", || examples(&servers))?;
+    times.run("container suites", container_suites)?;
+    times.run("quick bench", || {
+        let pg = postgres::start()?;
+        bench_quick(servers.nats_url(), &pg.conninfo)
+    })?;
     drop(servers);
     let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5000);
-    let innocent = sweep(0, seeds, false)?;
+    let innocent = times.run("sweep", || sweep(0, seeds, false))?;
     if !innocent.is_empty() {
         // P12's purpose: kills, freezes and outages are no evidence against the data.
         bail!(
@@ -48,9 +57,50 @@ pub(crate) fn run() -> Result<()> {
             &innocent[..innocent.len().min(10)]
         );
     }
-    documented_sim_commands()?;
+    times.run("documented sim commands", documented_sim_commands)?;
+    times.print();
     println!("ci passed in {:.0}s", t0.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// How long each phase of the run took, printed at the end (where a slow CI run went).
+#[derive(Default)]
+struct Phases(Vec<(&'static str, f64)>);
+
+impl Phases {
+    fn run<T>(&mut self, name: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let t = Instant::now();
+        let out = f();
+        self.0.push((name, t.elapsed().as_secs_f64()));
+        out
+    }
+
+    fn print(&self) {
+        for (name, secs) in &self.0 {
+            println!("{secs:>7.0}s  {name}");
+        }
+    }
+}
+
+/// The crates meant for publication: everything but these.
+const UNPUBLISHED: [&str; 6] = [
+    "etl-coordination-sim",
+    "etl-coordination-testkit",
+    "etl-coordination-bench",
+    "etl-coordination-examples",
+    "etl-coordination-tests",
+    "xtask",
+];
+
+/// `cargo package` of every crate meant for publication, each built from its package as a
+/// user's build would (a file left out of a package, or a dependency without a version, fails
+/// here rather than at release).
+fn package() -> Result<()> {
+    let mut args = vec!["package", "--workspace", "--allow-dirty", "--quiet"];
+    for c in UNPUBLISHED {
+        args.extend(["--exclude", c]);
+    }
+    cargo(&args)
 }
 
 /// Runs the compiled examples (`examples/`), the NATS one against the provisioned server, so
@@ -62,6 +112,7 @@ fn examples(servers: &Servers) -> Result<()> {
         ("custom_source", &[][..]),
         ("pipeline", &["--", "deploy/input"][..]),
         ("pipeline_nats", &["--", "deploy/input"][..]),
+        ("runner", &["--", "--job", "example-runner", "--store", "memory", "--input", "deploy/input"][..]),
     ] {
         let mut cmd: Vec<&str> = run.to_vec();
         cmd.push(example);

@@ -194,7 +194,7 @@ pub fn exit_code(outcome: Result<JobOutcome, DriverError>, when_drained: u8) -> 
 
 /// The command line of an embedded worker ([`main`]): the runner's flags and the program's own.
 #[derive(clap::Parser, Debug)]
-#[command(version, about, after_help = flags::AFTER_HELP)]
+#[command(after_help = flags::AFTER_HELP)]
 #[non_exhaustive]
 pub struct Command<A: clap::Args> {
     /// The worker's flags.
@@ -221,16 +221,26 @@ where
     So: Source,
     Si: Sink<So::Record>,
 {
-    use clap::{CommandFactory, Parser};
-    let cmd = match Command::<A>::try_parse() {
+    use clap::{CommandFactory, FromArgMatches};
+    // Named after the program, not after this crate.
+    let program = std::env::args_os()
+        .next()
+        .and_then(|a| std::path::Path::new(&a).file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "worker".into());
+    let mut command = Command::<A>::command().bin_name(program);
+    let parsed = command
+        .try_get_matches_from_mut(std::env::args_os())
+        .and_then(|m| Command::<A>::from_arg_matches(&m));
+    let cmd = match parsed {
         Ok(c) => c,
         Err(e) => {
+            let e = e.format(&mut command);
             let _ = e.print();
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
     if let Err(u) = cmd.worker.validate() {
-        Command::<A>::command().error(clap::error::ErrorKind::ValueValidation, u.to_string()).exit();
+        command.error(clap::error::ErrorKind::ValueValidation, u.to_string()).exit();
     }
     cmd.logs.init(2);
     let json = cmd.logs.json();
@@ -267,4 +277,66 @@ pub fn report(result: Result<ExitCode, RunError>, json: bool) -> ExitCode {
         eprintln!("error: {message}");
     }
     ExitCode::from(if matches!(e, RunError::Usage(_)) { 2 } else { 1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use etl_coordination_driver::SplitId;
+
+    use super::*;
+
+    /// A program's own flags.
+    #[derive(clap::Args, Debug)]
+    struct Own {
+        #[arg(long, default_value = "in")]
+        input: String,
+    }
+
+    fn parse(args: &[&str]) -> Result<Command<Own>, clap::Error> {
+        Command::<Own>::try_parse_from(["w", "--job", "orders", "--store", "memory"].iter().chain(args))
+    }
+
+    #[test]
+    fn the_flags_are_the_commands_with_its_defaults_beside_the_programs_own() {
+        let cmd =
+            parse(&["--lease-duration", "5s", "--input", "dir", "--on-bad-record", "skip", "-v"]).unwrap();
+        assert_eq!(cmd.app.input, "dir");
+        assert_eq!(cmd.logs.verbose, 1);
+        cmd.worker.validate().unwrap();
+        let config = cmd.worker.driver_config().unwrap();
+        assert_eq!(config.tuning.lease_duration, std::time::Duration::from_secs(5));
+        assert_eq!(config.tuning.max_in_flight, 8, "the command's default");
+        assert!(matches!(config.on_bad_record, etl_coordination_driver::OnBadRecord::Skip { .. }));
+    }
+
+    #[test]
+    fn a_bad_value_is_a_usage_error_naming_its_flag() {
+        let cmd = parse(&["--max-in-flight", "0"]).unwrap();
+        assert_eq!(cmd.worker.validate().unwrap_err().flag, "--max-in-flight");
+        let cmd = parse(&["--lane-stall-timeout", "500ms"]).unwrap();
+        assert_eq!(cmd.worker.validate().unwrap_err().flag, "--lane-stall-timeout");
+        let err = parse(&["--lease-duration", "soon"]).unwrap_err();
+        assert!(err.to_string().contains("--lease-duration"), "{err}");
+        let cmd = Command::<Own>::try_parse_from(["w", "--job", "orders", "--store", "redis://x"]).unwrap();
+        assert_eq!(cmd.worker.validate().unwrap_err().flag, "--store");
+    }
+
+    #[test]
+    fn outcomes_map_to_the_commands_exit_codes() {
+        let quarantined = vec![(SplitId::new("s1").unwrap(), Some("bad".into()))];
+        let code = |o, drained| exit_code(o, drained).unwrap();
+        assert_eq!(code(Ok(JobOutcome::Complete), 7), ExitCode::SUCCESS);
+        assert_eq!(code(Ok(JobOutcome::Drained), 143), ExitCode::from(143));
+        assert_eq!(code(Ok(JobOutcome::Stalled { quarantined: quarantined.clone() }), 0), ExitCode::SUCCESS);
+        assert_eq!(code(Err(DriverError::Stalled { quarantined }), 0), ExitCode::from(3));
+        assert!(matches!(exit_code(Err(DriverError::Killed), 0), Err(RunError::Driver(_))));
+    }
+
+    #[test]
+    fn an_error_exits_1_and_a_usage_error_2() {
+        assert_eq!(report(Err(RunError::Driver(DriverError::Killed)), false), ExitCode::from(1));
+        assert_eq!(report(Err(Usage::new("--job", "is wrong").into()), true), ExitCode::from(2));
+        assert_eq!(report(Ok(ExitCode::from(3)), false), ExitCode::from(3));
+    }
 }

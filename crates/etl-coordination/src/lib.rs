@@ -20,6 +20,7 @@
 //! | [`metrics`] | the `etl_coordination_*` metric families; `install_prometheus` | `prometheus` for the exposition |
 //! | `nats` | the NATS JetStream KV backend; [`JobStores::nats`] | `nats` |
 //! | `sources` | ready-made sources: files (local, or object stores with `cloud`), SQLite | `files`, `cloud`, `sqlite` |
+//! | `runner` | `runner::main`: a worker with `etl-coord worker`'s flags, signals, admin server, exit codes and logs | `runner` |
 //!
 //! ```
 //! use etl_coordination::prelude::*;
@@ -68,6 +69,10 @@ pub use {
 /// The NATS JetStream KV backend (feature `nats`).
 #[cfg(feature = "nats")]
 pub use etl_coordination_nats as nats;
+
+/// A worker with the command's operational behaviour (feature `runner`).
+#[cfg(feature = "runner")]
+pub use etl_coordination_runner as runner;
 
 /// Ready-made sources (features `files`, `cloud`, `sqlite`).
 #[cfg(any(feature = "files", feature = "sqlite"))]
