@@ -33,8 +33,14 @@ pub(crate) fn run() -> Result<()> {
         Ok(())
     })?;
     times.run("cargo package", package)?;
+    let previous = times.run("previous release", crate::previous::etl_coord)?;
     let servers = times.run("servers", Servers::provision)?;
-    times.run("cargo test --workspace", || cargo_env(&["test", "--workspace"], &servers.env()))?;
+    times.run("cargo test --workspace", || {
+        let previous = previous.to_string_lossy();
+        let mut env = servers.env().to_vec();
+        env.push(("ETL_COORD_PREVIOUS_BIN", &previous));
+        cargo_env(&["test", "--workspace"], &env)
+    })?;
     times.run("s3 test", || {
         let mut s3 = vec!["test"];
         s3.extend(S3_TEST);

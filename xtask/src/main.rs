@@ -7,6 +7,8 @@
 //! - `cargo xtask sim --seed S`: one seed, reproduced exactly.
 //! - `cargo xtask mutants [--seeds N] [--only NAME[,NAME...]]`: the mutation catalogue (`xtask/mutants.txt`),
 //!   each mutant applied to a copy of the workspace and swept; every one must be caught.
+//! - `cargo xtask previous`: builds the previous release's `etl-coord` (for the mixed-version
+//!   test, `ETL_COORD_PREVIOUS_BIN`) and prints its path.
 //! - `cargo xtask images`: makes (or finds) the images of the container suites and prints them.
 
 use std::process::Command;
@@ -22,6 +24,7 @@ mod mutants;
 mod nats;
 mod nats_bin;
 mod postgres;
+mod previous;
 mod promtool;
 mod servers;
 mod sim;
@@ -36,6 +39,7 @@ fn main() -> Result<()> {
         Some("itest") => itest::run(),
         Some("mutants") => mutants::run(&args[1..]),
         Some("bench") => bench::run(&args[1..]),
+        Some("previous") => previous::etl_coord().map(|bin| println!("{}", bin.display())),
         Some("images") => itest::container_env().map(|env| match env {
             Some(env) => env.iter().for_each(|(k, v)| println!("{k}={v}")),
             None => println!("no Docker engine answers (or NATS_NO_CONTAINERS is set): no images to make"),
@@ -43,7 +47,7 @@ fn main() -> Result<()> {
         _ => {
             eprintln!(
                 "usage: cargo xtask <ci | itest | sim --seeds N [--start S] [--stop-on-violation] | sim --seed S \
-                 | mutants [--seeds N] [--only NAME[,NAME...]] | bench [--quick] | images>"
+                 | mutants [--seeds N] [--only NAME[,NAME...]] | bench [--quick] | images | previous>"
             );
             std::process::exit(2);
         }
