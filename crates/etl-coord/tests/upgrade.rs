@@ -15,7 +15,9 @@ use common::{Nats, dataset, job, records_in, wait_for_records};
 use etl_coord::demo::input_keys;
 
 fn nats() -> Nats {
-    Nats::open(std::env::var("NATS_URL").expect("NATS_URL is not set: run `cargo xtask ci`, which starts a server"))
+    Nats::open(
+        std::env::var("NATS_URL").expect("NATS_URL is not set: run `cargo xtask ci`, which starts a server"),
+    )
 }
 
 /// The previous release's `etl-coord`.
