@@ -1255,3 +1255,54 @@ async fn batches_go_from_the_reader_to_the_writer_whole_and_commits_fall_between
     assert!(commits.iter().all(|p| p % 5 == 0 || *p == 23), "a commit inside a batch: {commits:?}");
     assert!(problems.lock().unwrap().is_empty(), "{:?}", problems.lock().unwrap());
 }
+
+/// A [`Recorder`] whose writers note which lanes closed them.
+#[derive(Clone, Default)]
+struct Closes(Recorder, Arc<Mutex<Vec<SplitId>>>);
+
+struct ClosesWriter(Closes, RecWriter);
+
+impl Sink<(SplitId, u64)> for Closes {
+    type Writer = ClosesWriter;
+
+    async fn open(&self, lane: &LaneInfo) -> Result<ClosesWriter, SinkError> {
+        Ok(ClosesWriter(self.clone(), self.0.open(lane).await?))
+    }
+}
+
+impl SinkWriter<(SplitId, u64)> for ClosesWriter {
+    async fn write(&mut self, record: (SplitId, u64)) -> Result<(), SinkError> {
+        self.1.write(record).await
+    }
+
+    async fn flush(&mut self) -> Result<(), SinkError> {
+        self.1.flush().await
+    }
+
+    async fn close(self) -> Result<(), SinkError> {
+        assert!(self.1.pending.is_empty(), "closed after the lane's last flush");
+        self.0.1.lock().unwrap().push(self.1.lane.split().clone());
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_writer_is_closed_when_its_split_finishes_and_dropped_when_its_lane_fails() {
+    let stores = fresh_stores();
+    let mut source = numbers(3, 20);
+    source.broken = Some(("s01", 3, true));
+    let mut cfg = config("a");
+    cfg.on_stall = OnStall::Warn;
+    let sink = Closes::default();
+    let p = Pipeline::new(stores.clone(), source, sink.clone()).config(cfg).commit_every(cadence());
+    let outcome = p.run_until(std::future::pending()).await.unwrap();
+    assert!(matches!(outcome, JobOutcome::Stalled { .. }), "{outcome:?}");
+    let mut closed = sink.1.lock().unwrap().clone();
+    closed.sort();
+    let ids = |s: &[&str]| s.iter().map(|s| SplitId::new(*s).unwrap()).collect::<Vec<_>>();
+    assert_eq!(
+        closed,
+        ids(&["s00", "s02"]),
+        "the finished lanes closed their writers; the failing ones did not"
+    );
+}
