@@ -334,7 +334,10 @@ async fn lane_loop<So: Source, Si: Sink<So::Record>>(
                 break writer;
             }
             Err(e) if e.is_transient() => {
-                match retry.wait_out(&mut lane, Side::Sink, "opening the sink writer", e.to_string()).await {
+                match retry
+                    .wait_out(&mut lane, Side::Sink, "opening the sink writer", e.message().to_owned())
+                    .await
+                {
                     Wait::Again => {}
                     Wait::Stop(stop) => return (0, stop_now(lane, stop)),
                     Wait::Spent(why) => return (0, sink_failed(lane, SinkError::new(why))),
@@ -555,7 +558,12 @@ impl<Si: Sink<R>, R: Send + 'static, P: Serialize> Read<'_, Si, R, P> {
                             Err(e) if e.is_transient() => {
                                 return match self
                                     .retry
-                                    .wait_out(self.lane, Side::Sink, "writing to the sink", e.to_string())
+                                    .wait_out(
+                                        self.lane,
+                                        Side::Sink,
+                                        "writing to the sink",
+                                        e.message().to_owned(),
+                                    )
                                     .await
                                 {
                                     Wait::Again => ReadEnd::Reopen,
@@ -627,7 +635,12 @@ impl<Si: Sink<R>, R: Send + 'static, P: Serialize> Read<'_, Si, R, P> {
             Err(e) if e.is_transient() => Some(
                 match self
                     .retry
-                    .wait_out(self.lane, Side::Sink, "writing to the dead-letter sink", e.to_string())
+                    .wait_out(
+                        self.lane,
+                        Side::Sink,
+                        "writing to the dead-letter sink",
+                        e.message().to_owned(),
+                    )
                     .await
                 {
                     Wait::Again => ReadEnd::Reopen,
@@ -694,7 +707,7 @@ async fn flush_retrying<R: Send + 'static, W: SinkWriter<R>>(
                 return Ok(());
             }
             Err(e) if e.is_transient() => {
-                match retry.wait_out(lane, Side::Sink, "flushing the sink", e.to_string()).await {
+                match retry.wait_out(lane, Side::Sink, "flushing the sink", e.message().to_owned()).await {
                     Wait::Again => {}
                     Wait::Stop(stop) => return Err(FlushEnd::Stop(stop)),
                     Wait::Spent(why) => return Err(FlushEnd::Failed(SinkError::new(why))),
