@@ -50,7 +50,9 @@ pub struct Tuning {
     pub lease_duration: Duration,
     /// The working set: splits held (and lanes run) at once. Size it like a thread pool.
     pub max_in_flight: u32,
-    /// Consecutive failing tenancies before a split is quarantined (P12).
+    /// Consecutive failing tenancies before a split is quarantined (P12). A setting of the
+    /// job: the first worker records it in `meta`; every later worker uses the job's value
+    /// (reporting [`crate::Event::JobMaxAttempts`] when its own differs).
     pub max_attempts: u32,
     /// How often the leader re-runs an open plan (growing inputs); final plans stop re-planning.
     pub replan_interval: Duration,
@@ -75,6 +77,10 @@ pub struct Tuning {
     /// Only the leader's matters: readers follow the chunk count the plan head names.
     pub manifest_chunk_len: usize,
 }
+
+/// The largest `max_attempts` accepted (by the configuration and by `etl-coord job
+/// set-max-attempts`).
+pub const MAX_ATTEMPTS_LIMIT: u32 = 1000;
 
 /// Defaults from the product document.
 pub mod defaults {
@@ -130,7 +136,7 @@ impl Tuning {
         if self.max_in_flight == 0 || self.max_in_flight > 10_000 {
             return err("max_in_flight", self.max_in_flight.to_string(), "must be between 1 and 10000");
         }
-        if self.max_attempts == 0 || self.max_attempts > 1000 {
+        if self.max_attempts == 0 || self.max_attempts > MAX_ATTEMPTS_LIMIT {
             return err("max_attempts", self.max_attempts.to_string(), "must be between 1 and 1000");
         }
         if self.replan_interval < Duration::from_secs(1) {

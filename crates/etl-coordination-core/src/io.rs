@@ -233,16 +233,24 @@ pub enum Outcome {
 #[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FatalError {
-    /// P2: `meta` disagrees with this worker.
+    /// P2: `meta` names another planner fingerprint than this worker's.
     #[error(
         "configuration divergence: the job was created with {stored}, this worker has {local}; \
-             every replica of a job must run the same planner and max_attempts (or use another job name)"
+             every replica of a job must run the same planner (or use another job name)"
     )]
     ConfigDivergence {
         /// What `meta` holds.
         stored: String,
         /// What this worker has.
         local: String,
+    },
+    /// P2: `meta` names another protocol version than this release's.
+    #[error("{}", protocol_advice(*.stored, *.local))]
+    ProtocolMismatch {
+        /// The job's protocol version (in `meta`).
+        stored: u32,
+        /// This release's ([`crate::records::PROTOCOL_VERSION`]).
+        local: u32,
     },
     /// P3: another live process uses this instance id.
     #[error(
@@ -369,6 +377,15 @@ pub enum Event {
     /// After [`Event::JobEnded`]: a split is no longer terminal (requeued or reset), so the job
     /// runs again.
     JobReopened,
+    /// The job's `meta` holds another `max_attempts` than this worker's configuration: the
+    /// job's value is used (it is a setting of the job, changed with `etl-coord job
+    /// set-max-attempts`; the flag only seeds a new job).
+    JobMaxAttempts {
+        /// The job's value, in effect.
+        job: u32,
+        /// This worker's configured value, ignored.
+        configured: u32,
+    },
 }
 
 /// The splits of the published manifest by the state of their records, as one worker's view
@@ -389,6 +406,21 @@ pub struct SplitCounts {
     /// Listed by the manifest but without a record in the view (deleted by hand, or not seen
     /// yet): neither claimable nor terminal.
     pub missing: u32,
+}
+
+fn protocol_advice(stored: u32, local: u32) -> String {
+    if stored < local {
+        format!(
+            "protocol mismatch: the job runs protocol {stored}, this release runs protocol {local}; \
+             finish the job or stop every worker of the release that runs it (drain), then move it \
+             with `etl-coord job migrate` of this release (docs/UPGRADES.md)"
+        )
+    } else {
+        format!(
+            "protocol mismatch: the job runs protocol {stored}, this release runs protocol {local} \
+             (older); the job was moved to a newer protocol: run the release that moved it"
+        )
+    }
 }
 
 /// Outputs of [`crate::Worker::handle`].

@@ -53,7 +53,7 @@ mod view;
 mod worker;
 
 pub use breaker::{Breaker, BreakerState, BreakerVerdict, DataSide, Outage, failure_cause};
-pub use config::{Config, ConfigError, Tuning, defaults};
+pub use config::{Config, ConfigError, MAX_ATTEMPTS_LIMIT, Tuning, defaults};
 pub use ids::{
     Epoch, Incarnation, InstanceId, JobName, MAX_NAME_LEN, NameError, OpId, Owner, Revision, SplitId,
 };

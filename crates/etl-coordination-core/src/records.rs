@@ -65,12 +65,81 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, RecordError> {
     if format != FORMAT_VERSION {
         return Err(RecordError::UnknownFormat(format));
     }
+    decode_body(body)
+}
+
+/// Decodes the body of a record (after its format byte) as `T`, refusing trailing bytes.
+fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, RecordError> {
     let (value, used) = bincode::serde::decode_from_slice(body, config())
         .map_err(|e| RecordError::Malformed(e.to_string()))?;
     if used != body.len() {
         return Err(RecordError::Malformed(format!("{} trailing bytes", body.len() - used)));
     }
     Ok(value)
+}
+
+/// The protocol versions whose jobs this release can move to [`PROTOCOL_VERSION`] (`etl-coord
+/// job migrate`, once no worker runs on the job).
+pub const MIGRATES_FROM: &[u32] = &[1];
+
+/// A split record as protocol 1 (format 1) wrote it: the same fields as [`SplitRecord`] but
+/// `progressed`.
+#[derive(Deserialize)]
+struct SplitRecordV1 {
+    epoch: Epoch,
+    owner: Option<Owner>,
+    state: SplitState,
+    progress: Option<Bytes>,
+    attempts: u32,
+    last_end: Option<EndReason>,
+    last_error: Option<String>,
+}
+
+/// Rewrites one value of a job's state bucket (`key` names what it is) from a format a
+/// previous protocol wrote to this release's: `Ok(None)` when it is in this format already.
+/// Format 1 (protocol 1) differs only in split records, which gain `progressed` (false: a
+/// migration runs with no tenancy live). `meta` keeps its fields (the caller stamps the
+/// protocol last). Every rewritten value is decoded back as its record before it is returned,
+/// so a value that does not decode as what its key says is refused, never half-converted.
+pub fn migrate_state_value(key: &Key, value: &[u8]) -> Result<Option<Bytes>, RecordError> {
+    let (&format, body) = value.split_first().ok_or(RecordError::Empty)?;
+    if format == FORMAT_VERSION {
+        return Ok(None);
+    }
+    if format != 1 {
+        return Err(RecordError::UnknownFormat(format));
+    }
+    let name = key.as_str();
+    let converted = if keys::parse_split(key).is_some() {
+        let v1: SplitRecordV1 = decode_body(body)?;
+        encode(&SplitRecord {
+            epoch: v1.epoch,
+            owner: v1.owner,
+            state: v1.state,
+            progress: v1.progress,
+            attempts: v1.attempts,
+            last_end: v1.last_end,
+            last_error: v1.last_error,
+            progressed: false,
+        })
+    } else {
+        let mut same = value.to_vec();
+        same[0] = FORMAT_VERSION;
+        let same = Bytes::from(same);
+        if name == keys::meta().as_str() {
+            decode::<Meta>(&same)?;
+        } else if name == keys::plan_head().as_str() {
+            decode::<PlanHead>(&same)?;
+        } else if keys::parse_manifest(key).is_some() {
+            decode::<ManifestChunk>(&same)?;
+        } else if name.starts_with(keys::desc_prefix().as_str()) {
+            decode::<Descriptor>(&same)?;
+        } else {
+            return Err(RecordError::Malformed(format!("{name} is not a key of a job's state bucket")));
+        }
+        same
+    };
+    Ok(Some(converted))
 }
 
 /// `meta`: written once by the first worker; every later worker compares (P2).
@@ -389,6 +458,75 @@ pub mod keys {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Protocol 1's split record, written the way a protocol-1 worker did.
+    #[derive(Serialize)]
+    struct V1Split {
+        epoch: Epoch,
+        owner: Option<Owner>,
+        state: SplitState,
+        progress: Option<Bytes>,
+        attempts: u32,
+        last_end: Option<EndReason>,
+        last_error: Option<String>,
+    }
+
+    fn v1<T: Serialize>(record: &T) -> Vec<u8> {
+        let mut out = vec![1u8];
+        bincode::serde::encode_into_std_write(record, &mut out, config()).unwrap();
+        out
+    }
+
+    #[test]
+    fn a_protocol_1_split_record_migrates_with_every_field_kept_and_progressed_false() {
+        let old = V1Split {
+            epoch: Epoch(7),
+            owner: None,
+            state: SplitState::Unleased,
+            progress: Some(Bytes::from_static(b"{\"line\":42}")),
+            attempts: 2,
+            last_end: Some(EndReason::Expired),
+            last_error: Some("boom".into()),
+        };
+        let key = keys::split(&SplitId::new("s1").unwrap());
+        let new = migrate_state_value(&key, &v1(&old)).unwrap().expect("format 1 is rewritten");
+        let rec: SplitRecord = decode(&new).unwrap();
+        assert_eq!(
+            rec,
+            SplitRecord {
+                epoch: Epoch(7),
+                owner: None,
+                state: SplitState::Unleased,
+                progress: Some(Bytes::from_static(b"{\"line\":42}")),
+                attempts: 2,
+                last_end: Some(EndReason::Expired),
+                last_error: Some("boom".into()),
+                progressed: false,
+            }
+        );
+        // Already current: nothing to write.
+        assert_eq!(migrate_state_value(&key, &new).unwrap(), None);
+    }
+
+    #[test]
+    fn migrating_refuses_what_it_cannot_convert_whole() {
+        let meta = Meta { protocol_version: 1, fingerprint: "files/v1".into(), max_attempts: 3 };
+        let converted = migrate_state_value(&keys::meta(), &v1(&meta)).unwrap().unwrap();
+        assert_eq!(decode::<Meta>(&converted).unwrap(), meta, "meta keeps its fields; the caller stamps it");
+        // A truncated split record, a meta under a split key, an unknown format, a foreign key.
+        let split = keys::split(&SplitId::new("s1").unwrap());
+        let mut cut = v1(&meta);
+        cut.truncate(3);
+        assert!(matches!(migrate_state_value(&split, &cut), Err(RecordError::Malformed(_))));
+        assert!(matches!(
+            migrate_state_value(&keys::plan_head(), &v1(&meta)),
+            Err(RecordError::Malformed(_))
+        ));
+        assert_eq!(migrate_state_value(&keys::meta(), &[9, 0]), Err(RecordError::UnknownFormat(9)));
+        let foreign = Key::new("other.thing").unwrap();
+        let err = migrate_state_value(&foreign, &v1(&meta)).unwrap_err();
+        assert!(err.to_string().contains("other.thing"), "{err}");
+    }
 
     #[test]
     fn records_round_trip_with_a_format_byte() {

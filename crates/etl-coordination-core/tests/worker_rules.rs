@@ -90,6 +90,89 @@ fn p2_a_diverging_meta_is_fatal_and_names_both_fingerprints() {
 }
 
 #[test]
+fn p2_another_protocol_is_fatal_and_says_how_to_move_the_job() {
+    for (stored, advice) in
+        [(1, "etl-coord job migrate"), (records::PROTOCOL_VERSION + 1, "run the release that moved it")]
+    {
+        let mut r = Rig::new(cfg("w1", 1));
+        let meta = Meta { protocol_version: stored, fingerprint: "fp-1".into(), max_attempts: 2 };
+        r.kv.put(Bucket::State, &keys::meta(), &meta);
+        r.feed(Input::Start);
+        let fatal = r.log.iter().find_map(|a| match a {
+            Action::Fatal(e @ FatalError::ProtocolMismatch { .. }) => Some(e.to_string()),
+            _ => None,
+        });
+        let msg = fatal.unwrap_or_else(|| panic!("no protocol refusal: {:?}", r.log));
+        assert!(msg.contains(&format!("protocol {stored}")) && msg.contains(advice), "{msg}");
+        assert!(r.kv.watches.is_empty(), "a refused worker opens nothing");
+    }
+}
+
+/// P2, P12: `max_attempts` is the job's: a worker configured otherwise joins and charges by
+/// the job's value, and an operator's change reaches a running worker at its next resync (a
+/// lagging answer with an older meta does not undo it).
+#[test]
+fn p2_the_jobs_max_attempts_governs_charges_and_a_change_reaches_running_workers() {
+    let mut r = Rig::new(cfg("w1", 1)); // configured: 2
+    let meta =
+        |n| Meta { protocol_version: records::PROTOCOL_VERSION, fingerprint: "fp-1".into(), max_attempts: n };
+    r.kv.put(Bucket::State, &keys::meta(), &meta(1));
+    r.plan = Some(plan(3, PlanKind::Final)); // s2 runs throughout: the job does not end
+    r.feed(Input::Start);
+    assert!(r.events().contains(&Event::JobMaxAttempts { job: 1, configured: 2 }), "{:?}", r.events());
+    assert_eq!(r.started().len(), 3, "joined and running every split");
+    r.feed(Input::Fail { split: sid("s0"), epoch: Epoch(1), error: "bad row".into(), unprocessable: false });
+    let rec = r.kv.record("s0");
+    assert_eq!((rec.state, rec.attempts), (SplitState::Quarantined, 1), "quarantined at the job's 1, not 2");
+
+    // An operator raises it to 3 (`etl-coord job set-max-attempts 3`).
+    r.kv.put(Bucket::State, &keys::meta(), &meta(3));
+    let resync = r.w.config().tuning.resync_interval();
+    r.advance(resync);
+    assert!(r.events().contains(&Event::JobMaxAttempts { job: 3, configured: 2 }), "{:?}", r.events());
+    assert_eq!(r.w.config().tuning.max_attempts, 3);
+    for attempt in 1..=2 {
+        let epoch = r.started().iter().rev().find(|(s, _)| s.as_str() == "s1").unwrap().1;
+        r.feed(Input::Fail { split: sid("s1"), epoch, error: "bad row".into(), unprocessable: false });
+        let rec = r.kv.record("s1");
+        assert_eq!((rec.state, rec.attempts), (SplitState::Unleased, attempt), "not quarantined before 3");
+        r.advance(Duration::from_secs(60));
+    }
+    let epoch = r.started().iter().rev().find(|(s, _)| s.as_str() == "s1").unwrap().1;
+    r.feed(Input::Fail { split: sid("s1"), epoch, error: "bad row".into(), unprocessable: false });
+    assert_eq!(r.kv.record("s1").state, SplitState::Quarantined);
+
+    // A lagging replica answers the next refresh with the meta of before the change.
+    r.auto = false;
+    r.advance(resync);
+    let op = r
+        .pending
+        .iter()
+        .find(|(_, _, req)| *req == StoreRequest::Get { key: keys::meta() })
+        .map(|(op, _, _)| *op)
+        .expect("every resync reads meta again");
+    let stale = Entry { key: keys::meta(), value: records::encode(&meta(1)), revision: Revision(1) };
+    r.answer(op, Ok(StoreReply::Value(Some(stale))));
+    assert_eq!(r.w.config().tuning.max_attempts, 3, "an older meta does not undo a change");
+}
+
+#[test]
+fn p2_a_job_moved_to_another_protocol_under_a_running_worker_stops_it_at_the_next_resync() {
+    let mut r = running(1);
+    let moved =
+        Meta { protocol_version: records::PROTOCOL_VERSION + 1, fingerprint: "fp-1".into(), max_attempts: 2 };
+    r.kv.put(Bucket::State, &keys::meta(), &moved);
+    let resync = r.w.config().tuning.resync_interval();
+    r.advance(resync);
+    assert!(
+        r.log.iter().any(|a| matches!(a, Action::Fatal(FatalError::ProtocolMismatch { .. }))),
+        "{:?}",
+        r.log
+    );
+    assert!(r.w.is_stopped());
+}
+
+#[test]
 fn p2_a_matching_meta_opens_the_watches_and_announces_presence() {
     let mut w = Worker::new(cfg("w1", 1));
     w.handle(Timestamp::ZERO, Input::Start);

@@ -162,6 +162,12 @@ pub(crate) fn log_event(e: &Event) {
             %error,
             "a value in the job's buckets cannot be decoded; it is ignored (a split record so written blocks the job until `etl-coord requeue --reset`)"
         ),
+        Event::JobMaxAttempts { job, configured } => warn!(
+            job_max_attempts = job,
+            configured_max_attempts = configured,
+            "this job's max_attempts is {job} (recorded in its meta); the configured {configured} is ignored: \
+             change the job's with `etl-coord job set-max-attempts`, or drop the flag"
+        ),
         Event::JobEnded { .. } | Event::JobReopened => {}
         // Events are informational and grow; one this driver does not know is still visible.
         other => debug!(event = ?other, "event"),

@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use crate::config::Config;
-use crate::ids::{Epoch, OpId, Owner, SplitId};
+use crate::ids::{Epoch, OpId, Owner, Revision, SplitId};
 use crate::io::{Action, Event, Input, Outcome, WatchId};
 use crate::store::{StoreReply, StoreResult};
 use crate::time::Timestamp;
@@ -88,6 +88,11 @@ pub struct Worker {
     gauges: Option<Gauges>,
     /// The job's end as last reported while staying after it (`Config::stay_after_end`).
     ended: Option<Outcome>,
+    /// The revision of `meta` whose settings are in effect (`cfg.tuning.max_attempts` is the
+    /// job's, P2).
+    meta_revision: Revision,
+    /// `max_attempts` as configured, which only seeds a new job's `meta`.
+    configured_max_attempts: u32,
 }
 
 /// Where a worker is in its life.
@@ -114,6 +119,7 @@ impl Worker {
         let me = Owner { instance: cfg.instance_id.clone(), incarnation: cfg.incarnation };
         let view = View::new(cfg.instance_id.clone(), cfg.incarnation);
         let outbox = Outbox::new(cfg.tuning.heartbeat_interval(), cfg.incarnation.0);
+        let configured_max_attempts = cfg.tuning.max_attempts;
         Worker {
             cfg,
             me,
@@ -136,10 +142,13 @@ impl Worker {
             leaving: None,
             gauges: None,
             ended: None,
+            meta_revision: Revision(0),
+            configured_max_attempts,
         }
     }
 
-    /// This worker's configuration.
+    /// This worker's configuration as in effect: `tuning.max_attempts` is the job's once it
+    /// has joined (P2), whatever was configured.
     pub fn config(&self) -> &Config {
         &self.cfg
     }
@@ -215,6 +224,7 @@ impl Worker {
         match pending {
             Pending::MetaCreate => self.on_meta_create(now, result),
             Pending::MetaGet => self.on_meta_get(now, result),
+            Pending::MetaRefresh => self.on_meta_refresh(result),
             Pending::PresenceCreate => {
                 if self.presence.join == Join::Joined {
                     self.on_presence_recreate(now, result)

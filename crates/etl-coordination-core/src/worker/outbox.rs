@@ -23,6 +23,8 @@ pub(super) enum Pending {
     MetaCreate,
     /// P2: read `meta` back to compare it.
     MetaGet,
+    /// P2: read `meta` again while running (its `max_attempts` may have changed).
+    MetaRefresh,
     /// P3: create our presence key (or re-create it after it expired).
     PresenceCreate,
     /// P3: read our presence key (a predecessor's, or our own after an in-doubt write).

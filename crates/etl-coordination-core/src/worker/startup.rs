@@ -1,6 +1,7 @@
 //! Startup: the meta check (P2), then joining the fleet (watches, presence).
 
-use crate::io::{Action, FatalError, WatchId};
+use crate::ids::Revision;
+use crate::io::{Action, Event, FatalError, WatchId};
 use crate::records::{self, Meta, keys};
 use crate::store::{Bucket, StoreError, StoreRequest, StoreResult};
 use crate::time::Timestamp;
@@ -37,7 +38,10 @@ impl Worker {
     /// P2: `meta` created (join), or it exists (read it and compare).
     pub(super) fn on_meta_create(&mut self, now: Timestamp, result: StoreResult) {
         match Written::of(result) {
-            Written::Applied(_) => self.join(),
+            Written::Applied(revision) => {
+                self.meta_revision = revision;
+                self.join()
+            }
             Written::Conflict | Written::InDoubt => {
                 self.outbox.send(Bucket::State, StoreRequest::Get { key: keys::meta() }, Pending::MetaGet);
             }
@@ -49,15 +53,27 @@ impl Worker {
         }
     }
 
-    /// P2: a mismatch is fatal and names both sides.
+    /// P2: another protocol or planner fingerprint is fatal and names both sides; the job's
+    /// `max_attempts` is adopted (a setting of the job, not of each worker).
     pub(super) fn on_meta_get(&mut self, now: Timestamp, result: StoreResult) {
         match Read::of(result) {
             Read::Found(entry) => match records::decode::<Meta>(&entry.value) {
-                Ok(stored) if stored == self.meta() => self.join(),
-                Ok(stored) => self.fatal(FatalError::ConfigDivergence {
-                    stored: stored.describe(),
-                    local: self.meta().describe(),
-                }),
+                Ok(stored) if stored.protocol_version != records::PROTOCOL_VERSION => {
+                    self.fatal(FatalError::ProtocolMismatch {
+                        stored: stored.protocol_version,
+                        local: records::PROTOCOL_VERSION,
+                    })
+                }
+                Ok(stored) if stored.fingerprint != self.cfg.fingerprint => {
+                    self.fatal(FatalError::ConfigDivergence {
+                        stored: stored.describe(),
+                        local: self.meta().describe(),
+                    })
+                }
+                Ok(stored) => {
+                    self.adopt_meta(entry.revision, &stored);
+                    self.join()
+                }
                 Err(e) => self.fatal(FatalError::CorruptMeta(e.to_string())),
             },
             // Gone again after a conflicting or in-doubt create: create again.
@@ -73,6 +89,51 @@ impl Worker {
                 let request = StoreRequest::Get { key: keys::meta() };
                 self.outbox.retry_later(now, Bucket::State, request, Pending::MetaGet);
             }
+        }
+    }
+
+    /// The job's `max_attempts` governs every charge this worker writes (P12), whatever its
+    /// own configuration says; a change is reported. A value out of the valid range (written
+    /// by hand) is clamped into it rather than trusted. An older revision (a lagging replica's
+    /// answer to a refresh) is ignored.
+    fn adopt_meta(&mut self, revision: Revision, stored: &Meta) {
+        if revision < self.meta_revision {
+            return;
+        }
+        self.meta_revision = revision;
+        let job = stored.max_attempts.clamp(1, crate::MAX_ATTEMPTS_LIMIT);
+        let previous = std::mem::replace(&mut self.cfg.tuning.max_attempts, job);
+        if job != previous {
+            self.outbox.event(Event::JobMaxAttempts { job, configured: self.configured_max_attempts });
+        }
+    }
+
+    /// Reads `meta` again (with every periodic resync): a `max_attempts` changed by an operator takes
+    /// effect in running workers, and a job moved to another protocol or planner under a
+    /// running worker stops it.
+    pub(super) fn refresh_meta(&mut self) {
+        self.outbox.send(Bucket::State, StoreRequest::Get { key: keys::meta() }, Pending::MetaRefresh);
+    }
+
+    /// The answer to [`Worker::refresh_meta`]: anything but a readable `meta` is left to the
+    /// next resync (the job goes on under the settings it has).
+    pub(super) fn on_meta_refresh(&mut self, result: StoreResult) {
+        let Read::Found(entry) = Read::of(result) else { return };
+        match records::decode::<Meta>(&entry.value) {
+            Ok(stored) if stored.protocol_version != records::PROTOCOL_VERSION => {
+                self.fatal(FatalError::ProtocolMismatch {
+                    stored: stored.protocol_version,
+                    local: records::PROTOCOL_VERSION,
+                })
+            }
+            Ok(stored) if stored.fingerprint != self.cfg.fingerprint => {
+                self.fatal(FatalError::ConfigDivergence {
+                    stored: stored.describe(),
+                    local: self.meta().describe(),
+                })
+            }
+            Ok(stored) => self.adopt_meta(entry.revision, &stored),
+            Err(e) => self.note_undecodable(Bucket::State, &entry, &e),
         }
     }
 

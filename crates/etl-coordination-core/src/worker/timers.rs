@@ -129,6 +129,7 @@ impl Worker {
             Timer::Resync => {
                 self.resync_at = Some(now + self.cfg.tuning.resync_interval());
                 self.resync();
+                self.refresh_meta();
             }
             Timer::LeaseTrust(id) => self.starve(now, &id),
             Timer::LeaderTrust => self.leader_trust_lapsed(now),
