@@ -5,9 +5,12 @@
 //! - [`sources`]: the files and SQLite sources chosen by `--source`, and test faults.
 //! - [`sink::JsonlSink`]: a JSON Lines sink, one line per emitted record.
 //! - [`ops`]: `status` and `requeue` over any store.
+//! - [`job`]: a job's settings in its `meta`: `max_attempts`, and moving it to this release's
+//!   protocol.
 //! - [`demo`]: several in-process workers on the memory store over a generated dataset.
 
 pub mod demo;
+pub mod job;
 pub mod ops;
 pub mod sink;
 pub mod sources;

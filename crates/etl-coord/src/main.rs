@@ -50,6 +50,10 @@ enum Command {
     /// decode).
     #[command(after_help = AFTER_HELP)]
     Requeue(cmd::requeue::RequeueArgs),
+    /// A job's settings: change its max_attempts while it runs, or move it to this release's
+    /// protocol after an upgrade (docs/UPGRADES.md).
+    #[command(after_help = AFTER_HELP)]
+    Job(cmd::job::JobArgs),
     /// Print the NATS permissions a job's clients need, to paste into the server's
     /// authorization block (or JSON).
     NatsPermissions(cmd::nats::NatsPermissionsArgs),
@@ -67,6 +71,7 @@ fn validate(cli: &Cli) {
         Command::Demo(a) => a.validate(),
         Command::Status(a) => a.validate(),
         Command::Requeue(a) => a.validate(),
+        Command::Job(a) => a.validate(),
         Command::NatsBuckets(a) => a.validate(),
         Command::NatsPermissions(_) => Ok(()),
     };
@@ -120,6 +125,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::NatsPermissions(a) => cmd::nats::permissions(a),
         Command::NatsBuckets(a) => cmd::nats::buckets(a).await,
         Command::Requeue(a) => cmd::requeue::run(a).await,
+        Command::Job(a) => cmd::job::run(a).await,
     }
 }
 

@@ -239,6 +239,11 @@ fn usage_errors_exit_2_naming_the_flag_before_anything_starts() {
     ]));
     assert_eq!(code, 2);
     assert!(err.contains("--source") && err.contains("does not exist"), "{err}");
+    // A job's max_attempts out of range is refused before any connection.
+    let (code, _, err) =
+        run(etl_coord().args(["job", "set-max-attempts", "--job", "x", "--store", unreachable, "1001"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("1001") && err.contains("1..=1000"), "{err}");
     // A reset asks before it rewrites; with nobody to ask (no terminal), it needs --yes.
     let (code, _, err) =
         run(etl_coord().args(["requeue", "--job", "x", "--store", "memory", "--split", "s1", "--yes"]));

@@ -142,6 +142,16 @@ pub fn migrate_state_value(key: &Key, value: &[u8]) -> Result<Option<Bytes>, Rec
     Ok(Some(converted))
 }
 
+/// Decodes `meta` whatever format of [`MIGRATES_FROM`] wrote it (its fields are the same in
+/// every format so far), so that a worker meeting a job of a previous protocol can say which
+/// protocol and what to do, instead of failing on the format.
+pub fn decode_meta(bytes: &[u8]) -> Result<Meta, RecordError> {
+    match migrate_state_value(&keys::meta(), bytes)? {
+        None => decode(bytes),
+        Some(current) => decode(&current),
+    }
+}
+
 /// `meta`: written once by the first worker; every later worker compares (P2).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct Meta {
@@ -513,6 +523,11 @@ mod tests {
         let meta = Meta { protocol_version: 1, fingerprint: "files/v1".into(), max_attempts: 3 };
         let converted = migrate_state_value(&keys::meta(), &v1(&meta)).unwrap().unwrap();
         assert_eq!(decode::<Meta>(&converted).unwrap(), meta, "meta keeps its fields; the caller stamps it");
+        assert_eq!(
+            decode_meta(&v1(&meta)).unwrap(),
+            meta,
+            "a worker reads a protocol-1 meta to refuse it by name"
+        );
         // A truncated split record, a meta under a split key, an unknown format, a foreign key.
         let split = keys::split(&SplitId::new("s1").unwrap());
         let mut cut = v1(&meta);

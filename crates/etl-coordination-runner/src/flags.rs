@@ -261,7 +261,8 @@ pub struct WorkerFlags {
     /// Splits held (and lanes run) at once.
     #[arg(long, default_value_t = 8, env = "ETL_COORD_MAX_IN_FLIGHT")]
     pub max_in_flight: u32,
-    /// Failing tenancies before a split is quarantined.
+    /// Failing tenancies before a split is quarantined, for a new job: a job keeps the value
+    /// it was started with (change it with `etl-coord job set-max-attempts`).
     #[arg(long, default_value_t = 4, env = "ETL_COORD_MAX_ATTEMPTS")]
     pub max_attempts: u32,
     /// How long a split whose tenancy failed waits before it is claimed again; it doubles

@@ -2,6 +2,7 @@
 //! what they share: the store flags and the value parsers.
 
 pub(crate) mod demo;
+pub(crate) mod job;
 pub(crate) mod nats;
 pub(crate) mod requeue;
 pub(crate) mod status;

@@ -57,7 +57,7 @@ impl Worker {
     /// `max_attempts` is adopted (a setting of the job, not of each worker).
     pub(super) fn on_meta_get(&mut self, now: Timestamp, result: StoreResult) {
         match Read::of(result) {
-            Read::Found(entry) => match records::decode::<Meta>(&entry.value) {
+            Read::Found(entry) => match records::decode_meta(&entry.value) {
                 Ok(stored) if stored.protocol_version != records::PROTOCOL_VERSION => {
                     self.fatal(FatalError::ProtocolMismatch {
                         stored: stored.protocol_version,
@@ -119,7 +119,7 @@ impl Worker {
     /// next resync (the job goes on under the settings it has).
     pub(super) fn on_meta_refresh(&mut self, result: StoreResult) {
         let Read::Found(entry) = Read::of(result) else { return };
-        match records::decode::<Meta>(&entry.value) {
+        match records::decode_meta(&entry.value) {
             Ok(stored) if stored.protocol_version != records::PROTOCOL_VERSION => {
                 self.fatal(FatalError::ProtocolMismatch {
                     stored: stored.protocol_version,
