@@ -32,6 +32,9 @@ pub(crate) enum LaneMsg {
     },
     /// `Input::LaneStopped`.
     Stopped { split: SplitId, epoch: Epoch },
+    /// This release cannot read the split's committed progress: the worker drains and ends
+    /// with [`crate::DriverError::IncompatibleProgress`]; the lane waits for its stop.
+    Incompatible { split: SplitId, error: String },
     /// `Input::Quarantine`: the lane gives the split up.
     GiveUp { split: SplitId, epoch: Epoch, error: String },
     /// A bad record was skipped (for the metrics only).
@@ -255,6 +258,23 @@ impl Lane {
             unprocessable,
             outage: if unprocessable { None } else { self.outage.take() },
         });
+    }
+
+    /// Reports that this release cannot read the split's committed progress (written by
+    /// another release of the source): a release incompatibility, not a fault of the data. The
+    /// split is charged nothing: the whole worker drains (every lane commits and releases its
+    /// split, this one without committing) and ends with
+    /// [`DriverError::IncompatibleProgress`](crate::DriverError::IncompatibleProgress), so that a
+    /// rolling update of such a release stops at its first pod instead of burning the split's
+    /// attempts. Resolves once the lane has stopped.
+    pub async fn incompatible_progress(mut self, error: impl Into<String>) {
+        let msg = LaneMsg::Incompatible { split: self.split.clone(), error: error.into() };
+        if self.tx.send(msg).is_err() {
+            self.ended = true;
+            return;
+        }
+        // Dropped after the stop: a drain stop acknowledges (releases), any other ends quietly.
+        self.revoked().await;
     }
 
     /// Acknowledges a stop (after the final commit when draining): the split is released.

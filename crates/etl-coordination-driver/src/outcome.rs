@@ -57,6 +57,21 @@ pub enum DriverError {
         /// Quarantined splits and their last errors.
         quarantined: Vec<(SplitId, Option<String>)>,
     },
+    /// A split's committed progress does not decode as this source's progress: it was written
+    /// by a release of the source whose progress this one cannot read. The worker drained
+    /// (nothing charged to the split); the release that wrote it still can resume it.
+    #[error(
+        "split {split}: its committed progress cannot be read by this release ({error}); it was \
+         written by another release of the source: roll back to the release that wrote it (a \
+         release must read its predecessor's progress; docs/UPGRADES.md). Nothing was charged to \
+         the split and this worker drained"
+    )]
+    IncompatibleProgress {
+        /// The split.
+        split: SplitId,
+        /// Why its progress does not decode.
+        error: String,
+    },
     /// The worker was killed on request ([`DriverHandle::kill`](crate::DriverHandle::kill)).
     #[error("killed")]
     Killed,

@@ -367,6 +367,15 @@ async fn read_lane<So: Source, Si: Sink<So::Record>>(
     mut retry: Transient,
 ) -> (u64, LaneEnd) {
     let resume = lane.resume_from().cloned();
+    if let Some(b) = resume.as_ref().filter(|b| b.as_ref() != NO_PROGRESS)
+        && let Err(e) = serde_json::from_slice::<So::Progress>(b)
+    {
+        let text = String::from_utf8_lossy(b);
+        let shown: String = text.chars().take(200).collect();
+        let cut = if shown.len() < text.len() { " ..." } else { "" };
+        lane.incompatible_progress(format!("{e}; the progress reads {shown}{cut}")).await;
+        return (0, LaneEnd::Stopped);
+    }
     let mut w = Written {
         emitted: 0,
         last: None,
@@ -441,8 +450,11 @@ async fn open_at<So: Source>(
         Some(b) if b.as_ref() == NO_PROGRESS => None,
         Some(b) => match serde_json::from_slice::<So::Progress>(b) {
             Ok(p) => Some(p),
+            // The committed progress was checked when the lane started (one another release
+            // wrote drains the worker, `Lane::incompatible_progress`); the lane's own progress
+            // fails here only if the source's progress does not survive its own JSON.
             Err(e) => {
-                let why = format!("the committed progress does not decode as this source's progress: {e}");
+                let why = format!("this source's progress does not decode from its own JSON: {e}");
                 return Err(SourceError::Unprocessable(why));
             }
         },

@@ -68,6 +68,9 @@ pub(crate) struct Task<S, P> {
     planning: Option<tokio::task::AbortHandle>,
     /// Failures of distinct splits with one cause: the worker's, not the splits'.
     breaker: Breaker,
+    /// A split whose committed progress this release cannot read: the worker drains and ends
+    /// with [`DriverError::IncompatibleProgress`] (the first such split is reported).
+    incompatible: Option<(SplitId, String)>,
 }
 
 impl<S: Store, P: Planner> Task<S, P> {
@@ -115,6 +118,7 @@ impl<S: Store, P: Planner> Task<S, P> {
             watches: Watches::default(),
             running: LaneTable::default(),
             report: JobReport::new(metrics, state),
+            incompatible: None,
             deferred: Vec::new(),
             waiters: BTreeMap::new(),
             done: false,
@@ -250,6 +254,18 @@ impl<S: Store, P: Planner> Task<S, P> {
             LaneMsg::Stopped { split, epoch } => {
                 self.lane_ended(&split, epoch);
                 Input::LaneStopped { split, epoch }
+            }
+            LaneMsg::Incompatible { split, error } => {
+                error!(
+                    %split,
+                    %error,
+                    "this release cannot read the split's committed progress (written by another release \
+                     of the source): draining, nothing charged to the split; roll back to the release that wrote it"
+                );
+                if self.incompatible.is_none() {
+                    self.incompatible = Some((split, error));
+                }
+                Input::Drain
             }
             LaneMsg::GiveUp { split, epoch, error } => {
                 warn!(%split, %epoch, %error, "the lane gave the split up: quarantining it");
@@ -486,6 +502,9 @@ impl<S: Store, P: Planner> Task<S, P> {
 
     /// What the worker's end means to its embedder (a stall is an error unless `OnStall::Warn`).
     fn outcome_of(&mut self, outcome: Outcome) -> Result<JobOutcome, DriverError> {
+        if let Some((split, error)) = self.incompatible.take() {
+            return Err(DriverError::IncompatibleProgress { split, error });
+        }
         match outcome {
             Outcome::Complete => {
                 if self.report.ended.is_none() {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{TestPlanner, config, decode, fresh_stores, planner};
-use etl_coordination_core::records::{self, SplitRecord, keys};
+use etl_coordination_core::records::{self, SplitRecord, SplitState, keys};
 use etl_coordination_driver::*;
 use etl_coordination_memory::Store;
 
@@ -383,7 +383,10 @@ async fn a_lane_given_up_cancels_its_token_and_the_split_is_retried() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_progress_the_source_cannot_read_makes_the_split_unprocessable() {
+/// A progress another release of the source wrote, which this one cannot read, says nothing
+/// about the data: the worker drains and stops with an error naming the split, nothing is
+/// charged (even at max_attempts 1), and the release that wrote it resumes it.
+async fn a_progress_this_release_cannot_read_drains_the_worker_and_charges_nothing() {
     let stores = fresh_stores();
     let mut cfg = config("a");
     cfg.on_stall = OnStall::Warn;
@@ -423,12 +426,24 @@ async fn a_progress_the_source_cannot_read_makes_the_split_unprocessable() {
     }
     // Commits of the first run at progress 7 and 14 make the record's progress a number.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let p = Pipeline::new(stores.clone(), Words(numbers(1, 20)), Recorder::default()).config(cfg);
-    let JobOutcome::Stalled { quarantined } = p.run_until(std::future::pending()).await.unwrap() else {
-        panic!("a stall")
-    };
-    let error = quarantined[0].1.clone().unwrap();
-    assert!(error.contains("does not decode as this source's progress"), "{error}");
+    let before = committed(&stores, "s00").await.expect("the first run committed");
+    let p = Pipeline::new(stores.clone(), Words(numbers(1, 20)), Recorder::default()).config(cfg.clone());
+    let err = p.run_until(std::future::pending()).await.unwrap_err();
+    let DriverError::IncompatibleProgress { split, error } = &err else { panic!("{err:?}") };
+    assert_eq!(split.as_str(), "s00");
+    assert!(error.contains(&format!("the progress reads {before}")), "{error}");
+    assert!(err.to_string().contains("roll back to the release that wrote it"), "{err}");
+    let rec: SplitRecord = records::decode(
+        &stores.state.get(&keys::split(&SplitId::new("s00").unwrap())).await.unwrap().unwrap().value,
+    )
+    .unwrap();
+    assert_eq!((rec.state, rec.attempts, rec.owner), (SplitState::Unleased, 0, None), "released, uncharged");
+    assert_eq!(committed(&stores, "s00").await, Some(before), "its progress kept");
+    // The release that wrote it finishes the job from there.
+    let p = Pipeline::new(stores.clone(), numbers(1, 20), Recorder::default())
+        .config(cfg)
+        .commit_every(cadence());
+    assert!(matches!(p.run_until(std::future::pending()).await.unwrap(), JobOutcome::Complete));
 }
 
 /// The committed progress of split `s`, if any.
