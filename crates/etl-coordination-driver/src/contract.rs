@@ -227,9 +227,9 @@ impl SourceError {
 impl From<std::io::Error> for SourceError {
     fn from(e: std::io::Error) -> Self {
         if is_transient_io(e.kind()) {
-            SourceError::transient(chain(&e))
+            SourceError::transient(error_chain(&e))
         } else {
-            SourceError::failed(chain(&e))
+            SourceError::failed(error_chain(&e))
         }
     }
 }
@@ -276,7 +276,11 @@ impl SinkError {
 /// disk among them), else permanent; the message keeps the chain of its sources.
 impl From<std::io::Error> for SinkError {
     fn from(e: std::io::Error) -> Self {
-        if is_transient_io(e.kind()) { SinkError::transient(chain(&e)) } else { SinkError::new(chain(&e)) }
+        if is_transient_io(e.kind()) {
+            SinkError::transient(error_chain(&e))
+        } else {
+            SinkError::new(error_chain(&e))
+        }
     }
 }
 
@@ -306,7 +310,10 @@ pub fn is_transient_io(kind: std::io::ErrorKind) -> bool {
 }
 
 /// An error's message followed by those of its sources (`a: b: c`).
-fn chain(e: &dyn std::error::Error) -> String {
+/// An error and every source under it, `outer: inner: ...`: the text to put in a
+/// [`SourceError`], a [`SinkError`] or a [`PlanError`](crate::PlanError), which are messages
+/// (they cross tasks and are kept in the split's record as its last error).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut cur = e.source();
     while let Some(s) = cur {

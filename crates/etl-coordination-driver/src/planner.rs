@@ -25,7 +25,31 @@ pub trait Planner: Send + Sync + 'static {
     }
 }
 
-/// A planner failure; the leader retries after a heartbeat interval.
+/// A planner failure; the leader retries after a heartbeat interval. It is a message (it is
+/// logged, counted and kept as the leader's last planning error, across tasks), built with
+/// [`PlanError::from_error`] to keep an error's whole chain of sources.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
 pub struct PlanError(pub String);
+
+impl PlanError {
+    /// The error and every source under it, `outer: inner: ...`.
+    pub fn from_error(e: &(dyn std::error::Error + 'static)) -> Self {
+        PlanError(crate::contract::error_chain(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("listing s3://bucket/prefix")]
+    struct Listing(#[source] std::io::Error);
+
+    #[test]
+    fn a_plan_error_from_an_error_keeps_every_source_in_its_message() {
+        let e = Listing(std::io::Error::other("503 Slow Down"));
+        assert_eq!(PlanError::from_error(&e).to_string(), "listing s3://bucket/prefix: 503 Slow Down");
+    }
+}

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use etl_coordination_driver::{
     LaneInfo, NextRecord, Plan, PlanError, PlanKind, PlannedSplit, Planner, Source, SourceError, SplitId,
-    SplitReader,
+    SplitReader, error_chain,
 };
 use futures_util::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
@@ -116,7 +116,7 @@ impl FilesSource {
                 .filter(|(k, _)| ["AWS_", "GOOGLE_", "AZURE_"].iter().any(|p| k.starts_with(p)))
                 .map(|(k, v)| (k.to_ascii_lowercase(), v));
             let (store, path) =
-                object_store::parse_url_opts(&url, options).map_err(|e| bad(e.to_string()))?;
+                object_store::parse_url_opts(&url, options).map_err(|e| bad(error_chain(&e)))?;
             (Arc::from(store), path)
         } else {
             let dir = std::path::Path::new(location);
@@ -145,7 +145,7 @@ impl FilesSource {
             .map_ok(|m| (m.location.to_string(), m.size))
             .try_collect()
             .await
-            .map_err(|e| FilesError::List { location: self.location.clone(), reason: e.to_string() })?;
+            .map_err(|e| FilesError::List { location: self.location.clone(), reason: error_chain(&e) })?;
         objects.sort();
         Ok(objects)
     }
@@ -208,7 +208,7 @@ impl Planner for FilesSource {
     }
 
     async fn plan(&self) -> Result<Plan, PlanError> {
-        let splits = self.plan_splits().await.map_err(|e| PlanError(e.to_string()))?;
+        let splits = self.plan_splits().await.map_err(|e| PlanError::from_error(&e))?;
         Ok(Plan::new(if self.follow { PlanKind::Open } else { PlanKind::Final }, splits))
     }
 }

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use bytes::Bytes;
 use etl_coordination_driver::{
     LaneInfo, NextRecord, Plan, PlanError, PlanKind, PlannedSplit, Planner, Source, SourceError, SplitId,
-    SplitReader,
+    SplitReader, error_chain,
 };
 use rusqlite::types::ValueRef;
 use serde::{Deserialize, Serialize};
@@ -104,7 +104,7 @@ impl SqliteSource {
     /// Ids are the range bounds, so that a later planning round can tell where the earlier
     /// ones ended.
     pub fn plan_splits(&self, from: i64) -> Result<Vec<PlannedSplit>, SqliteError> {
-        let db = |e: rusqlite::Error| SqliteError::Database(e.to_string());
+        let db = |e: rusqlite::Error| SqliteError::Database(error_chain(&e));
         let conn = self.connect()?;
         let t = &self.table;
         let (count, max): (i64, Option<i64>) = conn
@@ -190,8 +190,8 @@ impl Planner for SqliteSource {
         let source = self.clone();
         let splits = tokio::task::spawn_blocking(move || source.plan_splits(from))
             .await
-            .map_err(|e| PlanError(e.to_string()))?
-            .map_err(|e| PlanError(e.to_string()))?;
+            .map_err(|e| PlanError::from_error(&e))?
+            .map_err(|e| PlanError::from_error(&e))?;
         Ok(Plan::new(if self.follow { PlanKind::Open } else { PlanKind::Final }, splits))
     }
 }
@@ -224,7 +224,7 @@ impl SqliteReader {
         range: IdRange,
         after: Option<i64>,
     ) -> Result<Vec<(i64, String)>, SqliteError> {
-        let db = |e: rusqlite::Error| SqliteError::Database(e.to_string());
+        let db = |e: rusqlite::Error| SqliteError::Database(error_chain(&e));
         let conn = source.connect()?;
         let sql = format!(
             "SELECT * FROM \"{}\" WHERE id >= ?1 AND id > ?2 AND id < ?3 ORDER BY id LIMIT ?4",
