@@ -94,11 +94,14 @@ pub enum Migration {
 }
 
 /// Moves a job from a previous protocol version to this release's, keeping its plan, its
-/// progress and its splits' states: every record of the state bucket is rewritten in this
-/// release's format (each by a compare-and-swap on the revision read), then `meta` is stamped
-/// with the new protocol, last. A migration cut short leaves `meta` at the old protocol (this
-/// release's workers still refuse the job) and part of the records converted (the old
-/// release's workers could not read those): run this command again, which finishes it.
+/// progress and its splits' states: every record of the state bucket is converted to this
+/// release's format in memory first (one that cannot be is refused before anything is
+/// written), then each is written by a compare-and-swap on the revision read, the lease bucket
+/// is checked again, and `meta` is stamped with the new protocol last. A migration cut short
+/// leaves `meta` at the old protocol (this release's workers still refuse the job) and part of
+/// the records converted: run this command again, which finishes it. On a job already at this
+/// protocol it still converts any record of an older format it finds (one written by an old
+/// worker started during a migration).
 ///
 /// It refuses while the lease bucket holds anything: a live worker's presence or lease (or a
 /// dead one's, until it expires within a lease duration). Stop every worker of the release
@@ -109,9 +112,6 @@ pub async fn migrate<S: Store>(stores: &JobStores<S>) -> anyhow::Result<Migratio
     let meta = records::decode_meta(&meta_bytes).map_err(|e| unreadable_meta(stores, &e))?;
     let from = meta.protocol_version;
     let to = records::PROTOCOL_VERSION;
-    if from == to && meta_bytes.first() == Some(&records::FORMAT_VERSION) {
-        return Ok(Migration::AlreadyCurrent);
-    }
     if from > to {
         bail!("job {job} runs protocol {from}, newer than this release's {to}: use a newer release");
     }
@@ -122,48 +122,65 @@ pub async fn migrate<S: Store>(stores: &JobStores<S>) -> anyhow::Result<Migratio
             records::MIGRATES_FROM.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
         );
     }
-    let live = stores.lease.list(&Prefix::all()).await?;
-    if !live.is_empty() {
-        let mut names: Vec<String> = live.iter().map(|e| e.key.to_string()).collect();
-        names.sort();
-        let shown = names.iter().take(10).cloned().collect::<Vec<_>>().join(", ");
-        let more = if names.len() > 10 { format!(" and {} more", names.len() - 10) } else { String::new() };
-        bail!(
-            "job {job} still has live workers or leases ({shown}{more}): stop every worker of the \
-             release that runs it (scale its deployment to 0), wait one lease duration for their \
-             leases to expire, and run this again; nothing was changed"
-        );
-    }
-    let (mut rewritten, mut kept) = (0, 0);
+    // Every conversion is computed before anything is written.
+    let mut converted = Vec::new();
+    let mut kept = 0;
     for e in stores.state.list(&Prefix::all()).await? {
         if e.key == keys::meta() {
             continue;
         }
-        let converted = records::migrate_state_value(&e.key, &e.value).map_err(|err| {
-            anyhow::anyhow!(
-                "{} of job {job} cannot be migrated ({err}); nothing after it was changed and meta \
-                 still names protocol {from}: repair or remove that record and run this again",
+        match records::migrate_state_value(&e.key, &e.value) {
+            Ok(Some(value)) => converted.push((e.key, e.revision, value)),
+            Ok(None) => kept += 1,
+            Err(err) => bail!(
+                "{} of job {job} cannot be migrated ({err}); nothing was changed: repair or remove \
+                 that record (`etl-coord requeue --reset` rewrites a split's) and run this again",
                 e.key
-            )
-        })?;
-        let Some(value) = converted else {
-            kept += 1;
-            continue;
-        };
-        stores.state.compare_and_swap(&e.key, e.revision, value, None).await.with_context(|| {
-            format!(
-                "{} of job {job} changed while migrating: a worker is running on the job; stop it \
-                 and run this again",
-                e.key
-            )
-        })?;
-        rewritten += 1;
+            ),
+        }
     }
-    let stamped = Meta { protocol_version: to, ..meta };
-    stores
-        .state
-        .compare_and_swap(&keys::meta(), meta_rev, records::encode(&stamped), None)
-        .await
-        .with_context(|| format!("the meta of job {job} changed while migrating; run this again"))?;
-    Ok(Migration::Moved { from, to, rewritten: rewritten + 1, kept })
+    let stamp = from != to || meta_bytes.first() != Some(&records::FORMAT_VERSION);
+    if !stamp && converted.is_empty() {
+        return Ok(Migration::AlreadyCurrent);
+    }
+    refuse_if_live(stores, "nothing was changed").await?;
+    let rewritten = converted.len() + usize::from(stamp);
+    for (key, revision, value) in converted {
+        stores.state.compare_and_swap(&key, revision, value, None).await.with_context(|| {
+            format!(
+                "{key} of job {job} changed while migrating: a worker is running on the job; stop \
+                 it and run this again (meta still names protocol {from})"
+            )
+        })?;
+    }
+    // A worker started meanwhile may have written records this listing did not see.
+    refuse_if_live(stores, &format!("meta still names protocol {from}")).await?;
+    if stamp {
+        let stamped = Meta { protocol_version: to, ..meta };
+        stores
+            .state
+            .compare_and_swap(&keys::meta(), meta_rev, records::encode(&stamped), None)
+            .await
+            .with_context(|| format!("the meta of job {job} changed while migrating; run this again"))?;
+    }
+    Ok(Migration::Moved { from, to, rewritten, kept })
+}
+
+/// Refuses while the job's lease bucket holds anything (a worker's presence or lease), saying
+/// what to do and `state` (what the refusal leaves).
+async fn refuse_if_live<S: Store>(stores: &JobStores<S>, state: &str) -> anyhow::Result<()> {
+    let live = stores.lease.list(&Prefix::all()).await?;
+    if live.is_empty() {
+        return Ok(());
+    }
+    let mut names: Vec<String> = live.iter().map(|e| e.key.to_string()).collect();
+    names.sort();
+    let shown = names.iter().take(10).cloned().collect::<Vec<_>>().join(", ");
+    let more = if names.len() > 10 { format!(" and {} more", names.len() - 10) } else { String::new() };
+    bail!(
+        "job {} has live workers or leases ({shown}{more}): stop every worker on the job (scale \
+         its deployments to 0), wait one lease duration for their leases to expire, and run this \
+         again; {state}",
+        stores.job
+    )
 }

@@ -100,11 +100,40 @@ async fn a_job_of_the_previous_protocol_is_refused_then_migrated_and_finished_fr
     assert_eq!(stores.state.list(&Prefix::all()).await.unwrap(), before);
     stores.lease.delete(&presence, rev).await.unwrap();
 
+    // A record it cannot convert (another program's key) refuses it before anything is written.
+    let junk = etl_coordination_core::Key::new("junk").unwrap();
+    let junk_rev = stores.state.create(&junk, Bytes::from_static(&[1, 0]), None).await.unwrap();
+    let err = job::migrate(&stores).await.unwrap_err().to_string();
+    assert!(err.contains("junk") && err.contains("nothing was changed"), "{err}");
+    assert_eq!(stores.state.list(&Prefix::all()).await.unwrap().len(), before.len() + 1);
+    stores.state.delete(&junk, junk_rev).await.unwrap();
+    assert_eq!(stores.state.list(&Prefix::all()).await.unwrap(), before, "nothing converted");
+
+    // A migration cut short after converting the split records: the rerun finishes it.
+    let mut by_hand = 0;
+    for e in stores.state.list(&keys::split_prefix()).await.unwrap() {
+        let value = records::migrate_state_value(&e.key, &e.value).unwrap().unwrap();
+        stores.state.compare_and_swap(&e.key, e.revision, value, None).await.unwrap();
+        by_hand += 1;
+    }
     let moved = job::migrate(&stores).await.unwrap();
-    let Migration::Moved { from: 1, to, rewritten, kept: 0 } = moved else { panic!("{moved:?}") };
-    assert_eq!((to, rewritten), (records::PROTOCOL_VERSION, before.len()));
+    let Migration::Moved { from: 1, to, rewritten, kept } = moved else { panic!("{moved:?}") };
+    assert_eq!((to, rewritten + kept, kept), (records::PROTOCOL_VERSION, before.len(), by_hand));
     assert_eq!(meta(&stores).await.protocol_version, records::PROTOCOL_VERSION);
     assert_eq!(job::migrate(&stores).await.unwrap(), Migration::AlreadyCurrent, "run again: nothing to do");
+    // An old worker started during the migration wrote a record of the old format after it:
+    // a rerun on the current job converts it.
+    let e = stores.state.list(&keys::split_prefix()).await.unwrap().remove(0);
+    let mut old = e.value.to_vec();
+    old[0] = 1;
+    old.pop();
+    stores.state.compare_and_swap(&e.key, e.revision, Bytes::from(old), None).await.unwrap();
+    let fixed = job::migrate(&stores).await.unwrap();
+    let current = records::PROTOCOL_VERSION;
+    assert!(
+        matches!(fixed, Migration::Moved { from, to, rewritten: 1, .. } if from == current && to == current),
+        "{fixed:?}"
+    );
     let st = ops::status(&stores).await.unwrap();
     assert!(st.undecodable.is_empty(), "{:?}", st.undecodable);
     let progress: Vec<_> = st.splits.iter().map(|s| (s.state.clone(), s.progress.is_some())).collect();

@@ -377,9 +377,9 @@ pub enum Event {
     /// After [`Event::JobEnded`]: a split is no longer terminal (requeued or reset), so the job
     /// runs again.
     JobReopened,
-    /// The job's `meta` holds another `max_attempts` than this worker's configuration: the
-    /// job's value is used (it is a setting of the job, changed with `etl-coord job
-    /// set-max-attempts`; the flag only seeds a new job).
+    /// The `max_attempts` in effect changed: at join, to the job's value where it differs from
+    /// this worker's configuration; later, to a value an operator set (`etl-coord job
+    /// set-max-attempts`). It is a setting of the job; the flag only seeds a new job.
     JobMaxAttempts {
         /// The job's value, in effect.
         job: u32,

@@ -152,7 +152,9 @@ pub fn decode_meta(bytes: &[u8]) -> Result<Meta, RecordError> {
     }
 }
 
-/// `meta`: written once by the first worker; every later worker compares (P2).
+/// `meta`: created by the first worker; every later worker compares its protocol and planner
+/// and adopts its `max_attempts` (P2). Rewritten only by an operator's command (`etl-coord
+/// job set-max-attempts`, `etl-coord job migrate`).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct Meta {
     /// [`PROTOCOL_VERSION`] of the writer.
@@ -164,12 +166,10 @@ pub struct Meta {
 }
 
 impl Meta {
-    /// A one-line rendering used in the divergence error.
+    /// A one-line rendering used in the divergence error: what must match (`max_attempts` is
+    /// the job's and is not compared).
     pub fn describe(&self) -> String {
-        format!(
-            "protocol {} / planner fingerprint {:?} / max_attempts {}",
-            self.protocol_version, self.fingerprint, self.max_attempts
-        )
+        format!("protocol {} / planner fingerprint {:?}", self.protocol_version, self.fingerprint)
     }
 }
 

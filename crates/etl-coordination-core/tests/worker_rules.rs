@@ -172,6 +172,45 @@ fn p2_a_job_moved_to_another_protocol_under_a_running_worker_stops_it_at_the_nex
     assert!(r.w.is_stopped());
 }
 
+/// P2: a refreshed `meta` of another protocol is no reason to stop when it is a lagging
+/// replica's answer (older than the meta in effect), nor while draining (the drain finishes
+/// under what it started with).
+#[test]
+fn p2_a_lagging_answer_or_a_drain_is_not_stopped_by_a_refreshed_meta() {
+    let mut c = cfg("w1", 1);
+    c.tuning.drain_timeout = Duration::from_secs(600);
+    let mut r = Rig::new(c);
+    r.plan = Some(plan(1, PlanKind::Final));
+    r.feed(Input::Start);
+    let current = Meta { protocol_version: records::PROTOCOL_VERSION, fingerprint: "fp-1".into(), max_attempts: 2 };
+    let newer = r.kv.put(Bucket::State, &keys::meta(), &current);
+    let resync = r.w.config().tuning.resync_interval();
+    r.advance(resync); // adopts the meta at `newer`
+    let moved = Meta { protocol_version: records::PROTOCOL_VERSION + 1, ..current.clone() };
+    r.auto = false;
+    r.advance(resync);
+    let op = r
+        .pending
+        .iter()
+        .find(|(_, _, req)| *req == StoreRequest::Get { key: keys::meta() })
+        .map(|(op, _, _)| *op)
+        .expect("every resync reads meta again");
+    let stale = Entry { key: keys::meta(), value: records::encode(&moved), revision: Revision(newer.0 - 1) };
+    r.answer(op, Ok(StoreReply::Value(Some(stale))));
+    assert!(!r.w.is_stopped(), "an answer older than the meta in effect stops nothing: {:?}", r.log);
+    for (op, _, _) in std::mem::take(&mut r.pending) {
+        r.answer(op, Err(StoreError::Unavailable("cut".into())));
+    }
+    r.auto = true;
+
+    // Draining (the lane has not stopped yet), the job is moved: the drain goes on.
+    r.feed(Input::Drain);
+    r.kv.put(Bucket::State, &keys::meta(), &moved);
+    r.advance(resync);
+    assert!(!r.log.iter().any(|a| matches!(a, Action::Fatal(_))), "{:?}", r.log);
+    assert!(!r.w.is_stopped());
+}
+
 #[test]
 fn p2_a_matching_meta_opens_the_watches_and_announces_presence() {
     let mut w = Worker::new(cfg("w1", 1));

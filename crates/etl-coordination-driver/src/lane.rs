@@ -34,7 +34,7 @@ pub(crate) enum LaneMsg {
     Stopped { split: SplitId, epoch: Epoch },
     /// This release cannot read the split's committed progress: the worker drains and ends
     /// with [`crate::DriverError::IncompatibleProgress`]; the lane waits for its stop.
-    Incompatible { split: SplitId, error: String },
+    Incompatible { split: SplitId, epoch: Epoch, error: String },
     /// `Input::Quarantine`: the lane gives the split up.
     GiveUp { split: SplitId, epoch: Epoch, error: String },
     /// A bad record was skipped (for the metrics only).
@@ -268,7 +268,7 @@ impl Lane {
     /// rolling update of such a release stops at its first pod instead of burning the split's
     /// attempts. Resolves once the lane has stopped.
     pub async fn incompatible_progress(mut self, error: impl Into<String>) {
-        let msg = LaneMsg::Incompatible { split: self.split.clone(), error: error.into() };
+        let msg = LaneMsg::Incompatible { split: self.split.clone(), epoch: self.epoch, error: error.into() };
         if self.tx.send(msg).is_err() {
             self.ended = true;
             return;

@@ -63,8 +63,9 @@ pub enum DriverError {
     #[error(
         "split {split}: its committed progress cannot be read by this release ({error}); it was \
          written by another release of the source: roll back to the release that wrote it (a \
-         release must read its predecessor's progress; docs/UPGRADES.md). Nothing was charged to \
-         the split and this worker drained"
+         release must read its predecessor's progress; docs/UPGRADES.md), or, if no release can \
+         read it, start the split over with `etl-coord requeue --reset --split {split}`. Nothing \
+         was charged to the split and this worker drained"
     )]
     IncompatibleProgress {
         /// The split.

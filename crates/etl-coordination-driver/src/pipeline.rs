@@ -321,6 +321,16 @@ async fn lane_loop<So: Source, Si: Sink<So::Record>>(
     cadence: CommitCadence,
     budget: Duration,
 ) -> (u64, LaneEnd) {
+    // A committed progress this release cannot read ends the lane before any sink is opened.
+    if let Some(b) = lane.resume_from().filter(|b| b.as_ref() != NO_PROGRESS)
+        && let Err(e) = serde_json::from_slice::<So::Progress>(b)
+    {
+        let text = String::from_utf8_lossy(b);
+        let shown: String = text.chars().take(200).collect();
+        let cut = if shown.len() < text.len() { " ..." } else { "" };
+        lane.incompatible_progress(format!("{e}; the progress reads {shown}{cut}")).await;
+        return (0, LaneEnd::Stopped);
+    }
     let mut retry = Transient::new(budget);
     let writer = loop {
         let opened = tokio::select! {
@@ -367,15 +377,6 @@ async fn read_lane<So: Source, Si: Sink<So::Record>>(
     mut retry: Transient,
 ) -> (u64, LaneEnd) {
     let resume = lane.resume_from().cloned();
-    if let Some(b) = resume.as_ref().filter(|b| b.as_ref() != NO_PROGRESS)
-        && let Err(e) = serde_json::from_slice::<So::Progress>(b)
-    {
-        let text = String::from_utf8_lossy(b);
-        let shown: String = text.chars().take(200).collect();
-        let cut = if shown.len() < text.len() { " ..." } else { "" };
-        lane.incompatible_progress(format!("{e}; the progress reads {shown}{cut}")).await;
-        return (0, LaneEnd::Stopped);
-    }
     let mut w = Written {
         emitted: 0,
         last: None,

@@ -165,8 +165,8 @@ pub(crate) fn log_event(e: &Event) {
         Event::JobMaxAttempts { job, configured } => warn!(
             job_max_attempts = job,
             configured_max_attempts = configured,
-            "this job's max_attempts is {job} (recorded in its meta); the configured {configured} is ignored: \
-             change the job's with `etl-coord job set-max-attempts`, or drop the flag"
+            "max_attempts in effect is now {job}, the job's (recorded in its meta; this worker was configured \
+             with {configured}, which only seeds a new job); `etl-coord job set-max-attempts` changes it"
         ),
         Event::JobEnded { .. } | Event::JobReopened => {}
         // Events are informational and grow; one this driver does not know is still visible.

@@ -255,7 +255,10 @@ impl<S: Store, P: Planner> Task<S, P> {
                 self.lane_ended(&split, epoch);
                 Input::LaneStopped { split, epoch }
             }
-            LaneMsg::Incompatible { split, error } => {
+            LaneMsg::Incompatible { split, epoch, error } => {
+                if self.running.get(&split, epoch).is_none() {
+                    return None; // a lane that already lost its split: another tenancy decides
+                }
                 error!(
                     %split,
                     %error,

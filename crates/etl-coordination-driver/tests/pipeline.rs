@@ -428,7 +428,8 @@ async fn a_progress_this_release_cannot_read_drains_the_worker_and_charges_nothi
     tokio::time::sleep(Duration::from_secs(5)).await;
     let before = committed(&stores, "s00").await.expect("the first run committed");
     let p = Pipeline::new(stores.clone(), Words(numbers(1, 20)), Recorder::default()).config(cfg.clone());
-    let err = p.run_until(std::future::pending()).await.unwrap_err();
+    let run = tokio::time::timeout(Duration::from_secs(600), p.run_until(std::future::pending()));
+    let err = run.await.expect("the worker drains and ends").unwrap_err();
     let DriverError::IncompatibleProgress { split, error } = &err else { panic!("{err:?}") };
     assert_eq!(split.as_str(), "s00");
     assert!(error.contains(&format!("the progress reads {before}")), "{error}");

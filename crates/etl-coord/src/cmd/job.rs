@@ -73,6 +73,10 @@ pub(crate) async fn run(a: JobArgs) -> anyhow::Result<ExitCode> {
                 Migration::AlreadyCurrent => {
                     println!("job {} runs this release's protocol already; nothing changed", stores.job)
                 }
+                Migration::Moved { from, to, rewritten, kept } if from == to => println!(
+                    "job {}: {rewritten} records of an earlier format rewritten ({kept} already current)",
+                    stores.job
+                ),
                 Migration::Moved { from, to, rewritten, kept } => println!(
                     "job {}: moved from protocol {from} to {to} ({rewritten} records rewritten, {kept} \
                      already current); start this release's workers",

@@ -58,17 +58,11 @@ impl Worker {
     pub(super) fn on_meta_get(&mut self, now: Timestamp, result: StoreResult) {
         match Read::of(result) {
             Read::Found(entry) => match records::decode_meta(&entry.value) {
-                Ok(stored) if stored.protocol_version != records::PROTOCOL_VERSION => {
-                    self.fatal(FatalError::ProtocolMismatch {
-                        stored: stored.protocol_version,
-                        local: records::PROTOCOL_VERSION,
-                    })
-                }
-                Ok(stored) if stored.fingerprint != self.cfg.fingerprint => {
-                    self.fatal(FatalError::ConfigDivergence {
-                        stored: stored.describe(),
-                        local: self.meta().describe(),
-                    })
+                Ok(stored)
+                    if stored.protocol_version != records::PROTOCOL_VERSION
+                        || stored.fingerprint != self.cfg.fingerprint =>
+                {
+                    self.refuse(&stored)
                 }
                 Ok(stored) => {
                     self.adopt_meta(entry.revision, &stored);
@@ -93,7 +87,8 @@ impl Worker {
     }
 
     /// The job's `max_attempts` governs every charge this worker writes (P12), whatever its
-    /// own configuration says; a change is reported. A value out of the valid range (written
+    /// own configuration says; the value in effect is reported whenever it changes (at join:
+    /// when it differs from the configured one). A value out of the valid range (written
     /// by hand) is clamped into it rather than trusted. An older revision (a lagging replica's
     /// answer to a refresh) is ignored.
     fn adopt_meta(&mut self, revision: Revision, stored: &Meta) {
@@ -115,25 +110,38 @@ impl Worker {
         self.outbox.send(Bucket::State, StoreRequest::Get { key: keys::meta() }, Pending::MetaRefresh);
     }
 
-    /// The answer to [`Worker::refresh_meta`]: anything but a readable `meta` is left to the
-    /// next resync (the job goes on under the settings it has).
+    /// The answer to [`Worker::refresh_meta`]: anything but a readable `meta` at least as new as
+    /// the one in effect is left to the next resync (the job goes on under the settings it
+    /// has; a lagging replica's older answer is not evidence of anything). Another protocol or
+    /// planner stops the worker, unless it is leaving: a drain finishes under what it started.
     pub(super) fn on_meta_refresh(&mut self, result: StoreResult) {
         let Read::Found(entry) = Read::of(result) else { return };
-        match records::decode_meta(&entry.value) {
-            Ok(stored) if stored.protocol_version != records::PROTOCOL_VERSION => {
-                self.fatal(FatalError::ProtocolMismatch {
-                    stored: stored.protocol_version,
-                    local: records::PROTOCOL_VERSION,
-                })
+        if entry.revision < self.meta_revision {
+            return;
+        }
+        let stored = match records::decode_meta(&entry.value) {
+            Ok(stored) => stored,
+            Err(e) => return self.note_undecodable(Bucket::State, &entry, &e),
+        };
+        self.note_decodable(Bucket::State, &entry.key, entry.revision);
+        if stored.protocol_version != records::PROTOCOL_VERSION || stored.fingerprint != self.cfg.fingerprint {
+            if self.leaving.is_none() {
+                self.refuse(&stored);
             }
-            Ok(stored) if stored.fingerprint != self.cfg.fingerprint => {
-                self.fatal(FatalError::ConfigDivergence {
-                    stored: stored.describe(),
-                    local: self.meta().describe(),
-                })
-            }
-            Ok(stored) => self.adopt_meta(entry.revision, &stored),
-            Err(e) => self.note_undecodable(Bucket::State, &entry, &e),
+            return;
+        }
+        self.adopt_meta(entry.revision, &stored);
+    }
+
+    /// P2: the fatal error for a `meta` of another protocol or planner.
+    fn refuse(&mut self, stored: &Meta) {
+        if stored.protocol_version != records::PROTOCOL_VERSION {
+            self.fatal(FatalError::ProtocolMismatch {
+                stored: stored.protocol_version,
+                local: records::PROTOCOL_VERSION,
+            })
+        } else {
+            self.fatal(FatalError::ConfigDivergence { stored: stored.describe(), local: self.meta().describe() })
         }
     }
 

@@ -108,7 +108,7 @@ impl Worker {
     }
 
     /// The key holds a value that decodes at `rev`, or none: no longer undecodable.
-    fn note_decodable(&mut self, bucket: Bucket, key: &Key, rev: Revision) {
+    pub(super) fn note_decodable(&mut self, bucket: Bucket, key: &Key, rev: Revision) {
         let slot = (bucket, key.clone());
         if self.view.undecodable.get(&slot).is_some_and(|r| *r <= rev) {
             self.view.undecodable.remove(&slot);
