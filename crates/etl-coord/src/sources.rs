@@ -49,6 +49,33 @@ impl AnySource {
     }
 }
 
+/// Which objects of a files source are input (`--include`, `--exclude`, `--include-hidden`).
+#[derive(Clone, Debug, Default)]
+pub struct Filters {
+    /// Only keys matching one of these globs.
+    pub include: Vec<String>,
+    /// Not keys matching one of these globs.
+    pub exclude: Vec<String>,
+    /// Keys with a component starting with `_` or `.` too.
+    pub include_hidden: bool,
+}
+
+impl AnySource {
+    /// Applies `filters` to a files source; any filter on another source is refused, naming it.
+    pub fn with_filters(self, filters: &Filters) -> anyhow::Result<Self> {
+        match self {
+            AnySource::Files(f) => {
+                let f = f.include(&filters.include)?.exclude(&filters.exclude)?;
+                Ok(AnySource::Files(f.include_hidden(filters.include_hidden)))
+            }
+            other if filters.include.is_empty() && filters.exclude.is_empty() && !filters.include_hidden => {
+                Ok(other)
+            }
+            _ => bail!("--include, --exclude and --include-hidden apply to files: sources only"),
+        }
+    }
+}
+
 impl Planner for AnySource {
     fn fingerprint(&self) -> String {
         match self {

@@ -26,6 +26,11 @@ pub const FORMAT_VERSION: u8 = 2;
 /// starved tenancy resumes under a new epoch (P11).
 pub const PROTOCOL_VERSION: u32 = 2;
 
+/// The largest planner descriptor a plan may carry (a split's `desc.{id}` record holds it with
+/// a few bytes of framing; every store accepts values of twice this size). A plan with a larger
+/// one is refused as a planning error naming the split, before anything is written.
+pub const MAX_DESCRIPTOR_LEN: usize = 256 * 1024;
+
 /// How many split ids one manifest chunk holds. Keeps each chunk far below NATS's default
 /// 1 MiB message limit even with 128-character ids.
 pub const MANIFEST_CHUNK_LEN: usize = 1024;

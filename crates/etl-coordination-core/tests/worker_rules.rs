@@ -388,6 +388,45 @@ fn p4_a_deposed_leaders_publication_loses_its_swap() {
     assert!(r.started().is_empty());
 }
 
+/// P4: a plan whose descriptor would not fit in a stored value is a planning error naming the
+/// split, its size and what to change, before anything of it is written (it used to fail every
+/// leader on the store's value limit, naming nothing).
+#[test]
+fn p4_a_descriptor_above_the_limit_fails_the_plan_naming_the_split_and_writes_nothing() {
+    let mut r = Rig::new(cfg("w1", 1));
+    r.feed(Input::Start);
+    let request = r
+        .log
+        .iter()
+        .find_map(|a| match a {
+            Action::Plan { request } => Some(*request),
+            _ => None,
+        })
+        .expect("the leader asked for a plan");
+    let mut big = plan(3, PlanKind::Final);
+    big.splits[1].descriptor = Bytes::from(vec![b'x'; records::MAX_DESCRIPTOR_LEN + 1]);
+    let before = r.kv.list(Bucket::State, &Prefix::all()).len();
+    r.feed(Input::PlanReady { request, result: Ok(big) });
+    let error = r
+        .events()
+        .into_iter()
+        .find_map(|e| match e {
+            Event::PlanFailed { error } => Some(error),
+            _ => None,
+        })
+        .expect("a planning error");
+    let size = (records::MAX_DESCRIPTOR_LEN + 1).to_string();
+    assert!(error.contains("split s1") && error.contains(&size) && error.contains("smaller splits"), "{error}");
+    assert_eq!(r.kv.list(Bucket::State, &Prefix::all()).len(), before, "no descriptor, no record written");
+    // At the limit it is stored and run.
+    let mut at = plan(3, PlanKind::Final);
+    at.splits[1].descriptor = Bytes::from(vec![b'x'; records::MAX_DESCRIPTOR_LEN]);
+    let mut r = Rig::new(cfg("w1", 1));
+    r.plan = Some(at);
+    r.feed(Input::Start);
+    assert_eq!(r.started().len(), 3, "a descriptor at the limit is stored and run");
+}
+
 /// w1 leads, then its renewals go unanswered: it steps down with the key still naming it, tries
 /// to take it back by CAS, and that CAS's answer is lost. Returns the rig, the read resolving
 /// the CAS (unanswered), and the key's revision (the one the CAS expects).

@@ -84,6 +84,7 @@ pub use contract::{
     BadRecord, BoxFuture, CommitCadence, DeadLetterWriter, DeadLetters, LaneInfo, NextBatch, NextRecord,
     Sink, SinkError, SinkWriter, Source, SourceError, SplitReader, error_chain, is_transient_io,
 };
+pub use etl_coordination_core::records::MAX_DESCRIPTOR_LEN;
 pub use etl_coordination_core::{
     AcquisitionReason, CommitOutcome, Epoch, InstanceId, JobName, Plan, PlanKind, PlannedSplit, SplitId,
     StopReason, Tuning,

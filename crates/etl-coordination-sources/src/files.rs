@@ -53,6 +53,14 @@ pub enum FilesError {
     /// A split size of 0.
     #[error("split_bytes must be at least 1")]
     ZeroSplitBytes,
+    /// An `--include` or `--exclude` pattern that is not a valid glob.
+    #[error("glob {pattern:?}: {reason}")]
+    Glob {
+        /// The pattern as given.
+        pattern: String,
+        /// Why it is not a glob.
+        reason: String,
+    },
     /// Listing the input failed.
     #[error("listing {location}: {reason}")]
     List {
@@ -71,6 +79,66 @@ pub struct FilesSource {
     location: String,
     split_bytes: u64,
     follow: bool,
+    filter: KeyFilter,
+}
+
+/// Which objects under the location are input (see [`FilesSource::include`]).
+#[derive(Clone, Debug, Default)]
+struct KeyFilter {
+    include: Vec<String>,
+    exclude: Vec<String>,
+    include_hidden: bool,
+    include_set: Option<globset::GlobSet>,
+    exclude_set: Option<globset::GlobSet>,
+}
+
+impl KeyFilter {
+    /// Whether the object at `key` (relative to the location) is input.
+    fn admits(&self, key: &str) -> bool {
+        if !self.include_hidden && is_hidden(key) {
+            return false;
+        }
+        if self.include_set.as_ref().is_some_and(|set| !set.is_match(key)) {
+            return false;
+        }
+        !self.exclude_set.as_ref().is_some_and(|set| set.is_match(key))
+    }
+
+    /// What changes the plan, for the fingerprint (empty when nothing is set).
+    fn describe(&self) -> String {
+        let mut out = String::new();
+        for p in &self.include {
+            out.push_str(&format!(" include={p}"));
+        }
+        for p in &self.exclude {
+            out.push_str(&format!(" exclude={p}"));
+        }
+        if self.include_hidden {
+            out.push_str(" include_hidden");
+        }
+        out
+    }
+}
+
+/// Hadoop's and Spark's rule for what is not data: a key with a component that starts with
+/// `_` or `.` (`_SUCCESS`, `_committed_123`, `_temporary/...`, `.part-0000.crc`, `.DS_Store`).
+pub fn is_hidden(key: &str) -> bool {
+    key.split('/').any(|c| c.starts_with('_') || c.starts_with('.'))
+}
+
+fn glob_set(patterns: &[String]) -> Result<Option<globset::GlobSet>, FilesError> {
+    if patterns.is_empty() {
+        return Ok(None);
+    }
+    let mut b = globset::GlobSetBuilder::new();
+    for p in patterns {
+        let glob = globset::GlobBuilder::new(p)
+            .literal_separator(true)
+            .build()
+            .map_err(|e| FilesError::Glob { pattern: p.clone(), reason: e.kind().to_string() })?;
+        b.add(glob);
+    }
+    b.build().map(Some).map_err(|e| FilesError::Glob { pattern: patterns.join(" "), reason: e.to_string() })
 }
 
 impl std::fmt::Debug for FilesSource {
@@ -79,6 +147,7 @@ impl std::fmt::Debug for FilesSource {
             .field("location", &self.location)
             .field("split_bytes", &self.split_bytes)
             .field("follow", &self.follow)
+            .field("filter", &self.filter.describe())
             .finish()
     }
 }
@@ -127,7 +196,14 @@ impl FilesSource {
                 .map_err(|_| FilesError::NotADirectory(location.to_owned()))?;
             (Arc::new(fs), ObjectPath::default())
         };
-        Ok(FilesSource { store, prefix, location: location.to_owned(), split_bytes, follow: false })
+        Ok(FilesSource {
+            store,
+            prefix,
+            location: location.to_owned(),
+            split_bytes,
+            follow: false,
+            filter: KeyFilter::default(),
+        })
     }
 
     /// Follow mode: every object is a split, and the plan stays open (see the module
@@ -137,12 +213,43 @@ impl FilesSource {
         self
     }
 
-    /// The objects under the location, in path order.
+    /// Only objects whose key (relative to the location, `/`-separated) matches one of these
+    /// globs are input (`*` and `?` stay within a path component, `**` crosses them:
+    /// `**/*.json`, `2024-*/part-*`). Replaces any earlier include list.
+    pub fn include(mut self, globs: &[String]) -> Result<Self, FilesError> {
+        self.filter.include_set = glob_set(globs)?;
+        self.filter.include = globs.to_vec();
+        Ok(self)
+    }
+
+    /// Objects whose key matches one of these globs are not input (applied after
+    /// [`FilesSource::include`]). Replaces any earlier exclude list.
+    pub fn exclude(mut self, globs: &[String]) -> Result<Self, FilesError> {
+        self.filter.exclude_set = glob_set(globs)?;
+        self.filter.exclude = globs.to_vec();
+        Ok(self)
+    }
+
+    /// Read hidden objects too. By default a key with a component that starts with `_` or `.`
+    /// is skipped, as Hadoop and Spark do: commit markers (`_SUCCESS`, `_committed_*`,
+    /// `_started_*`), temporary output (`_temporary/`), checksums (`.part-0000.crc`).
+    pub fn include_hidden(mut self, yes: bool) -> Self {
+        self.filter.include_hidden = yes;
+        self
+    }
+
+    /// The objects under the location that are input, in path order.
     async fn list(&self) -> Result<Vec<(String, u64)>, FilesError> {
+        let prefix = self.prefix.as_ref();
         let mut objects: Vec<(String, u64)> = self
             .store
             .list(Some(&self.prefix))
-            .map_ok(|m| (m.location.to_string(), m.size))
+            .try_filter_map(|m| {
+                let path = m.location.to_string();
+                let key = path.strip_prefix(prefix).unwrap_or(&path).trim_start_matches('/');
+                let admitted = self.filter.admits(key);
+                std::future::ready(Ok(admitted.then_some((path, m.size))))
+            })
             .try_collect()
             .await
             .map_err(|e| FilesError::List { location: self.location.clone(), reason: error_chain(&e) })?;
@@ -173,9 +280,16 @@ fn split_of(objects: Vec<(String, u64)>, identity: &[&str]) -> PlannedSplit {
     PlannedSplit::new(SplitId::new(format!("f-{h:016x}")).expect("hex ids are valid"), descriptor, weight)
 }
 
+/// The most a split's descriptor holds, in bytes of its JSON: a split of many small objects is
+/// cut there whatever its size in bytes (30,000 objects of a few bytes under one 64 MiB target
+/// would otherwise make a descriptor of megabytes, above any store's value limit), so a
+/// descriptor stays far below [`etl_coordination_driver::MAX_DESCRIPTOR_LEN`] and quick to read
+/// at every claim.
+pub const DESCRIPTOR_BUDGET: usize = 64 * 1024;
+
 /// Greedy bin-packing in path order: objects join the current split until it would exceed the
-/// target; an object larger than the target gets a split of its own. A split's id is a hash of
-/// its paths and sizes.
+/// target in bytes, or its descriptor [`DESCRIPTOR_BUDGET`]; an object larger than the target
+/// gets a split of its own. A split's id is a hash of its paths and sizes.
 pub fn pack(objects: Vec<(String, u64)>, target: u64) -> Vec<PlannedSplit> {
     let mut splits = Vec::new();
     let mut current: Vec<(String, u64)> = Vec::new();
@@ -189,12 +303,18 @@ pub fn pack(objects: Vec<(String, u64)>, target: u64) -> Vec<PlannedSplit> {
         let identity: Vec<&str> = identity.iter().map(String::as_str).collect();
         splits.push(split_of(objects.clone(), &identity));
     };
+    let mut described = 0usize;
     for (path, size) in objects {
-        if !current.is_empty() && bytes + size > target {
+        // Its entry in the descriptor: `["path",size],` with the path JSON-escaped (at most 6
+        // bytes a character) and the size's digits.
+        let entry = path.len() * 6 + 24;
+        if !current.is_empty() && (bytes + size > target || described + entry > DESCRIPTOR_BUDGET) {
             flush(&mut current, &mut splits);
             bytes = 0;
+            described = 0;
         }
         bytes += size;
+        described += entry;
         current.push((path, size));
     }
     flush(&mut current, &mut splits);
@@ -204,7 +324,10 @@ pub fn pack(objects: Vec<(String, u64)>, target: u64) -> Vec<PlannedSplit> {
 impl Planner for FilesSource {
     fn fingerprint(&self) -> String {
         let mode = if self.follow { " follow" } else { "" };
-        format!("files/v1 location={} split_bytes={}{mode}", self.location, self.split_bytes)
+        // Filters change the plan, so they are part of the fingerprint; skipping hidden keys
+        // by default is not (the descriptors are the same, only the listing differs).
+        let filter = self.filter.describe();
+        format!("files/v1 location={} split_bytes={}{mode}{filter}", self.location, self.split_bytes)
     }
 
     async fn plan(&self) -> Result<Plan, PlanError> {
@@ -441,6 +564,71 @@ mod tests {
         let full =
             E::Generic { store: "LocalFileSystem", source: boxed(io(std::io::ErrorKind::StorageFull)) };
         assert!(store_error("a", full).is_transient(), "a full local disk is an outage");
+    }
+
+    /// The shape of a Spark output prefix: 30,000 objects of a few hundred bytes under the
+    /// default 64 MiB target used to make one split with a descriptor of megabytes, which no
+    /// store accepts. Splits are cut by descriptor size too; every object is in exactly one.
+    #[test]
+    fn many_small_objects_make_splits_whose_descriptors_stay_small() {
+        let objects: Vec<(String, u64)> =
+            (0..30_000).map(|i| (format!("events/date=2024-01-01/part-{i:06}-c000.json"), 300)).collect();
+        let splits = pack(objects.clone(), DEFAULT_SPLIT_BYTES);
+        assert!(splits.len() > 1, "cut by descriptor size, not one split");
+        let mut seen = Vec::new();
+        for s in &splits {
+            assert!(s.descriptor.len() <= DESCRIPTOR_BUDGET, "{} bytes", s.descriptor.len());
+            assert!(s.descriptor.len() <= etl_coordination_driver::MAX_DESCRIPTOR_LEN);
+            let d: FileSplit = serde_json::from_slice(&s.descriptor).unwrap();
+            seen.extend(d.objects);
+        }
+        assert_eq!(seen, objects, "every object once, in order");
+        // Paths that escape to six bytes a character still fit.
+        let odd: Vec<(String, u64)> = (0..2_000).map(|i| (format!("{}{i}", "\u{1}".repeat(40)), 1)).collect();
+        assert!(pack(odd, DEFAULT_SPLIT_BYTES).iter().all(|s| s.descriptor.len() <= DESCRIPTOR_BUDGET));
+    }
+
+    #[test]
+    fn hidden_keys_are_those_hadoop_and_spark_skip() {
+        for hidden in ["_SUCCESS", "_committed_123", "_temporary/0/part-0", ".part-0000.json.crc", "a/.DS_Store"] {
+            assert!(is_hidden(hidden), "{hidden}");
+        }
+        for data in ["part-0000.json", "date=2024-01-01/part-1.json", "a_b/c.txt", "x.crc"] {
+            assert!(!is_hidden(data), "{data}");
+        }
+    }
+
+    #[tokio::test]
+    async fn filters_choose_the_input_and_change_the_fingerprint() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["a.json", "b.csv", "sub/c.json", "sub/d.json.tmp", "_SUCCESS", "sub/.c.json.crc"] {
+            let path = dir.path().join(f);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, "x\n").unwrap();
+        }
+        let location = dir.path().to_str().unwrap();
+        let keys = |src: &FilesSource| {
+            let src = src.clone();
+            async move {
+                let mut keys: Vec<String> = src.list().await.unwrap().into_iter().map(|(p, _)| p).collect();
+                keys.sort();
+                keys
+            }
+        };
+        let plain = FilesSource::open(location, 1 << 20).unwrap();
+        assert_eq!(keys(&plain).await, ["a.json", "b.csv", "sub/c.json", "sub/d.json.tmp"], "markers skipped");
+        let all = plain.clone().include_hidden(true);
+        assert_eq!(keys(&all).await.len(), 6);
+        let json = plain.clone().include(&["**/*.json".into()]).unwrap();
+        assert_eq!(keys(&json).await, ["a.json", "sub/c.json"]);
+        let top = plain.clone().include(&["*.json".into()]).unwrap();
+        assert_eq!(keys(&top).await, ["a.json"], "* stays within a path component");
+        let no_tmp = plain.clone().exclude(&["**/*.tmp".into(), "*.csv".into()]).unwrap();
+        assert_eq!(keys(&no_tmp).await, ["a.json", "sub/c.json"]);
+        assert_ne!(json.fingerprint(), plain.fingerprint(), "another input is another job");
+        assert_eq!(plain.fingerprint(), FilesSource::open(location, 1 << 20).unwrap().fingerprint());
+        let err = plain.include(&["[oops".into()]).unwrap_err().to_string();
+        assert!(err.contains("[oops"), "{err}");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use etl_coord::sink::{DeadLetterFile, JsonlSink};
-use etl_coord::sources::{AnySource, DEFAULT_SPLIT_BYTES, DEFAULT_SPLIT_ROWS, Faults, Faulty};
+use etl_coord::sources::{AnySource, DEFAULT_SPLIT_BYTES, DEFAULT_SPLIT_ROWS, Faults, Faulty, Filters};
 use etl_coordination_driver::Pipeline;
 use etl_coordination_runner::WorkerFlags;
 
@@ -37,6 +37,19 @@ pub(crate) struct WorkerArgs {
     /// Files source: target bytes per split.
     #[arg(long, default_value_t = DEFAULT_SPLIT_BYTES, env = "ETL_COORD_SPLIT_SIZE")]
     pub(crate) split_size: u64,
+    /// Files source: read only objects whose key (relative to the location) matches one of
+    /// these globs (repeat the flag, or separate with commas; `*` stays within a path
+    /// component, `**` crosses them: `**/*.json`).
+    #[arg(long, value_delimiter = ',', env = "ETL_COORD_INCLUDE")]
+    pub(crate) include: Vec<String>,
+    /// Files source: skip objects whose key matches one of these globs (after --include).
+    #[arg(long, value_delimiter = ',', env = "ETL_COORD_EXCLUDE")]
+    pub(crate) exclude: Vec<String>,
+    /// Files source: read hidden objects too. By default a key with a component that starts
+    /// with `_` or `.` is skipped, as Hadoop and Spark do (`_SUCCESS`, `_committed_*`,
+    /// `_temporary/`, `.part-0000.crc`).
+    #[arg(long, env = "ETL_COORD_INCLUDE_HIDDEN")]
+    pub(crate) include_hidden: bool,
     /// SQLite source: rows per split.
     #[arg(long, default_value_t = DEFAULT_SPLIT_ROWS, env = "ETL_COORD_SPLIT_ROWS")]
     pub(crate) split_rows: u64,
@@ -56,13 +69,23 @@ pub(crate) struct WorkerArgs {
 }
 
 impl WorkerArgs {
+    /// The `--source` with its filters.
+    fn open_source(&self) -> anyhow::Result<AnySource> {
+        let filters = Filters {
+            include: self.include.clone(),
+            exclude: self.exclude.clone(),
+            include_hidden: self.include_hidden,
+        };
+        AnySource::open(&self.source, self.split_size, self.split_rows, self.follow)?.with_filters(&filters)
+    }
+
     /// Checks what one flag's parser cannot: the runner's flags, then the input and the local
     /// files.
     pub(crate) fn validate(&self) -> Result<(), Usage> {
         let a = self;
         a.worker.validate()?;
         // What the input and the local files can tell is told now, not after connecting.
-        if let Err(e) = AnySource::open(&a.source, a.split_size, a.split_rows, a.follow) {
+        if let Err(e) = a.open_source() {
             let msg = format!("{e:#}");
             return Err(match msg.strip_prefix("--").and_then(|m| m.split_once(' ')) {
                 Some((flag, rest)) => Usage::new(format!("--{flag}"), rest),
@@ -112,7 +135,7 @@ fn output_file(flag: &str, file: &std::path::Path) -> Result<(), Usage> {
 }
 
 pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
-    let source = AnySource::open(&a.source, a.split_size, a.split_rows, a.follow)?;
+    let source = a.open_source()?;
     let faults = Faults {
         record_delay: Duration::from_millis(a.record_delay_ms),
         poison_marker: a.poison_marker.clone(),

@@ -425,6 +425,16 @@ fn validate_plan(plan: &Plan) -> Result<(), String> {
         if !seen.insert(&s.id) {
             return Err(format!("planner returned split id {} twice; split ids must be unique", s.id));
         }
+        if s.descriptor.len() > records::MAX_DESCRIPTOR_LEN {
+            return Err(format!(
+                "planner returned split {} with a descriptor of {} bytes, above the {}-byte limit of \
+                 a stored descriptor; plan smaller splits (a smaller split size, fewer objects or rows \
+                 per split) or describe a split more compactly",
+                s.id,
+                s.descriptor.len(),
+                records::MAX_DESCRIPTOR_LEN
+            ));
+        }
     }
     Ok(())
 }
