@@ -65,13 +65,14 @@ impl AnySource {
     pub fn with_filters(self, filters: &Filters) -> anyhow::Result<Self> {
         match self {
             AnySource::Files(f) => {
-                let f = f.include(&filters.include)?.exclude(&filters.exclude)?;
+                let f = f.include(&filters.include).map_err(|e| anyhow::anyhow!("--include {e}"))?;
+                let f = f.exclude(&filters.exclude).map_err(|e| anyhow::anyhow!("--exclude {e}"))?;
                 Ok(AnySource::Files(f.include_hidden(filters.include_hidden)))
             }
             other if filters.include.is_empty() && filters.exclude.is_empty() && !filters.include_hidden => {
                 Ok(other)
             }
-            _ => bail!("--include, --exclude and --include-hidden apply to files: sources only"),
+            _ => bail!("--include applies to files: sources only (as do --exclude and --include-hidden)"),
         }
     }
 }

@@ -200,6 +200,8 @@ fn usage_errors_exit_2_naming_the_flag_before_anything_starts() {
         (vec!["--source", "files:/no/such/dir"], "--source"),
         (vec!["--source", "kafka:topic"], "--source"),
         (vec!["--source", "sqlite:/no/such.db:t"], "--source"),
+        (vec!["--include", "[oops"], "--include"),
+        (vec!["--exclude", "a{b"], "--exclude"),
     ] {
         let t = std::time::Instant::now();
         let (code, _, err) = run(etl_coord()
