@@ -49,7 +49,8 @@ impl AnySource {
     }
 }
 
-/// Which objects of a files source are input (`--include`, `--exclude`, `--include-hidden`).
+/// A files source's options: which objects are input (`--include`, `--exclude`,
+/// `--include-hidden`) and whether big ones are cut in byte ranges (`--split-large-objects`).
 #[derive(Clone, Debug, Default)]
 pub struct Filters {
     /// Only keys matching one of these globs.
@@ -58,6 +59,8 @@ pub struct Filters {
     pub exclude: Vec<String>,
     /// Keys with a component starting with `_` or `.` too.
     pub include_hidden: bool,
+    /// Cut uncompressed objects above the split size into byte ranges.
+    pub split_large_objects: bool,
 }
 
 impl AnySource {
@@ -67,12 +70,22 @@ impl AnySource {
             AnySource::Files(f) => {
                 let f = f.include(&filters.include).map_err(|e| anyhow::anyhow!("--include {e}"))?;
                 let f = f.exclude(&filters.exclude).map_err(|e| anyhow::anyhow!("--exclude {e}"))?;
-                Ok(AnySource::Files(f.include_hidden(filters.include_hidden)))
+                Ok(AnySource::Files(
+                    f.include_hidden(filters.include_hidden).split_large_objects(filters.split_large_objects),
+                ))
             }
-            other if filters.include.is_empty() && filters.exclude.is_empty() && !filters.include_hidden => {
+            other
+                if filters.include.is_empty()
+                    && filters.exclude.is_empty()
+                    && !filters.include_hidden
+                    && !filters.split_large_objects =>
+            {
                 Ok(other)
             }
-            _ => bail!("--include applies to files: sources only (as do --exclude and --include-hidden)"),
+            _ => bail!(
+                "--include applies to files: sources only (as do --exclude, --include-hidden and \
+                 --split-large-objects)"
+            ),
         }
     }
 }

@@ -80,6 +80,7 @@ pub struct FilesSource {
     split_bytes: u64,
     follow: bool,
     filter: KeyFilter,
+    ranges: bool,
 }
 
 /// Which objects under the location are input (see [`FilesSource::include`]).
@@ -148,6 +149,7 @@ impl std::fmt::Debug for FilesSource {
             .field("split_bytes", &self.split_bytes)
             .field("follow", &self.follow)
             .field("filter", &self.filter.describe())
+            .field("ranges", &self.ranges)
             .finish()
     }
 }
@@ -157,6 +159,20 @@ impl std::fmt::Debug for FilesSource {
 pub struct FileSplit {
     /// `(path, size)` in read order.
     pub objects: Vec<(String, u64)>,
+    /// A byte range of the split's one object ([`FilesSource::split_large_objects`]): the split
+    /// owns the lines that start inside it. Absent (and not written) for whole objects, so a
+    /// whole-object descriptor reads as it always did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub range: Option<ByteRange>,
+}
+
+/// `[start, end)` bytes of an object: the lines that start there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ByteRange {
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte a line may start at.
+    pub end: u64,
 }
 
 /// Progress within a split.
@@ -203,6 +219,7 @@ impl FilesSource {
             split_bytes,
             follow: false,
             filter: KeyFilter::default(),
+            ranges: false,
         })
     }
 
@@ -228,6 +245,18 @@ impl FilesSource {
         self.filter.exclude_set = glob_set(globs)?;
         self.filter.exclude = globs.to_vec();
         Ok(self)
+    }
+
+    /// Cut uncompressed objects larger than the split target into byte ranges of about the
+    /// target, one split each, so that one big object is read by several workers. A range owns
+    /// the lines that start inside it: a line that straddles a boundary is read whole by the
+    /// range it starts in, and its bytes past the boundary are skipped by the next one.
+    /// Compressed objects stay whole (a compressed stream cannot be entered mid-way). Lines of
+    /// a ranged split are keyed `path@offset` (their byte offset), since the line number of a
+    /// range's first line is not known without reading what precedes it.
+    pub fn split_large_objects(mut self, yes: bool) -> Self {
+        self.ranges = yes;
+        self
     }
 
     /// Read hidden objects too. By default a key with a component that starts with `_` or `.`
@@ -261,22 +290,50 @@ impl FilesSource {
     pub async fn plan_splits(&self) -> Result<Vec<PlannedSplit>, FilesError> {
         let objects = self.list().await?;
         Ok(if self.follow {
-            objects.into_iter().map(|(p, s)| split_of(vec![(p.clone(), s)], &[&p])).collect()
+            objects.into_iter().map(|(p, s)| split_of(vec![(p.clone(), s)], None, &[&p])).collect()
+        } else if self.ranges {
+            let (large, small): (Vec<_>, Vec<_>) = objects
+                .into_iter()
+                .partition(|(p, size)| *size > self.split_bytes && compression(p) == Compression::None);
+            let mut splits = pack(small, self.split_bytes);
+            for (path, size) in large {
+                splits.extend(ranges_of(&path, size, self.split_bytes));
+            }
+            splits
         } else {
             pack(objects, self.split_bytes)
         })
     }
 }
 
-/// A split of `objects`, its id a hash of `identity`.
-fn split_of(objects: Vec<(String, u64)>, identity: &[&str]) -> PlannedSplit {
+/// The byte-range splits of one object of `size` bytes: `ceil(size / target)` ranges of equal
+/// size (the last takes the remainder), each split's id a hash of the path, size and range.
+pub fn ranges_of(path: &str, size: u64, target: u64) -> Vec<PlannedSplit> {
+    let count = size.div_ceil(target.max(1)).max(1);
+    let step = size.div_ceil(count);
+    (0..count)
+        .map(|i| {
+            let range = ByteRange { start: i * step, end: ((i + 1) * step).min(size) };
+            let identity = format!("{path}\0{size}\0{}\0{}", range.start, range.end);
+            split_of(vec![(path.to_owned(), size)], Some(range), &[&identity])
+        })
+        .filter(|s| s.weight > 0)
+        .collect()
+}
+
+/// A split of `objects` (a byte `range` of its one object, if given), its id a hash of
+/// `identity`.
+fn split_of(objects: Vec<(String, u64)>, range: Option<ByteRange>, identity: &[&str]) -> PlannedSplit {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in identity.iter().flat_map(|s| s.bytes().chain([0])) {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    let weight = objects.iter().map(|(_, s)| *s).sum::<u64>().max(1);
-    let descriptor = Bytes::from(serde_json::to_vec(&FileSplit { objects }).expect("serializable"));
+    let weight = match range {
+        Some(r) => r.end - r.start,
+        None => objects.iter().map(|(_, s)| *s).sum::<u64>().max(1),
+    };
+    let descriptor = Bytes::from(serde_json::to_vec(&FileSplit { objects, range }).expect("serializable"));
     PlannedSplit::new(SplitId::new(format!("f-{h:016x}")).expect("hex ids are valid"), descriptor, weight)
 }
 
@@ -301,7 +358,7 @@ pub fn pack(objects: Vec<(String, u64)>, target: u64) -> Vec<PlannedSplit> {
         let objects = std::mem::take(current);
         let identity: Vec<String> = objects.iter().map(|(p, s)| format!("{p}\0{s}")).collect();
         let identity: Vec<&str> = identity.iter().map(String::as_str).collect();
-        splits.push(split_of(objects.clone(), &identity));
+        splits.push(split_of(objects.clone(), None, &identity));
     };
     let mut described = 0usize;
     for (path, size) in objects {
@@ -327,7 +384,8 @@ impl Planner for FilesSource {
         // Filters change the plan, so they are part of the fingerprint; skipping hidden keys
         // by default is not (the descriptors are the same, only the listing differs).
         let filter = self.filter.describe();
-        format!("files/v1 location={} split_bytes={}{mode}{filter}", self.location, self.split_bytes)
+        let ranges = if self.ranges && !self.follow { " ranges" } else { "" };
+        format!("files/v1 location={} split_bytes={}{mode}{filter}{ranges}", self.location, self.split_bytes)
     }
 
     async fn plan(&self) -> Result<Plan, PlanError> {
@@ -359,6 +417,9 @@ struct Current {
     lines: Box<dyn AsyncBufRead + Send + Unpin>,
     skip: u64,
     buf: Vec<u8>,
+    /// A byte range's first read starts one byte before the range and is discarded through
+    /// the first line end: the line in progress there belongs to the range before.
+    align: bool,
 }
 
 /// Reads a files split line by line, streaming each object.
@@ -415,7 +476,7 @@ async fn open_object(
         }
     };
     let skip = if kind == Compression::None { 0 } else { progress.line };
-    Ok(Current { lines, skip, buf: Vec::new() })
+    Ok(Current { lines, skip, buf: Vec::new(), align: false })
 }
 
 /// An object store's error as a source reports it: what retrying cannot change (missing,
@@ -475,13 +536,30 @@ impl SplitReader for FilesReader {
                 return Ok(None);
             };
             let next_object = FileProgress { object: self.progress.object + 1, offset: 0, line: 0 };
+            let range = self.split.range;
+            // A range is done once the next line would start at or past its end.
+            if range.is_some_and(|r| self.progress.offset >= r.end) {
+                self.current = None;
+                self.progress = next_object;
+                continue;
+            }
             if self.current.is_none() {
                 // An empty object has no lines (and no compressed stream to decode).
                 if size == 0 || (compression(&path) == Compression::None && self.progress.offset >= size) {
                     self.progress = next_object;
                     continue;
                 }
-                self.current = Some(open_object(self.store.clone(), &path, size, self.progress).await?);
+                let (at, align) = match range {
+                    Some(r) if r.start > 0 && self.progress.offset < r.start => (r.start - 1, true),
+                    _ => (self.progress.offset, false),
+                };
+                let from = FileProgress { offset: at, ..self.progress };
+                let mut opened = open_object(self.store.clone(), &path, size, from).await?;
+                opened.align = align;
+                if align {
+                    self.progress.offset = at;
+                }
+                self.current = Some(opened);
             }
             let c = self.current.as_mut().expect("opened above");
             c.buf.clear();
@@ -512,7 +590,14 @@ impl SplitReader for FilesReader {
                 c.skip -= 1;
                 continue;
             }
+            let line_start = self.progress.offset;
             self.progress.offset += n as u64;
+            if std::mem::take(&mut c.align) {
+                continue; // the tail of the range before's last line (or the byte before ours)
+            }
+            if range.is_some_and(|r| line_start >= r.end) {
+                continue; // the next range's first line: caught by the check above
+            }
             self.progress.line += 1;
             // Lines are text: bytes that are not UTF-8 are refused, never silently replaced.
             let content = match std::str::from_utf8(&c.buf) {
@@ -522,13 +607,19 @@ impl SplitReader for FilesReader {
                 Err(e) => {
                     let raw = c.buf.strip_suffix(b"\n").unwrap_or(&c.buf);
                     return Err(SourceError::bad_record(
-                        format!("{path}:{}", self.progress.line),
+                        match range {
+                            Some(_) => format!("{path}@{line_start}"),
+                            None => format!("{path}:{}", self.progress.line),
+                        },
                         format!("not UTF-8 ({e}); convert the object to UTF-8"),
                         raw.to_vec(),
                     ));
                 }
             };
-            let key = format!("{path}:{}", self.progress.line);
+            let key = match range {
+                Some(_) => format!("{path}@{line_start}"),
+                None => format!("{path}:{}", self.progress.line),
+            };
             return Ok(Some((Line { key, content }, self.progress)));
         }
     }
@@ -662,6 +753,97 @@ mod tests {
             out.push(rec);
         }
         out
+    }
+
+    /// Every line of `text` (the reader's semantics: a last line without its newline counts).
+    fn lines_of(text: &str) -> Vec<String> {
+        text.split_inclusive('\n').map(|l| l.trim_end_matches(['\n', '\r']).to_owned()).collect()
+    }
+
+    /// Plans one object at `target` with byte ranges, and reads every range (and, from each
+    /// range's `resume_at`-th record, a resumed reader).
+    async fn ranged_lines(text: &str, target: u64, resume_at: usize) -> (Vec<String>, usize) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("big.txt"), text).unwrap();
+        let src = FilesSource::open(dir.path().to_str().unwrap(), target).unwrap().split_large_objects(true);
+        let mut splits = src.plan_splits().await.unwrap();
+        let start = |s: &PlannedSplit| {
+            serde_json::from_slice::<FileSplit>(&s.descriptor).unwrap().range.map_or(0, |r| r.start)
+        };
+        splits.sort_by_key(start);
+        let mut out = Vec::new();
+        for split in &splits {
+            let all = read_all(&src, split, None).await;
+            if let Some((_, progress)) = all.get(resume_at) {
+                let rest = read_all(&src, split, Some(*progress)).await;
+                assert_eq!(
+                    rest.iter().map(|(l, _)| &l.key).collect::<Vec<_>>(),
+                    all[resume_at + 1..].iter().map(|(l, _)| &l.key).collect::<Vec<_>>(),
+                    "a resume after record {resume_at} reads the rest of its range"
+                );
+            }
+            out.extend(all.into_iter().map(|(l, _)| l.content));
+        }
+        (out, splits.len())
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// For random lines (empty ones, long ones, no final newline) and random split targets,
+        /// every line is read by exactly one range, in order, and resuming mid-range loses and
+        /// repeats nothing.
+        #[test]
+        fn byte_ranges_read_every_line_exactly_once(
+            lines in proptest::collection::vec("[a-z]{0,40}", 0..60),
+            final_newline in proptest::bool::ANY,
+            target in 1u64..120,
+            resume_at in 0usize..4,
+        ) {
+            let mut text = lines.join("\n");
+            if final_newline && !text.is_empty() {
+                text.push('\n');
+            }
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let (read, _) = rt.block_on(ranged_lines(&text, target, resume_at));
+            proptest::prop_assert_eq!(read, lines_of(&text));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_big_object_is_cut_in_ranges_and_a_line_across_a_boundary_is_read_once() {
+        // 10 lines of 10 bytes; ranges of 25 bytes start mid-line.
+        let text: String = (0..10).map(|i| format!("line-{i:03}\n")).collect();
+        let (read, splits) = ranged_lines(&text, 25, 1).await;
+        assert_eq!(splits, 4, "100 bytes at 25 a split");
+        assert_eq!(read, lines_of(&text));
+        // A boundary exactly at a line start, and a line longer than a range.
+        let (read, _) = ranged_lines("aaaa\nbbbb\n", 5, 0).await;
+        assert_eq!(read, ["aaaa", "bbbb"]);
+        let long = format!("{}\nshort\n", "x".repeat(100));
+        let (read, splits) = ranged_lines(&long, 10, 0).await;
+        assert!(splits > 5);
+        assert_eq!(read, [&"x".repeat(100), "short"]);
+    }
+
+    #[tokio::test]
+    async fn compressed_and_small_objects_stay_whole_and_the_option_is_in_the_fingerprint() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(&vec![b'x'; 1000]).unwrap();
+        std::fs::write(dir.path().join("a.txt.gz"), gz.finish().unwrap()).unwrap();
+        std::fs::write(dir.path().join("b.txt"), "small\n").unwrap();
+        let location = dir.path().to_str().unwrap();
+        let src = FilesSource::open(location, 4).unwrap().split_large_objects(true);
+        let splits = src.plan_splits().await.unwrap();
+        for s in &splits {
+            let d: FileSplit = serde_json::from_slice(&s.descriptor).unwrap();
+            assert!(d.range.is_none() || d.objects[0].0 == "b.txt", "{d:?}");
+        }
+        assert!(splits.iter().any(|s| String::from_utf8_lossy(&s.descriptor).contains("a.txt.gz")));
+        assert_ne!(src.fingerprint(), FilesSource::open(location, 4).unwrap().fingerprint());
+        // A whole-object descriptor is byte for byte what it was before ranges existed.
+        let plain = FilesSource::open(location, 1 << 20).unwrap().plan_splits().await.unwrap();
+        assert!(!String::from_utf8_lossy(&plain[0].descriptor).contains("range"));
     }
 
     #[tokio::test]

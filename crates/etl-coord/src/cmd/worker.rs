@@ -50,6 +50,12 @@ pub(crate) struct WorkerArgs {
     /// `_temporary/`, `.part-0000.crc`).
     #[arg(long, env = "ETL_COORD_INCLUDE_HIDDEN")]
     pub(crate) include_hidden: bool,
+    /// Files source: cut uncompressed objects larger than --split-size into byte ranges of
+    /// about that size, so that one big object is read by several workers (each range reads
+    /// the lines that start inside it; records are keyed path@offset). Part of the planner
+    /// fingerprint: set it on every worker of a job.
+    #[arg(long, env = "ETL_COORD_SPLIT_LARGE_OBJECTS")]
+    pub(crate) split_large_objects: bool,
     /// SQLite source: rows per split.
     #[arg(long, default_value_t = DEFAULT_SPLIT_ROWS, env = "ETL_COORD_SPLIT_ROWS")]
     pub(crate) split_rows: u64,
@@ -75,6 +81,7 @@ impl WorkerArgs {
             include: self.include.clone(),
             exclude: self.exclude.clone(),
             include_hidden: self.include_hidden,
+            split_large_objects: self.split_large_objects,
         };
         AnySource::open(&self.source, self.split_size, self.split_rows, self.follow)?.with_filters(&filters)
     }
