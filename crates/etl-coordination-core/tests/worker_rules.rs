@@ -182,33 +182,56 @@ fn p2_a_lagging_answer_or_a_drain_is_not_stopped_by_a_refreshed_meta() {
     let mut r = Rig::new(c);
     r.plan = Some(plan(1, PlanKind::Final));
     r.feed(Input::Start);
-    let current = Meta { protocol_version: records::PROTOCOL_VERSION, fingerprint: "fp-1".into(), max_attempts: 2 };
+    let current =
+        Meta { protocol_version: records::PROTOCOL_VERSION, fingerprint: "fp-1".into(), max_attempts: 2 };
     let newer = r.kv.put(Bucket::State, &keys::meta(), &current);
     let resync = r.w.config().tuning.resync_interval();
-    r.advance(resync); // adopts the meta at `newer`
+    for _ in 0..resync.as_secs() {
+        r.advance(Duration::from_secs(1)); // renewing all along; adopts the meta at `newer`
+    }
     let moved = Meta { protocol_version: records::PROTOCOL_VERSION + 1, ..current.clone() };
+    let is_meta_read = |req: &StoreRequest| *req == StoreRequest::Get { key: keys::meta() };
     r.auto = false;
-    r.advance(resync);
-    let op = r
-        .pending
-        .iter()
-        .find(|(_, _, req)| *req == StoreRequest::Get { key: keys::meta() })
-        .map(|(op, _, _)| *op)
-        .expect("every resync reads meta again");
+    let mut meta_read = None;
+    for _ in 0..=resync.as_secs() {
+        r.advance(Duration::from_secs(1));
+        while let Some((op, _, req)) = r.pending.iter().find(|p| meta_read != Some(p.0)).cloned() {
+            if is_meta_read(&req) {
+                meta_read = Some(op);
+            } else {
+                r.apply(op);
+            }
+        }
+        if meta_read.is_some() {
+            break;
+        }
+    }
+    let op = meta_read.expect("every resync reads meta again");
     let stale = Entry { key: keys::meta(), value: records::encode(&moved), revision: Revision(newer.0 - 1) };
     r.answer(op, Ok(StoreReply::Value(Some(stale))));
     assert!(!r.w.is_stopped(), "an answer older than the meta in effect stops nothing: {:?}", r.log);
-    for (op, _, _) in std::mem::take(&mut r.pending) {
-        r.answer(op, Err(StoreError::Unavailable("cut".into())));
+    while let Some((op, _, _)) = r.pending.first().cloned() {
+        r.apply(op);
     }
     r.auto = true;
 
     // Draining (the lane has not stopped yet), the job is moved: the drain goes on.
     r.feed(Input::Drain);
+    assert!(
+        r.log.iter().any(|a| matches!(a, Action::StopLane { reason: StopReason::Draining, .. })),
+        "a lane to wait for: {:?}",
+        r.log
+    );
     r.kv.put(Bucket::State, &keys::meta(), &moved);
-    r.advance(resync);
+    let reads_before =
+        r.kv.history.iter().filter(|(_, q)| *q == StoreRequest::Get { key: keys::meta() }).count();
+    for _ in 0..resync.as_secs() {
+        r.advance(Duration::from_secs(1));
+    }
+    let reads = r.kv.history.iter().filter(|(_, q)| *q == StoreRequest::Get { key: keys::meta() }).count();
+    assert!(reads > reads_before, "meta was read again while draining");
     assert!(!r.log.iter().any(|a| matches!(a, Action::Fatal(_))), "{:?}", r.log);
-    assert!(!r.w.is_stopped());
+    assert!(!r.w.is_stopped(), "still draining: {:#?}", r.take_log());
 }
 
 #[test]
@@ -416,7 +439,10 @@ fn p4_a_descriptor_above_the_limit_fails_the_plan_naming_the_split_and_writes_no
         })
         .expect("a planning error");
     let size = (records::MAX_DESCRIPTOR_LEN + 1).to_string();
-    assert!(error.contains("split s1") && error.contains(&size) && error.contains("smaller splits"), "{error}");
+    assert!(
+        error.contains("split s1") && error.contains(&size) && error.contains("smaller splits"),
+        "{error}"
+    );
     assert_eq!(r.kv.list(Bucket::State, &Prefix::all()).len(), before, "no descriptor, no record written");
     // At the limit it is stored and run.
     let mut at = plan(3, PlanKind::Final);

@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
-use crate::planner::Planner;
+use crate::planner::{Planner, error_chain};
 
 /// A source the pipeline reads: its [`Planner`] (run on the leader only), and how to read one
 /// split.
@@ -307,21 +307,6 @@ pub fn is_transient_io(kind: std::io::ErrorKind) -> bool {
             | K::NetworkDown
             | K::ResourceBusy
     )
-}
-
-/// An error's message followed by those of its sources (`a: b: c`).
-/// An error and every source under it, `outer: inner: ...`: the text to put in a
-/// [`SourceError`], a [`SinkError`] or a [`PlanError`](crate::PlanError), which are messages
-/// (they cross tasks and are kept in the split's record as its last error).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        cur = s.source();
-    }
-    out
 }
 
 /// What a lane is: the split, this tenancy's epoch, the worker, the planner's descriptor, and a

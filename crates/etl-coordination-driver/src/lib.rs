@@ -82,7 +82,7 @@ pub use config::{
 };
 pub use contract::{
     BadRecord, BoxFuture, CommitCadence, DeadLetterWriter, DeadLetters, LaneInfo, NextBatch, NextRecord,
-    Sink, SinkError, SinkWriter, Source, SourceError, SplitReader, error_chain, is_transient_io,
+    Sink, SinkError, SinkWriter, Source, SourceError, SplitReader, is_transient_io,
 };
 pub use etl_coordination_core::records::MAX_DESCRIPTOR_LEN;
 pub use etl_coordination_core::{
@@ -96,6 +96,7 @@ pub use handle::{CoordinationDriver, DriverHandle};
 pub use lane::{Lane, Lanes, Stop};
 pub use outcome::{DriverError, JobOutcome, JobState};
 pub use pipeline::Pipeline;
+pub use planner::error_chain;
 pub use planner::{PlanError, Planner};
 pub use stores::{AnyStore, JobStores};
 pub use tokio_util::sync::CancellationToken;

@@ -35,8 +35,22 @@ pub struct PlanError(pub String);
 impl PlanError {
     /// The error and every source under it, `outer: inner: ...`.
     pub fn from_error(e: &(dyn std::error::Error + 'static)) -> Self {
-        PlanError(crate::contract::error_chain(e))
+        PlanError(error_chain(e))
     }
+}
+
+/// An error and every source under it, `outer: inner: ...`: the text to put in a
+/// [`SourceError`](crate::SourceError), a [`SinkError`](crate::SinkError) or a [`PlanError`], which are messages
+/// (they cross tasks and are kept in the split's record as its last error).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
 }
 
 #[cfg(test)]

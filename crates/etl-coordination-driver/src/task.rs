@@ -256,9 +256,8 @@ impl<S: Store, P: Planner> Task<S, P> {
                 Input::LaneStopped { split, epoch }
             }
             LaneMsg::Incompatible { split, epoch, error } => {
-                if self.running.get(&split, epoch).is_none() {
-                    return None; // a lane that already lost its split: another tenancy decides
-                }
+                // A lane that already lost its split: another tenancy decides.
+                self.running.get(&split, epoch)?;
                 error!(
                     %split,
                     %error,

@@ -681,7 +681,9 @@ mod tests {
 
     #[test]
     fn hidden_keys_are_those_hadoop_and_spark_skip() {
-        for hidden in ["_SUCCESS", "_committed_123", "_temporary/0/part-0", ".part-0000.json.crc", "a/.DS_Store"] {
+        for hidden in
+            ["_SUCCESS", "_committed_123", "_temporary/0/part-0", ".part-0000.json.crc", "a/.DS_Store"]
+        {
             assert!(is_hidden(hidden), "{hidden}");
         }
         for data in ["part-0000.json", "date=2024-01-01/part-1.json", "a_b/c.txt", "x.crc"] {
@@ -707,7 +709,11 @@ mod tests {
             }
         };
         let plain = FilesSource::open(location, 1 << 20).unwrap();
-        assert_eq!(keys(&plain).await, ["a.json", "b.csv", "sub/c.json", "sub/d.json.tmp"], "markers skipped");
+        assert_eq!(
+            keys(&plain).await,
+            ["a.json", "b.csv", "sub/c.json", "sub/d.json.tmp"],
+            "markers skipped"
+        );
         let all = plain.clone().include_hidden(true);
         assert_eq!(keys(&all).await.len(), 6);
         let json = plain.clone().include(&["**/*.json".into()]).unwrap();

@@ -124,7 +124,8 @@ impl Worker {
             Err(e) => return self.note_undecodable(Bucket::State, &entry, &e),
         };
         self.note_decodable(Bucket::State, &entry.key, entry.revision);
-        if stored.protocol_version != records::PROTOCOL_VERSION || stored.fingerprint != self.cfg.fingerprint {
+        if stored.protocol_version != records::PROTOCOL_VERSION || stored.fingerprint != self.cfg.fingerprint
+        {
             if self.leaving.is_none() {
                 self.refuse(&stored);
             }
@@ -141,7 +142,10 @@ impl Worker {
                 local: records::PROTOCOL_VERSION,
             })
         } else {
-            self.fatal(FatalError::ConfigDivergence { stored: stored.describe(), local: self.meta().describe() })
+            self.fatal(FatalError::ConfigDivergence {
+                stored: stored.describe(),
+                local: self.meta().describe(),
+            })
         }
     }
 
