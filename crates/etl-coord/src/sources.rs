@@ -65,8 +65,13 @@ pub struct Filters {
 
 impl AnySource {
     /// Applies `filters` to a files source; any filter on another source is refused, naming it.
-    pub fn with_filters(self, filters: &Filters) -> anyhow::Result<Self> {
+    pub fn with_filters(self, filters: &Filters, follow: bool) -> anyhow::Result<Self> {
         match self {
+            AnySource::Files(_) if filters.split_large_objects && follow => {
+                bail!(
+                    "--split-large-objects does not apply with --follow (every object is a split of its own)"
+                )
+            }
             AnySource::Files(f) => {
                 let f = f.include(&filters.include).map_err(|e| anyhow::anyhow!("--include {e}"))?;
                 let f = f.exclude(&filters.exclude).map_err(|e| anyhow::anyhow!("--exclude {e}"))?;
@@ -82,10 +87,18 @@ impl AnySource {
             {
                 Ok(other)
             }
-            _ => bail!(
-                "--include applies to files: sources only (as do --exclude, --include-hidden and \
-                 --split-large-objects)"
-            ),
+            _ => {
+                let flag = [
+                    ("--include", !filters.include.is_empty()),
+                    ("--exclude", !filters.exclude.is_empty()),
+                    ("--include-hidden", filters.include_hidden),
+                    ("--split-large-objects", filters.split_large_objects),
+                ]
+                .into_iter()
+                .find_map(|(flag, set)| set.then_some(flag))
+                .expect("a filter is set");
+                bail!("{flag} applies to files: sources only")
+            }
         }
     }
 }

@@ -202,6 +202,7 @@ fn usage_errors_exit_2_naming_the_flag_before_anything_starts() {
         (vec!["--source", "sqlite:/no/such.db:t"], "--source"),
         (vec!["--include", "[oops"], "--include"),
         (vec!["--exclude", "a{b"], "--exclude"),
+        (vec!["--split-large-objects", "--follow"], "--split-large-objects"),
     ] {
         let t = std::time::Instant::now();
         let (code, _, err) = run(etl_coord()

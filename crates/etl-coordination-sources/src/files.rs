@@ -108,11 +108,13 @@ impl KeyFilter {
     /// What changes the plan, for the fingerprint (empty when nothing is set).
     fn describe(&self) -> String {
         let mut out = String::new();
-        for p in &self.include {
-            out.push_str(&format!(" include={p}"));
-        }
-        for p in &self.exclude {
-            out.push_str(&format!(" exclude={p}"));
+        for (name, patterns) in [("include", &self.include), ("exclude", &self.exclude)] {
+            let mut sorted: Vec<&String> = patterns.iter().collect();
+            sorted.sort();
+            sorted.dedup();
+            for p in sorted {
+                out.push_str(&format!(" {name}={}", serde_json::to_string(p).expect("strings serialize")));
+            }
         }
         if self.include_hidden {
             out.push_str(" include_hidden");
@@ -121,10 +123,13 @@ impl KeyFilter {
     }
 }
 
-/// Hadoop's and Spark's rule for what is not data: a key with a component that starts with
-/// `_` or `.` (`_SUCCESS`, `_committed_123`, `_temporary/...`, `.part-0000.crc`, `.DS_Store`).
+/// Spark's rule for what is not data (its `InMemoryFileIndex`): a key with a component that
+/// starts with `.`, or with `_` unless it holds a `=` (a partition column such as `_c=1`), or
+/// that ends in `._COPYING_` (a copy in progress): `_SUCCESS`, `_committed_123`,
+/// `_temporary/...`, `.part-0000.crc`, `.DS_Store`.
 pub fn is_hidden(key: &str) -> bool {
-    key.split('/').any(|c| c.starts_with('_') || c.starts_with('.'))
+    key.split('/')
+        .any(|c| c.starts_with('.') || (c.starts_with('_') && !c.contains('=')) || c.ends_with("._COPYING_"))
 }
 
 fn glob_set(patterns: &[String]) -> Result<Option<globset::GlobSet>, FilesError> {
@@ -337,7 +342,8 @@ fn split_of(objects: Vec<(String, u64)>, range: Option<ByteRange>, identity: &[&
     PlannedSplit::new(SplitId::new(format!("f-{h:016x}")).expect("hex ids are valid"), descriptor, weight)
 }
 
-/// The most a split's descriptor holds, in bytes of its JSON: a split of many small objects is
+/// The most a split's descriptor holds, in bytes of its JSON (the object list; the wrapper
+/// adds a few bytes): a split of many small objects is
 /// cut there whatever its size in bytes (30,000 objects of a few bytes under one 64 MiB target
 /// would otherwise make a descriptor of megabytes, above any store's value limit), so a
 /// descriptor stays far below [`etl_coordination_driver::MAX_DESCRIPTOR_LEN`] and quick to read
@@ -362,9 +368,9 @@ pub fn pack(objects: Vec<(String, u64)>, target: u64) -> Vec<PlannedSplit> {
     };
     let mut described = 0usize;
     for (path, size) in objects {
-        // Its entry in the descriptor: `["path",size],` with the path JSON-escaped (at most 6
-        // bytes a character) and the size's digits.
-        let entry = path.len() * 6 + 24;
+        // Its entry in the descriptor: `["path",size],`, the path as JSON escapes it.
+        let entry =
+            serde_json::to_string(&path).map_or(path.len() * 6 + 2, |q| q.len()) + size.to_string().len() + 4;
         if !current.is_empty() && (bytes + size > target || described + entry > DESCRIPTOR_BUDGET) {
             flush(&mut current, &mut splits);
             bytes = 0;
@@ -381,8 +387,10 @@ pub fn pack(objects: Vec<(String, u64)>, target: u64) -> Vec<PlannedSplit> {
 impl Planner for FilesSource {
     fn fingerprint(&self) -> String {
         let mode = if self.follow { " follow" } else { "" };
-        // Filters change the plan, so they are part of the fingerprint; skipping hidden keys
-        // by default is not (the descriptors are the same, only the listing differs).
+        // Filters change the plan, so they are part of the fingerprint. Skipping hidden keys by
+        // default is not: it changes which objects a plan lists, not how a descriptor reads, and
+        // a final plan is made once, so in a rolling update whichever release's leader planned
+        // decides and both read the result.
         let filter = self.filter.describe();
         let ranges = if self.ranges && !self.follow { " ranges" } else { "" };
         format!("files/v1 location={} split_bytes={}{mode}{filter}{ranges}", self.location, self.split_bytes)
@@ -449,19 +457,51 @@ fn compression(path: &str) -> Compression {
 }
 
 /// Opens the object `path` of `size` bytes at `progress` as a stream of lines.
+/// How far past a byte range's end its first request reads: the last line a range owns ends
+/// past the range; most lines end within this, and a longer one is read on by a second request.
+const RANGE_SLACK: u64 = 64 * 1024;
+
+/// The bytes `start..end` of `path` as one stream of I/O results.
+fn get_bytes(
+    store: Arc<dyn ObjectStore>,
+    path: String,
+    start: u64,
+    end: u64,
+) -> futures_util::stream::BoxStream<'static, std::io::Result<Bytes>> {
+    futures_util::stream::once(async move {
+        let options = GetOptions { range: Some(GetRange::Bounded(start..end)), ..GetOptions::default() };
+        match store.get_opts(&ObjectPath::from(path.as_str()), options).await {
+            Ok(got) => got.into_stream().map(|r| r.map_err(std::io::Error::other)).boxed(),
+            Err(e) => futures_util::stream::once(async move { Err(std::io::Error::other(e)) }).boxed(),
+        }
+    })
+    .flatten()
+    .boxed()
+}
+
+/// Opens the object `path` of `size` bytes at `progress` as a stream of lines; `until` (a byte
+/// range's end) bounds the first request to a little past it, and the rest of the object is
+/// requested only if a line goes on beyond that (a range never requests the whole object).
 async fn open_object(
     store: Arc<dyn ObjectStore>,
     path: &str,
     size: u64,
     progress: FileProgress,
+    until: Option<u64>,
 ) -> Result<Current, SourceError> {
     let kind = compression(path);
     // A plain object resumes at its byte offset; a compressed one is read from its start.
     let start = if kind == Compression::None { progress.offset } else { 0 };
-    let options = GetOptions { range: Some(GetRange::Bounded(start..size)), ..GetOptions::default() };
+    let window = until.map_or(size, |end| end.saturating_add(RANGE_SLACK).min(size)).max(start);
+    // The first request is made now, so that its failure (a missing object, a forbidden one)
+    // is the open's.
+    let options = GetOptions { range: Some(GetRange::Bounded(start..window)), ..GetOptions::default() };
     let got = store.get_opts(&ObjectPath::from(path), options).await.map_err(|e| store_error(path, e))?;
-    let bytes = got.into_stream().map(|r| r.map_err(std::io::Error::other));
-    let raw = tokio_util::io::StreamReader::new(bytes.boxed());
+    let mut bytes = got.into_stream().map(|r| r.map_err(std::io::Error::other)).boxed();
+    if window < size {
+        bytes = bytes.chain(get_bytes(store, path.to_owned(), window, size)).boxed();
+    }
+    let raw = tokio_util::io::StreamReader::new(bytes);
     let lines: Box<dyn AsyncBufRead + Send + Unpin> = match kind {
         Compression::None => Box::new(raw),
         Compression::Gzip => {
@@ -553,8 +593,14 @@ impl SplitReader for FilesReader {
                     Some(r) if r.start > 0 && self.progress.offset < r.start => (r.start - 1, true),
                     _ => (self.progress.offset, false),
                 };
+                if range.is_some() && compression(&path) != Compression::None {
+                    return Err(SourceError::unprocessable(format!(
+                        "{path}: a byte range of a compressed object cannot be read (plan it whole)"
+                    )));
+                }
                 let from = FileProgress { offset: at, ..self.progress };
-                let mut opened = open_object(self.store.clone(), &path, size, from).await?;
+                let until = range.map(|r| r.end);
+                let mut opened = open_object(self.store.clone(), &path, size, from, until).await?;
                 opened.align = align;
                 if align {
                     self.progress.offset = at;
@@ -595,9 +641,7 @@ impl SplitReader for FilesReader {
             if std::mem::take(&mut c.align) {
                 continue; // the tail of the range before's last line (or the byte before ours)
             }
-            if range.is_some_and(|r| line_start >= r.end) {
-                continue; // the next range's first line: caught by the check above
-            }
+            debug_assert!(range.is_none_or(|r| line_start < r.end), "checked before reading");
             self.progress.line += 1;
             // Lines are text: bytes that are not UTF-8 are refused, never silently replaced.
             let content = match std::str::from_utf8(&c.buf) {
@@ -681,12 +725,19 @@ mod tests {
 
     #[test]
     fn hidden_keys_are_those_hadoop_and_spark_skip() {
-        for hidden in
-            ["_SUCCESS", "_committed_123", "_temporary/0/part-0", ".part-0000.json.crc", "a/.DS_Store"]
-        {
+        for hidden in [
+            "_SUCCESS",
+            "_committed_123",
+            "_temporary/0/part-0",
+            ".part-0000.json.crc",
+            "a/.DS_Store",
+            "part-1.json._COPYING_",
+        ] {
             assert!(is_hidden(hidden), "{hidden}");
         }
-        for data in ["part-0000.json", "date=2024-01-01/part-1.json", "a_b/c.txt", "x.crc"] {
+        for data in
+            ["part-0000.json", "date=2024-01-01/part-1.json", "a_b/c.txt", "x.crc", "_col=1/part-0.json"]
+        {
             assert!(!is_hidden(data), "{data}");
         }
     }
@@ -723,6 +774,11 @@ mod tests {
         let no_tmp = plain.clone().exclude(&["**/*.tmp".into(), "*.csv".into()]).unwrap();
         assert_eq!(keys(&no_tmp).await, ["a.json", "sub/c.json"]);
         assert_ne!(json.fingerprint(), plain.fingerprint(), "another input is another job");
+        let ab = plain.clone().include(&["*.a".into(), "*.b".into()]).unwrap();
+        let ba = plain.clone().include(&["*.b".into(), "*.a".into()]).unwrap();
+        assert_eq!(ab.fingerprint(), ba.fingerprint(), "the order of the globs does not matter");
+        let braces = plain.clone().include(&["**/*.{json,csv}".into()]).unwrap();
+        assert_eq!(keys(&braces).await, ["a.json", "b.csv", "sub/c.json"]);
         assert_eq!(plain.fingerprint(), FilesSource::open(location, 1 << 20).unwrap().fingerprint());
         let err = plain.include(&["[oops".into()]).unwrap_err().to_string();
         assert!(err.contains("[oops"), "{err}");
@@ -829,6 +885,13 @@ mod tests {
         let (read, splits) = ranged_lines(&long, 10, 0).await;
         assert!(splits > 5);
         assert_eq!(read, [&"x".repeat(100), "short"]);
+        // A line that goes on past a range's first request (its end and RANGE_SLACK): the rest
+        // of the object is requested then.
+        let huge = "y".repeat(3 * RANGE_SLACK as usize);
+        let text = format!("a\n{huge}\nb\n{huge}\n");
+        let (read, splits) = ranged_lines(&text, RANGE_SLACK / 2, 0).await;
+        assert!(splits > 4);
+        assert_eq!(read, ["a", &huge, "b", &huge]);
     }
 
     #[tokio::test]

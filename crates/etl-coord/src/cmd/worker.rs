@@ -38,12 +38,13 @@ pub(crate) struct WorkerArgs {
     #[arg(long, default_value_t = DEFAULT_SPLIT_BYTES, env = "ETL_COORD_SPLIT_SIZE")]
     pub(crate) split_size: u64,
     /// Files source: read only objects whose key (relative to the location) matches one of
-    /// these globs (repeat the flag, or separate with commas; `*` stays within a path
-    /// component, `**` crosses them: `**/*.json`).
-    #[arg(long, value_delimiter = ',', env = "ETL_COORD_INCLUDE")]
+    /// these globs (repeat the flag for more; `*` stays within a path component, `**` crosses
+    /// them, `{a,b}` is either: `**/*.{json,csv}`). ETL_COORD_INCLUDE holds one glob.
+    #[arg(long, env = "ETL_COORD_INCLUDE")]
     pub(crate) include: Vec<String>,
-    /// Files source: skip objects whose key matches one of these globs (after --include).
-    #[arg(long, value_delimiter = ',', env = "ETL_COORD_EXCLUDE")]
+    /// Files source: skip objects whose key matches one of these globs (after --include; repeat
+    /// the flag for more). ETL_COORD_EXCLUDE holds one glob.
+    #[arg(long, env = "ETL_COORD_EXCLUDE")]
     pub(crate) exclude: Vec<String>,
     /// Files source: read hidden objects too. By default a key with a component that starts
     /// with `_` or `.` is skipped, as Hadoop and Spark do (`_SUCCESS`, `_committed_*`,
@@ -83,7 +84,8 @@ impl WorkerArgs {
             include_hidden: self.include_hidden,
             split_large_objects: self.split_large_objects,
         };
-        AnySource::open(&self.source, self.split_size, self.split_rows, self.follow)?.with_filters(&filters)
+        AnySource::open(&self.source, self.split_size, self.split_rows, self.follow)?
+            .with_filters(&filters, self.follow)
     }
 
     /// Checks what one flag's parser cannot: the runner's flags, then the input and the local
