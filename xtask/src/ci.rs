@@ -102,6 +102,12 @@ const UNPUBLISHED: [&str; 6] = [
 /// user's build would (a file left out of a package, or a dependency without a version, fails
 /// here rather than at release).
 fn package() -> Result<()> {
+    // Tarballs of an earlier run have the same versions: a dependency could be verified from
+    // its stale tarball (seen: a driver built against the core of a run before). Start clean.
+    let stale = crate::util::target_dir().join("package");
+    if stale.exists() {
+        std::fs::remove_dir_all(&stale).with_context(|| format!("removing {}", stale.display()))?;
+    }
     let mut args = vec!["package", "--workspace", "--allow-dirty", "--quiet"];
     for c in UNPUBLISHED {
         args.extend(["--exclude", c]);
