@@ -102,11 +102,27 @@ const UNPUBLISHED: [&str; 6] = [
 /// user's build would (a file left out of a package, or a dependency without a version, fails
 /// here rather than at release).
 fn package() -> Result<()> {
-    // Tarballs of an earlier run have the same versions: a dependency could be verified from
-    // its stale tarball (seen: a driver built against the core of a run before). Start clean.
-    let stale = crate::util::target_dir().join("package");
-    if stale.exists() {
-        std::fs::remove_dir_all(&stale).with_context(|| format!("removing {}", stale.display()))?;
+    // Tarballs of an earlier run have the same versions, and cargo verifies each crate against
+    // the others' tarballs extracted under CARGO_HOME (registry/src/<overlay>/NAME-VERSION),
+    // which it never extracts again: a driver was built against the core of a run before.
+    // Remove both (on a fresh machine neither exists).
+    let mut stale = vec![crate::util::target_dir().join("package")];
+    let home = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cargo")));
+    if let Some(src) = home.map(|h| h.join("registry/src"))
+        && let Ok(overlays) = std::fs::read_dir(&src)
+    {
+        for overlay in overlays.flatten().filter(|o| !o.file_name().to_string_lossy().starts_with("index.")) {
+            for entry in std::fs::read_dir(overlay.path()).into_iter().flatten().flatten() {
+                if entry.file_name().to_string_lossy().starts_with("etl-coord") {
+                    stale.push(entry.path());
+                }
+            }
+        }
+    }
+    for dir in stale.iter().filter(|d| d.exists()) {
+        std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
     }
     let mut args = vec!["package", "--workspace", "--allow-dirty", "--quiet"];
     for c in UNPUBLISHED {
