@@ -102,11 +102,23 @@ const UNPUBLISHED: [&str; 6] = [
 /// user's build would (a file left out of a package, or a dependency without a version, fails
 /// here rather than at release).
 fn package() -> Result<()> {
-    // Tarballs of an earlier run have the same versions, and cargo verifies each crate against
-    // the others' tarballs extracted under CARGO_HOME (registry/src/<overlay>/NAME-VERSION),
-    // which it never extracts again: a driver was built against the core of a run before.
-    // Remove both (on a fresh machine neither exists).
-    let mut stale = vec![crate::util::target_dir().join("package")];
+    // Cargo takes registry crates for immutable, and `cargo package` verifies each crate
+    // against the others as registry crates of the same version: on a machine that packaged
+    // before, it reused the extracted sources (CARGO_HOME/registry/src/<overlay>/NAME-VERSION)
+    // and the compiled libraries of an earlier run (a driver was built against the core of a
+    // run before). So packaging builds in a target directory of its own, from which every
+    // artifact of this workspace's crates is removed first (third-party ones stay cached), and
+    // the extracted sources of our crates are removed. On a fresh machine none exists.
+    let verify = crate::util::target_dir().join("package-verify");
+    let mut stale = vec![verify.join("package")];
+    for sub in ["debug/deps", "debug/.fingerprint", "debug/build", "debug/incremental"] {
+        for entry in std::fs::read_dir(verify.join(sub)).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if ["etl_coord", "etl-coord", "libetl_coord"].iter().any(|p| name.starts_with(p)) {
+                stale.push(entry.path());
+            }
+        }
+    }
     let home = std::env::var_os("CARGO_HOME")
         .map(std::path::PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cargo")));
@@ -121,14 +133,16 @@ fn package() -> Result<()> {
             }
         }
     }
-    for dir in stale.iter().filter(|d| d.exists()) {
-        std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    for path in stale.iter().filter(|p| p.exists()) {
+        let removed = if path.is_dir() { std::fs::remove_dir_all(path) } else { std::fs::remove_file(path) };
+        removed.with_context(|| format!("removing {}", path.display()))?;
     }
     let mut args = vec!["package", "--workspace", "--allow-dirty", "--quiet"];
     for c in UNPUBLISHED {
         args.extend(["--exclude", c]);
     }
-    cargo(&args)
+    let dir = verify.to_string_lossy().into_owned();
+    cargo_env(&args, &[("CARGO_TARGET_DIR", &dir)])
 }
 
 /// Runs the compiled examples (`examples/`), the NATS one against the provisioned server, so
