@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use anyhow::bail;
 use etl_coordination_driver::{
-    LaneInfo, NextRecord, Plan, PlanError, Planner, Source, SourceError, SplitId, SplitReader,
+    LaneInfo, NextBatch, NextRecord, Plan, PlanError, Planner, Source, SourceError, SplitId, SplitReader,
 };
 use etl_coordination_sources::Line;
 use etl_coordination_sources::files::{FileProgress, FilesReader, FilesSource};
+use etl_coordination_sources::parquet::{ParquetProgress, ParquetReader, ParquetSource};
 use etl_coordination_sources::sqlite::{SqliteReader, SqliteSource};
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +24,8 @@ pub enum AnySource {
     Files(FilesSource),
     /// `sqlite:PATH:TABLE`.
     Sqlite(SqliteSource),
+    /// `parquet:DIR` (or an object-store URL).
+    Parquet(ParquetSource),
 }
 
 impl AnySource {
@@ -38,8 +41,16 @@ impl AnySource {
                 bail!("--split-rows must be at least 1");
             }
             AnySource::Sqlite(SqliteSource::open(rest, split_rows)?)
+        } else if let Some(dir) = spec.strip_prefix("parquet:") {
+            if split_bytes == 0 {
+                bail!("--split-size must be at least 1 byte");
+            }
+            if follow {
+                bail!("--follow does not apply to parquet: sources (a Parquet job is a bounded backfill)");
+            }
+            AnySource::Parquet(ParquetSource::open(dir, split_bytes)?)
         } else {
-            bail!("--source {spec:?}: expected files:DIR or sqlite:PATH:TABLE")
+            bail!("--source {spec:?}: expected files:DIR, parquet:DIR or sqlite:PATH:TABLE")
         };
         Ok(match source {
             AnySource::Files(f) if follow => AnySource::Files(f.follow()),
@@ -79,6 +90,14 @@ impl AnySource {
                     f.include_hidden(filters.include_hidden).split_large_objects(filters.split_large_objects),
                 ))
             }
+            AnySource::Parquet(_) if filters.split_large_objects => {
+                bail!("--split-large-objects applies to files: sources only (Parquet is split by row groups)")
+            }
+            AnySource::Parquet(p) => {
+                let p = p.include(&filters.include).map_err(|e| anyhow::anyhow!("--include {e}"))?;
+                let p = p.exclude(&filters.exclude).map_err(|e| anyhow::anyhow!("--exclude {e}"))?;
+                Ok(AnySource::Parquet(p.include_hidden(filters.include_hidden)))
+            }
             other
                 if filters.include.is_empty()
                     && filters.exclude.is_empty()
@@ -97,7 +116,7 @@ impl AnySource {
                 .into_iter()
                 .find_map(|(flag, set)| set.then_some(flag))
                 .expect("a filter is set");
-                bail!("{flag} applies to files: sources only")
+                bail!("{flag} applies to files: and parquet: sources only")
             }
         }
     }
@@ -108,6 +127,7 @@ impl Planner for AnySource {
         match self {
             AnySource::Files(s) => s.fingerprint(),
             AnySource::Sqlite(s) => s.fingerprint(),
+            AnySource::Parquet(s) => s.fingerprint(),
         }
     }
 
@@ -119,6 +139,7 @@ impl Planner for AnySource {
         match self {
             AnySource::Files(s) => s.replan(published).await,
             AnySource::Sqlite(s) => s.replan(published).await,
+            AnySource::Parquet(s) => s.replan(published).await,
         }
     }
 }
@@ -132,6 +153,8 @@ pub enum AnyProgress {
     Files(FileProgress),
     /// The last id read.
     Sqlite(i64),
+    /// [`ParquetProgress`].
+    Parquet(ParquetProgress),
 }
 
 impl Source for AnySource {
@@ -151,6 +174,10 @@ impl Source for AnySource {
             (AnySource::Sqlite(s), Some(AnyProgress::Sqlite(p))) => {
                 AnyReader::Sqlite(s.open(lane, Some(p)).await?)
             }
+            (AnySource::Parquet(s), None) => AnyReader::Parquet(s.open(lane, None).await?),
+            (AnySource::Parquet(s), Some(AnyProgress::Parquet(p))) => {
+                AnyReader::Parquet(s.open(lane, Some(p)).await?)
+            }
             _ => return Err(mismatch()),
         })
     }
@@ -162,6 +189,8 @@ pub enum AnyReader {
     Files(FilesReader),
     /// SQLite.
     Sqlite(SqliteReader),
+    /// Parquet.
+    Parquet(ParquetReader),
 }
 
 impl SplitReader for AnyReader {
@@ -172,7 +201,16 @@ impl SplitReader for AnyReader {
         Ok(match self {
             AnyReader::Files(r) => r.next().await?.map(|(l, p)| (l, AnyProgress::Files(p))),
             AnyReader::Sqlite(r) => r.next().await?.map(|(l, p)| (l, AnyProgress::Sqlite(p))),
+            AnyReader::Parquet(r) => r.next().await?.map(|(l, p)| (l, AnyProgress::Parquet(p))),
         })
+    }
+
+    async fn next_batch(&mut self) -> NextBatch<Line, AnyProgress> {
+        match self {
+            // Parquet hands over a decoded batch of rows at once.
+            AnyReader::Parquet(r) => Ok(r.next_batch().await?.map(|(b, p)| (b, AnyProgress::Parquet(p)))),
+            _ => Ok(self.next().await?.map(|(record, progress)| (vec![record], progress))),
+        }
     }
 }
 

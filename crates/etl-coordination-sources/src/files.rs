@@ -61,6 +61,17 @@ pub enum FilesError {
         /// Why it is not a glob.
         reason: String,
     },
+    /// An object that is not a readable Parquet file, for the Parquet source's planner.
+    #[error(
+        "{path}: cannot read its Parquet footer: {reason} (if it is not Parquet, leave it out with \
+         --exclude, or choose the input with --include '**/*.parquet')"
+    )]
+    Footer {
+        /// The object.
+        path: String,
+        /// Why.
+        reason: String,
+    },
     /// Listing the input failed.
     #[error("listing {location}: {reason}")]
     List {
@@ -272,8 +283,18 @@ impl FilesSource {
         self
     }
 
+    /// The store the objects are read from.
+    pub(crate) fn store(&self) -> Arc<dyn ObjectStore> {
+        self.store.clone()
+    }
+
+    /// The split target in bytes.
+    pub(crate) fn split_bytes(&self) -> u64 {
+        self.split_bytes
+    }
+
     /// The objects under the location that are input, in path order.
-    async fn list(&self) -> Result<Vec<(String, u64)>, FilesError> {
+    pub(crate) async fn list(&self) -> Result<Vec<(String, u64)>, FilesError> {
         let prefix = self.prefix.as_ref();
         let mut objects: Vec<(String, u64)> = self
             .store
@@ -329,17 +350,23 @@ pub fn ranges_of(path: &str, size: u64, target: u64) -> Vec<PlannedSplit> {
 /// A split of `objects` (a byte `range` of its one object, if given), its id a hash of
 /// `identity`.
 fn split_of(objects: Vec<(String, u64)>, range: Option<ByteRange>, identity: &[&str]) -> PlannedSplit {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in identity.iter().flat_map(|s| s.bytes().chain([0])) {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
+    let h = fnv(identity.iter().copied());
     let weight = match range {
         Some(r) => r.end - r.start,
         None => objects.iter().map(|(_, s)| *s).sum::<u64>().max(1),
     };
     let descriptor = Bytes::from(serde_json::to_vec(&FileSplit { objects, range }).expect("serializable"));
     PlannedSplit::new(SplitId::new(format!("f-{h:016x}")).expect("hex ids are valid"), descriptor, weight)
+}
+
+/// FNV-1a of `parts`, each followed by a zero byte: a split id stable across releases.
+pub(crate) fn fnv<'a>(parts: impl Iterator<Item = &'a str>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in parts.flat_map(|s| s.bytes().chain([0])) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 /// The most a split's descriptor holds, in bytes of its JSON (the object list; the wrapper
@@ -523,7 +550,7 @@ async fn open_object(
 /// forbidden, unauthenticated, unsupported) fails the tenancy; anything else (a server error
 /// or throttling the client's own retries did not get past, a connection that dropped) is an
 /// outage, waited out in place.
-fn store_error(path: &str, e: object_store::Error) -> SourceError {
+pub(crate) fn store_error(path: &str, e: object_store::Error) -> SourceError {
     use object_store::Error as E;
     let msg = format!("reading {path}: {e}");
     match e {

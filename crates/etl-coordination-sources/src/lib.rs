@@ -67,6 +67,8 @@
 
 #[cfg(feature = "files")]
 pub mod files;
+#[cfg(feature = "parquet")]
+pub mod parquet;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
