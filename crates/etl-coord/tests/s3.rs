@@ -24,12 +24,19 @@ fn http(endpoint: &str, method: &str, path: &str, body: &[u8]) -> u16 {
 }
 
 /// `etl-coord worker` reading `s3://BUCKET/input/` through `endpoint` into `sink`, configured
-/// from `AWS_*` variables as the Kubernetes Deployment configures it.
+/// from `AWS_*` variables as the Kubernetes Deployment configures it, in splits of 1000 bytes.
 fn s3_worker(endpoint: &str, bucket: &str, sink: &std::path::Path) -> std::process::Command {
+    let mut c = s3_command(endpoint, "files", bucket, sink);
+    c.args(["--split-size", "1000"]);
+    c
+}
+
+/// `etl-coord worker` reading `KIND:s3://BUCKET/input/` through `endpoint` into `sink`.
+fn s3_command(endpoint: &str, kind: &str, bucket: &str, sink: &std::path::Path) -> std::process::Command {
     let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_etl-coord"));
-    c.args(["worker", "--split-size", "1000"])
+    c.arg("worker")
         .arg("--source")
-        .arg(format!("files:s3://{bucket}/input/"))
+        .arg(format!("{kind}:s3://{bucket}/input/"))
         .arg("--sink")
         .arg(sink)
         .env("AWS_ENDPOINT_URL", endpoint)
@@ -210,4 +217,140 @@ fn an_object_store_answering_503_for_30_seconds_mid_run_is_waited_out_and_the_jo
     let seen: BTreeSet<String> = lines.iter().map(|l| l.record.clone()).collect();
     assert_eq!(seen, expected, "every line once at least, nothing lost");
     assert!(!stderr.contains("quarantined"), "{stderr}");
+}
+
+/// The S3 endpoint `cargo xtask ci` provides.
+fn endpoint() -> String {
+    std::env::var("S3_ENDPOINT")
+        .expect("S3_ENDPOINT is not set: run `cargo xtask ci`, which starts a moto S3 server")
+}
+
+/// Uploads `objects` (key, body) into `bucket`, eight at a time.
+fn put_all(endpoint: &str, bucket: &str, objects: Vec<(String, Vec<u8>)>) {
+    let chunks: Vec<Vec<(String, Vec<u8>)>> =
+        objects.chunks(objects.len().div_ceil(8).max(1)).map(<[_]>::to_vec).collect();
+    std::thread::scope(|s| {
+        for chunk in chunks {
+            s.spawn(move || {
+                for (key, body) in chunk {
+                    assert_eq!(http(endpoint, "PUT", &format!("/{bucket}/{key}"), &body), 200, "{key}");
+                }
+            });
+        }
+    });
+}
+
+/// The shape of a Spark output prefix on S3: thousands of objects of a few dozen bytes beside
+/// commit markers, under the default split size. The plan is cut by descriptor size (one split
+/// would be a descriptor far above the store's value limit), the markers are skipped, and every
+/// line is emitted exactly once by one worker that is not disturbed.
+#[test]
+fn a_spark_prefix_of_small_objects_on_s3_plans_in_several_splits_and_reads_every_line_once() {
+    let endpoint = endpoint();
+    let bucket = format!("etl-small-{}", std::process::id());
+    assert_eq!(http(&endpoint, "PUT", &format!("/{bucket}"), b""), 200, "bucket created");
+    let mut objects = Vec::new();
+    let mut expected = Vec::new();
+    for i in 0..2_500 {
+        let key = format!("input/date=2024-01-01/part-{i:05}-c000.json");
+        objects.push((key.clone(), format!("{{\"n\":{i}}}\n{{\"n\":{i},\"second\":true}}\n").into_bytes()));
+        expected.extend([format!("{key}:1"), format!("{key}:2")]);
+    }
+    for marker in
+        ["input/_SUCCESS", "input/date=2024-01-01/.part-00000-c000.json.crc", "input/_committed_123"]
+    {
+        objects.push((marker.to_owned(), b"not data\n".to_vec()));
+    }
+    put_all(&endpoint, &bucket, objects);
+    let tmp = tempfile::tempdir().unwrap();
+    let sink = tmp.path().join("out.jsonl");
+    let out = s3_command(&endpoint, "files", &bucket, &sink)
+        .args(["--store", "memory", "--job", "s3-small", "--max-in-flight", "4"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines = JsonlSink::read(&sink).unwrap();
+    let mut seen: Vec<String> = lines.iter().map(|l| l.record.clone()).collect();
+    seen.sort();
+    expected.sort();
+    assert_eq!(seen.len(), expected.len(), "no line twice, none missing");
+    assert_eq!(seen, expected, "every data line once, no marker read");
+    let splits: BTreeSet<&str> = lines.iter().map(|l| l.split.as_str()).collect();
+    assert!(splits.len() >= 2, "cut by descriptor size under the 64 MiB default: {splits:?}");
+}
+
+/// A Parquet file of `rows` rows (`id`, `name`) from `first_id`, in row groups of `group_rows`,
+/// written by the parquet crate.
+fn parquet_file(first_id: i64, rows: i64, group_rows: usize) -> Vec<u8> {
+    use std::sync::Arc;
+    let ids: Vec<i64> = (first_id..first_id + rows).collect();
+    let names: Vec<String> = ids.iter().map(|i| format!("row {i}")).collect();
+    let batch = arrow_array::RecordBatch::try_from_iter([
+        ("id", Arc::new(arrow_array::Int64Array::from(ids)) as arrow_array::ArrayRef),
+        ("name", Arc::new(arrow_array::StringArray::from(names)) as arrow_array::ArrayRef),
+    ])
+    .unwrap();
+    let props =
+        parquet::file::properties::WriterProperties::builder().set_max_row_group_size(group_rows).build();
+    let mut buf = Vec::new();
+    let mut w = parquet::arrow::ArrowWriter::try_new(&mut buf, batch.schema(), Some(props)).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    buf
+}
+
+/// A Parquet prefix on S3 read by two workers on NATS, row group by row group, one of them
+/// killed (SIGKILL) in the middle: the survivor takes its splits over from their committed
+/// progress and every row is emitted.
+#[test]
+fn a_parquet_prefix_on_s3_is_read_by_row_groups_with_no_loss_across_a_kill() {
+    let endpoint = endpoint();
+    let nats =
+        std::env::var("NATS_URL").expect("NATS_URL is not set: run `cargo xtask ci`, which starts NATS");
+    let bucket = format!("etl-parquet-{}", std::process::id());
+    assert_eq!(http(&endpoint, "PUT", &format!("/{bucket}"), b""), 200, "bucket created");
+    let mut objects = Vec::new();
+    let mut expected = BTreeSet::new();
+    for f in 0..6 {
+        let key = format!("input/part-{f}.parquet");
+        objects.push((key.clone(), parquet_file(f * 10_000, 1_000, 125)));
+        expected.extend((1..=1_000).map(|r| format!("{key}:{r}")));
+    }
+    objects.push(("input/_SUCCESS".to_owned(), Vec::new()));
+    put_all(&endpoint, &bucket, objects);
+    let job = format!("s3-parquet-{}", std::process::id());
+    let tmp = tempfile::tempdir().unwrap();
+    let (sa, sb) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
+    let start = |id: &str, sink: &std::path::Path| {
+        s3_command(&endpoint, "parquet", &bucket, sink)
+            .args(["--store", &nats, "--job", &job, "--instance-id", id])
+            // Row groups of 125 rows are about 1.5 KB: a few of them a split.
+            .args(["--split-size", "4000", "--record-delay-ms", "3", "--lease-duration", "3s"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut a = start("pa", &sa);
+    let b = start("pb", &sb);
+    let t = std::time::Instant::now();
+    while JsonlSink::read(&sa).map(|l| l.len()).unwrap_or(0) < 300 {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(60),
+            "the first worker wrote too little in 60 s"
+        );
+        assert!(a.try_wait().unwrap().is_none(), "the first worker exited early");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    a.kill().unwrap();
+    let _ = a.wait();
+    let out = b.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<_> = [&sa, &sb].iter().flat_map(|p| JsonlSink::read(p).unwrap_or_default()).collect();
+    let seen: BTreeSet<String> = lines.iter().map(|l| l.record.clone()).collect();
+    let missing: Vec<_> = expected.difference(&seen).take(5).collect();
+    assert!(missing.is_empty(), "rows never emitted: {missing:?}");
+    assert_eq!(seen.len(), expected.len(), "nothing outside the input");
+    let splits: BTreeSet<&str> = lines.iter().map(|l| l.split.as_str()).collect();
+    assert!(splits.len() >= 6, "row groups packed into several splits: {splits:?}");
 }
