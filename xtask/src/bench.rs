@@ -1,4 +1,4 @@
-//! `cargo xtask bench [--quick]`: the benchmark, with the servers it needs.
+//! `cargo xtask bench [--quick | --objects]`: the benchmark, with the servers it needs.
 
 use anyhow::{Result, bail};
 
@@ -8,11 +8,13 @@ use crate::{cargo, nats, postgres};
 /// `cargo xtask bench [--quick]`: the targets measured on a NATS server and a 3-node cluster
 /// (replicas 3) this command starts (or `NATS_URL` / `NATS_CLUSTER_URL`), written to
 /// `docs/BENCHMARKS.md`. `--quick` is the smoke run of `ci`: one server, few samples, written
-/// under `target/` (it asserts nothing about speed).
+/// under `target/` (it asserts nothing about speed). `--objects` measures only the object-store
+/// input (T8, T9) and rewrites that section of `docs/BENCHMARKS.md`, leaving the rest as it was.
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
-    if let Some(other) = args.iter().find(|a| *a != "--quick") {
-        bail!("unknown argument {other:?}: cargo xtask bench [--quick]");
+    let objects = args.iter().any(|a| a == "--objects");
+    if let Some(other) = args.iter().find(|a| *a != "--quick" && *a != "--objects") {
+        bail!("unknown argument {other:?}: cargo xtask bench [--quick | --objects]");
     }
     let mut guards: Vec<nats::NatsProcess> = Vec::new();
     let url = match std::env::var("NATS_URL") {
@@ -24,6 +26,28 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             url
         }
     };
+    if objects {
+        cargo(&[
+            "run",
+            "--release",
+            "--quiet",
+            "-p",
+            "etl-coordination-bench",
+            "--",
+            "--nats",
+            &url,
+            "--only",
+            "OBJECTS",
+            "--out",
+            "docs/BENCHMARKS.md",
+            "--splice",
+            "objects",
+            "--command",
+            &format!("cargo xtask bench --objects (NATS {})", nats::NATS_VERSION),
+        ])?;
+        println!("rewrote the object-store section of docs/BENCHMARKS.md");
+        return Ok(());
+    }
     let pg = postgres::start()?;
     if quick {
         return bench_quick(&url, &pg.conninfo);

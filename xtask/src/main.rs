@@ -47,7 +47,7 @@ fn main() -> Result<()> {
         _ => {
             eprintln!(
                 "usage: cargo xtask <ci | itest | sim --seeds N [--start S] [--stop-on-violation] | sim --seed S \
-                 | mutants [--seeds N] [--only NAME[,NAME...]] | bench [--quick] | images | previous>"
+                 | mutants [--seeds N] [--only NAME[,NAME...]] | bench [--quick | --objects] | images | previous>"
             );
             std::process::exit(2);
         }

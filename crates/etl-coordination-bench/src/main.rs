@@ -5,13 +5,18 @@
 //!
 //! ```text
 //! etl-coordination-bench --nats URL [--cluster URLS] [--postgres CONNINFO] [--quick]
-//!     [--only T1,...,T7,COST,PEERS] [--out FILE] [--plots DIR] [--command TEXT]
+//!     [--only T1,...,T7,COST,PEERS,OBJECTS] [--out FILE [--splice NAME]] [--plots DIR]
+//!     [--command TEXT]
 //! ```
+//!
+//! `--splice objects` rewrites only the region of `--out` between `<!-- objects -->` and
+//! `<!-- /objects -->` (appended when it has none), with a line saying when it was measured.
 //!
 //! The peers (static partitioning, PostgreSQL `SKIP LOCKED`) run beside the first target (the
 //! single node) on the same work; the PostgreSQL ones need `--postgres`.
 
 mod measure;
+mod objects;
 mod peers;
 mod plots;
 mod report;
@@ -36,6 +41,8 @@ struct Args {
     command: String,
     /// Only these targets (`T1`..`T7`); all when empty.
     only: Vec<String>,
+    /// Replace only the region between `<!-- NAME -->` and `<!-- /NAME -->` of `--out`.
+    splice: Option<String>,
 }
 
 fn args() -> Result<Args> {
@@ -48,6 +55,7 @@ fn args() -> Result<Args> {
         out: None,
         command: String::new(),
         only: Vec::new(),
+        splice: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -60,6 +68,7 @@ fn args() -> Result<Args> {
             "--quick" => a.quick = true,
             "--out" => a.out = Some(value("--out")?),
             "--command" => a.command = value("--command")?,
+            "--splice" => a.splice = Some(value("--splice")?),
             "--only" => a.only = value("--only")?.split(',').map(|t| t.trim().to_uppercase()).collect(),
             other => bail!("unknown argument {other:?} (see the crate documentation)"),
         }
@@ -129,10 +138,19 @@ async fn main() -> Result<()> {
     if want("COST") {
         measure::cost_curve(&mut run, &a, t).await?;
     }
-    let page = run.page(&a)?;
-    match &a.out {
-        Some(path) => std::fs::write(path, &page).with_context(|| format!("writing {path}"))?,
-        None => print!("{page}"),
+    if want("OBJECTS") {
+        measure::objects(&mut run, &a, t).await?;
+    }
+    match (&a.out, &a.splice) {
+        (Some(path), Some(name)) => {
+            let old = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+            std::fs::write(path, report::splice(&old, name, &run.section(&a)?))
+                .with_context(|| format!("writing {path}"))?;
+        }
+        (Some(path), None) => {
+            std::fs::write(path, run.page(&a)?).with_context(|| format!("writing {path}"))?
+        }
+        (None, _) => print!("{}", run.page(&a)?),
     }
     Ok(())
 }

@@ -554,3 +554,100 @@ fn cost_plots(run: &mut Run, points: &[scenarios::Cost], small: usize) -> Result
     )?;
     Ok(())
 }
+
+/// T8 and T9: the files source on object-store input (the first target only), between the
+/// markers `--splice objects` replaces.
+pub async fn objects(run: &mut Run, a: &Args, t: &Target) -> Result<()> {
+    use crate::objects;
+    eprintln!("== objects (T8, T9)");
+    writeln!(run.doc, "<!-- objects -->\n## Object-store input ({})\n", t.name)?;
+    writeln!(
+        run.doc,
+        "The files source over a local directory (the object store it opens for a path; `s3://` \
+         goes through the same code with HTTP requests instead of file reads), in-process workers.\n"
+    )?;
+    let n = if a.quick { 3_000 } else { 1_000_000 };
+    eprintln!("T8 a prefix of {n} objects");
+    let p = bounded("T8", run.limit, objects::prefix(t, n)).await?;
+    writeln!(
+        run.doc,
+        "### T8 a prefix of {} small objects (one line each, 1,000 to a directory), default 64 MiB split target, \
+         one worker of 8 lanes\n",
+        p.objects
+    )?;
+    writeln!(
+        run.doc,
+        "| leader's planning (list + pack) s | splits | largest descriptor KiB | peak RSS after planning MB | \
+         first record (plan published) s | last record s | job complete s | objects/s | peak RSS of the worker MB |\n\
+         |---|---|---|---|---|---|---|---|---|"
+    )?;
+    writeln!(
+        run.doc,
+        "| {:.1} | {} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} |\n",
+        p.list_s,
+        p.splits,
+        p.descriptor_kib_max,
+        p.plan_rss_mb,
+        p.run.first_record,
+        p.run.makespan,
+        p.run.complete,
+        p.objects as f64 / p.run.makespan,
+        p.peak_rss_mb
+    )?;
+    writeln!(
+        run.doc,
+        "Every object's line was written once ({} records, {} distinct). Splits are cut at 64 KiB of \
+         descriptor, so the plan's size is about that of the listing; planning holds the listing and the \
+         descriptors at once.\n",
+        p.run.records, p.run.distinct
+    )?;
+    // T9: lines of 4 KiB; a downstream taking 1/16 s a MiB a lane (16 MiB/s a lane).
+    let (lines, width, split, counts, per_mib): (u64, usize, u64, &[usize], Duration) = if a.quick {
+        (2_048, 4096, 1 << 20, &[1, 2], Duration::from_millis(62))
+    } else {
+        (1 << 20, 4096, 64 << 20, &[1, 2, 4, 8], Duration::from_micros(62_500))
+    };
+    let size_mib = (lines * width as u64) >> 20;
+    eprintln!("T9 one object of {size_mib} MiB");
+    let runs = bounded("T9", run.limit, objects::big(t, lines, width, split, counts, per_mib)).await?;
+    writeln!(
+        run.doc,
+        "### T9 one object of {size_mib} MiB ({lines} lines of {width} bytes) in byte ranges of {} MiB, 4 lanes a \
+         worker, a sink taking {:.1} ms a MiB a lane\n",
+        split >> 20,
+        per_mib.as_secs_f64() * 1e3
+    )?;
+    writeln!(
+        run.doc,
+        "| workers | first record s | makespan s | job complete s | MiB/s | efficiency vs 1 worker | lines written (replayed) |\n\
+         |---|---|---|---|---|---|---|"
+    )?;
+    let one = runs.first().map_or(f64::NAN, |r| r.run.makespan);
+    for r in &runs {
+        let eff = one / (r.workers as f64 * r.run.makespan);
+        writeln!(
+            run.doc,
+            "| {} | {:.1} | {:.1} | {:.1} | {:.0} | {:.2}{} | {} ({}) |",
+            r.workers,
+            r.run.first_record,
+            r.run.makespan,
+            r.run.complete,
+            size_mib as f64 / r.run.makespan,
+            eff,
+            if r.workers == 4 {
+                if eff >= 0.9 { " (met, >= 0.9)" } else { " (**missed**, < 0.9)" }
+            } else {
+                ""
+            },
+            r.run.records,
+            r.run.records - r.run.distinct
+        )?;
+    }
+    writeln!(
+        run.doc,
+        "\nThe makespan runs from the workers' start (set-up, election and planning included) to the last \
+         line written. The PostgreSQL peer does not apply: it has no object listing or byte ranges of its \
+         own, and its coordination cost is T7's.\n<!-- /objects -->\n"
+    )?;
+    Ok(())
+}

@@ -85,6 +85,38 @@ impl Run {
     }
 }
 
+impl Run {
+    /// The sections alone, after a line saying how and when they were measured (for
+    /// [`splice`]).
+    pub fn section(&self, a: &Args) -> Result<String> {
+        let mut doc = self.doc.clone();
+        let how = format!(
+            "Measured by `{}` on {} ({}), apart from the rest of this page.\n\n",
+            if a.command.is_empty() { "etl-coordination-bench" } else { &a.command },
+            today(),
+            machine()
+        );
+        // After the opening marker and the heading.
+        let at = doc.find("\n\n").map_or(0, |i| i + 2);
+        doc.insert_str(at, &how);
+        Ok(doc)
+    }
+}
+
+/// `page` with the region between `<!-- name -->` and `<!-- /name -->` (markers included)
+/// replaced by `region` (which carries its own markers); appended when `page` has none.
+pub fn splice(page: &str, name: &str, region: &str) -> String {
+    let (open, close) = (format!("<!-- {name} -->"), format!("<!-- /{name} -->"));
+    match (page.find(&open), page.find(&close)) {
+        (Some(a), Some(b)) if a < b => {
+            let end = b + close.len();
+            let end = if page[end..].starts_with('\n') { end + 1 } else { end };
+            format!("{}{}{}", &page[..a], region.trim_end_matches('\n').to_owned() + "\n", &page[end..])
+        }
+        _ => format!("{}\n{region}", page.trim_end_matches('\n')),
+    }
+}
+
 /// The `p`-th percentile (nearest rank) of `v`.
 pub fn pct(v: &[f64], p: f64) -> f64 {
     if v.is_empty() {
