@@ -19,7 +19,8 @@ pub(crate) struct WorkerArgs {
     /// The runner's flags: the job, its store, the worker's knobs, the admin server.
     #[command(flatten)]
     pub(crate) worker: WorkerFlags,
-    /// `files:DIR` or `sqlite:PATH:TABLE`.
+    /// `files:DIR`, `parquet:DIR` (a directory, or an s3://, gs://, az:// URL with the `cloud`
+    /// feature) or `sqlite:PATH:TABLE`.
     #[arg(long, env = "ETL_COORD_SOURCE")]
     pub(crate) source: String,
     /// Keep the plan open: the leader re-plans every --replan-interval and new input becomes
@@ -34,19 +35,20 @@ pub(crate) struct WorkerArgs {
     /// position, error, its bytes), made durable before the progress past it is committed.
     #[arg(long, env = "ETL_COORD_DEAD_LETTER")]
     pub(crate) dead_letter: Option<PathBuf>,
-    /// Files source: target bytes per split.
+    /// Files and Parquet sources: target bytes per split (compressed bytes of row groups for
+    /// Parquet; a row group is never cut).
     #[arg(long, default_value_t = DEFAULT_SPLIT_BYTES, env = "ETL_COORD_SPLIT_SIZE")]
     pub(crate) split_size: u64,
-    /// Files source: read only objects whose key (relative to the location) matches one of
+    /// Files and Parquet sources: read only objects whose key (relative to the location) matches one of
     /// these globs (repeat the flag for more; `*` stays within a path component, `**` crosses
     /// them, `{a,b}` is either: `**/*.{json,csv}`). ETL_COORD_INCLUDE holds one glob.
     #[arg(long, env = "ETL_COORD_INCLUDE")]
     pub(crate) include: Vec<String>,
-    /// Files source: skip objects whose key matches one of these globs (after --include; repeat
+    /// Files and Parquet sources: skip objects whose key matches one of these globs (after --include; repeat
     /// the flag for more). ETL_COORD_EXCLUDE holds one glob.
     #[arg(long, env = "ETL_COORD_EXCLUDE")]
     pub(crate) exclude: Vec<String>,
-    /// Files source: read hidden objects too. By default a key with a component that starts
+    /// Files and Parquet sources: read hidden objects too. By default a key with a component that starts
     /// with `_` or `.` is skipped, as Hadoop and Spark do (`_SUCCESS`, `_committed_*`,
     /// `_temporary/`, `.part-0000.crc`).
     #[arg(long, env = "ETL_COORD_INCLUDE_HIDDEN")]
