@@ -391,7 +391,7 @@ pub fn pack(objects: Vec<(String, u64)>, target: u64) -> Vec<PlannedSplit> {
         let objects = std::mem::take(current);
         let identity: Vec<String> = objects.iter().map(|(p, s)| format!("{p}\0{s}")).collect();
         let identity: Vec<&str> = identity.iter().map(String::as_str).collect();
-        splits.push(split_of(objects.clone(), None, &identity));
+        splits.push(split_of(objects, None, &identity));
     };
     let mut described = 0usize;
     for (path, size) in objects {
