@@ -217,8 +217,16 @@ fn usage_errors_exit_2_naming_the_flag_before_anything_starts() {
     // Options that do not apply to a Parquet source are refused by name.
     let parquet = format!("parquet:{}", std::env::temp_dir().display());
     for (flag, expect) in [("--follow", "--follow"), ("--split-large-objects", "--split-large-objects")] {
-        let (code, _, err) =
-            run(etl_coord().args(["worker", "--job", "x", "--store", unreachable, "--source", &parquet, flag]));
+        let (code, _, err) = run(etl_coord().args([
+            "worker",
+            "--job",
+            "x",
+            "--store",
+            unreachable,
+            "--source",
+            &parquet,
+            flag,
+        ]));
         assert_eq!(code, 2, "{flag}: {err}");
         assert!(err.contains(expect) && err.contains("parquet"), "{flag}: {err}");
     }
