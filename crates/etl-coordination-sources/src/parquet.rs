@@ -331,12 +331,23 @@ impl GroupsReader {
             let batch = match current.batches.try_next().await {
                 Ok(Some(batch)) => batch,
                 Ok(None) => {
-                    // Fewer rows than the footer says: nothing more to read here.
+                    // The stream ended where the footer promised more rows: never skip them.
+                    let left = current.rows[self.at.group..].iter().sum::<u64>().saturating_sub(self.at.row);
                     self.current = None;
+                    if left > 0 {
+                        return Err(SourceError::unprocessable(format!(
+                            "{}: the reader ended {left} rows short of what its footer says",
+                            part.path
+                        )));
+                    }
                     self.at = ParquetProgress { part: self.at.part + 1, group: 0, row: 0 };
                     continue;
                 }
-                Err(e) => return Err(parquet_error(&part.path, e)),
+                Err(e) => {
+                    // A failed stream is done: the next call opens the part again at `at`.
+                    self.current = None;
+                    return Err(parquet_error(&part.path, e));
+                }
             };
             if batch.num_rows() == 0 {
                 continue;
@@ -358,9 +369,18 @@ async fn open_part(
     at: ParquetProgress,
     batch_rows: usize,
 ) -> Result<Part, SourceError> {
-    let reader = ParquetObjectReader::new(store, ObjectPath::from(part.path.as_str()))
-        .with_file_size(part.size)
-        .with_footer_size_hint(FOOTER_HINT);
+    // A file that changed size since it was planned is refused, not misread (a remote store
+    // would answer a range past a shrunk file's end with an error that reads as an outage).
+    let path = ObjectPath::from(part.path.as_str());
+    let head = store.head(&path).await.map_err(|e| store_error(&part.path, e))?;
+    if head.size != part.size {
+        return Err(SourceError::unprocessable(format!(
+            "{}: {} bytes, the plan read {} (the file changed after it was planned)",
+            part.path, head.size, part.size
+        )));
+    }
+    let reader =
+        ParquetObjectReader::new(store, path).with_file_size(part.size).with_footer_size_hint(FOOTER_HINT);
     let builder =
         ParquetRecordBatchStreamBuilder::new(reader).await.map_err(|e| parquet_error(&part.path, e))?;
     let groups = builder.metadata().row_groups();
@@ -431,7 +451,16 @@ impl ParquetReader {
             return Ok(false);
         };
         let rows = &self.groups.current.as_ref().expect("the batch's part is open").rows;
-        for (i, content) in json_rows(&batch)?.into_iter().enumerate() {
+        let json = json_rows(&batch)?;
+        if json.len() != batch.batch.num_rows() {
+            return Err(SourceError::unprocessable(format!(
+                "{}: {} rows came out as {} JSON objects",
+                batch.path,
+                batch.batch.num_rows(),
+                json.len()
+            )));
+        }
+        for (i, content) in json.into_iter().enumerate() {
             let progress = advance(rows, before, i as u64 + 1);
             let key = format!("{}:{}", batch.path, batch.first_row + i as u64);
             self.pending.push_back((Line { key, content }, progress));
