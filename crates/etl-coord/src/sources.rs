@@ -91,7 +91,9 @@ impl AnySource {
                 ))
             }
             AnySource::Parquet(_) if filters.split_large_objects => {
-                bail!("--split-large-objects applies to files: sources only (a parquet: source is split by row groups)")
+                bail!(
+                    "--split-large-objects applies to files: sources only (a parquet: source is split by row groups)"
+                )
             }
             AnySource::Parquet(p) => {
                 let p = p.include(&filters.include).map_err(|e| anyhow::anyhow!("--include {e}"))?;
