@@ -1,4 +1,4 @@
-//! The command's sources: the files and SQLite sources of `etl-coordination-sources`, chosen by
+//! The command's sources: the files, Parquet, SQLite and PostgreSQL sources of `etl-coordination-sources`, chosen by
 //! `--source`, and the test faults the command's own tests inject (a record that crashes the
 //! process, one the source calls unprocessable, a read that never answers, a delay per record).
 
@@ -11,6 +11,7 @@ use etl_coordination_driver::{
 use etl_coordination_sources::Line;
 use etl_coordination_sources::files::{FileProgress, FilesReader, FilesSource};
 use etl_coordination_sources::parquet::{ParquetProgress, ParquetReader, ParquetSource};
+use etl_coordination_sources::postgres::{PostgresReader, PostgresSource};
 use etl_coordination_sources::sqlite::{SqliteReader, SqliteSource};
 use serde::{Deserialize, Serialize};
 
@@ -26,10 +27,27 @@ pub enum AnySource {
     Sqlite(SqliteSource),
     /// `parquet:DIR` (or an object-store URL).
     Parquet(ParquetSource),
+    /// `postgres://...` with `--table` (made by [`AnySource::connect`]).
+    Postgres(PostgresSource),
+}
+
+/// A database source's options: the table (PostgreSQL) and the key column.
+#[derive(Clone, Debug, Default)]
+pub struct TableArgs {
+    /// `--table`: `name` or `schema.name` (PostgreSQL).
+    pub table: Option<String>,
+    /// `--key-column`: the integer key ranges are cut by (`id` when not given).
+    pub key_column: Option<String>,
+}
+
+/// Whether `--source` names a PostgreSQL database.
+pub fn is_postgres(spec: &str) -> bool {
+    spec.starts_with("postgres://") || spec.starts_with("postgresql://")
 }
 
 impl AnySource {
     /// Parses `--source`; `follow` keeps the plan open (new objects, new rows).
+    /// A `postgres://` source is refused here (see [`AnySource::connect`]).
     pub fn open(spec: &str, split_bytes: u64, split_rows: u64, follow: bool) -> anyhow::Result<Self> {
         let source = if let Some(dir) = spec.strip_prefix("files:") {
             if split_bytes == 0 {
@@ -41,6 +59,8 @@ impl AnySource {
                 bail!("--split-rows must be at least 1");
             }
             AnySource::Sqlite(SqliteSource::open(rest, split_rows)?)
+        } else if is_postgres(spec) {
+            bail!("--source {spec:?}: a PostgreSQL source is opened with AnySource::connect")
         } else if let Some(dir) = spec.strip_prefix("parquet:") {
             if split_bytes == 0 {
                 bail!("--split-size must be at least 1 byte");
@@ -50,7 +70,9 @@ impl AnySource {
             }
             AnySource::Parquet(ParquetSource::open(dir, split_bytes)?)
         } else {
-            bail!("--source {spec:?}: expected files:DIR, parquet:DIR or sqlite:PATH:TABLE")
+            bail!(
+                "--source {spec:?}: expected files:DIR, parquet:DIR, sqlite:PATH:TABLE or postgres://USER@HOST/DB"
+            )
         };
         Ok(match source {
             AnySource::Files(f) if follow => AnySource::Files(f.follow()),
@@ -72,6 +94,20 @@ pub struct Filters {
     pub include_hidden: bool,
     /// Cut uncompressed objects above the split size into byte ranges.
     pub split_large_objects: bool,
+}
+
+impl Filters {
+    /// The first option set, by its flag.
+    pub fn first_set(&self) -> Option<&'static str> {
+        [
+            ("--include", !self.include.is_empty()),
+            ("--exclude", !self.exclude.is_empty()),
+            ("--include-hidden", self.include_hidden),
+            ("--split-large-objects", self.split_large_objects),
+        ]
+        .into_iter()
+        .find_map(|(flag, set)| set.then_some(flag))
+    }
 }
 
 impl AnySource {
@@ -109,19 +145,84 @@ impl AnySource {
                 Ok(other)
             }
             _ => {
-                let flag = [
-                    ("--include", !filters.include.is_empty()),
-                    ("--exclude", !filters.exclude.is_empty()),
-                    ("--include-hidden", filters.include_hidden),
-                    ("--split-large-objects", filters.split_large_objects),
-                ]
-                .into_iter()
-                .find_map(|(flag, set)| set.then_some(flag))
-                .expect("a filter is set");
+                let flag = filters.first_set().expect("a filter is set");
                 bail!("{flag} applies to files: and parquet: sources only")
             }
         }
     }
+}
+
+impl AnySource {
+    /// [`AnySource::open`] with the table options (`--key-column` for SQLite); a
+    /// `postgres://` source is refused here (it connects: [`AnySource::connect`]).
+    pub fn open_with(
+        spec: &str,
+        table: &TableArgs,
+        split_bytes: u64,
+        split_rows: u64,
+        follow: bool,
+    ) -> anyhow::Result<Self> {
+        if let Some(problem) = table_args_problem(spec, table, split_rows) {
+            bail!("{problem}");
+        }
+        match (spec.strip_prefix("sqlite:"), &table.key_column) {
+            (Some(rest), Some(key)) => {
+                if split_rows == 0 {
+                    bail!("--split-rows must be at least 1");
+                }
+                let source = SqliteSource::open_keyed(rest, key, split_rows)?;
+                Ok(AnySource::Sqlite(if follow { source.follow() } else { source }))
+            }
+            _ => AnySource::open(spec, split_bytes, split_rows, follow),
+        }
+    }
+
+    /// `--source` with its table options: connects to a PostgreSQL database (checking the
+    /// table, its key and the permission), or opens any other source as
+    /// [`AnySource::open_with`] does.
+    pub async fn connect(
+        spec: &str,
+        table: &TableArgs,
+        split_bytes: u64,
+        split_rows: u64,
+        follow: bool,
+    ) -> anyhow::Result<Self> {
+        if !is_postgres(spec) {
+            return AnySource::open_with(spec, table, split_bytes, split_rows, follow);
+        }
+        if let Some(problem) = table_args_problem(spec, table, split_rows) {
+            bail!("{problem}");
+        }
+        let name = table.table.as_deref().expect("checked above");
+        let key = table.key_column.as_deref().unwrap_or("id");
+        let source = PostgresSource::connect(spec, name, key, split_rows).await?;
+        Ok(AnySource::Postgres(if follow { source.follow() } else { source }))
+    }
+}
+
+/// What is wrong with `--table` and `--key-column` for `spec`, before any connection.
+pub fn table_args_problem(spec: &str, table: &TableArgs, split_rows: u64) -> Option<String> {
+    if is_postgres(spec) {
+        if table.table.is_none() {
+            return Some("--table is required with a postgres:// source (name or schema.name)".into());
+        }
+        if split_rows == 0 {
+            return Some("--split-rows must be at least 1".into());
+        }
+        if let Err(e) = etl_coordination_sources::postgres::check_url(spec) {
+            return Some(format!("--source {e}"));
+        }
+        return None;
+    }
+    if table.table.is_some() {
+        return Some(
+            "--table applies to postgres:// sources only (sqlite: names its table in the source)".into(),
+        );
+    }
+    if table.key_column.is_some() && !spec.starts_with("sqlite:") {
+        return Some("--key-column applies to sqlite: and postgres:// sources only".into());
+    }
+    None
 }
 
 impl Planner for AnySource {
@@ -130,6 +231,7 @@ impl Planner for AnySource {
             AnySource::Files(s) => s.fingerprint(),
             AnySource::Sqlite(s) => s.fingerprint(),
             AnySource::Parquet(s) => s.fingerprint(),
+            AnySource::Postgres(s) => s.fingerprint(),
         }
     }
 
@@ -142,19 +244,20 @@ impl Planner for AnySource {
             AnySource::Files(s) => s.replan(published).await,
             AnySource::Sqlite(s) => s.replan(published).await,
             AnySource::Parquet(s) => s.replan(published).await,
+            AnySource::Postgres(s) => s.replan(published).await,
         }
     }
 }
 
-/// The progress of either source (stored as the source's own JSON: an object for files, a
-/// number for SQLite).
+/// The progress of any source (stored as the source's own JSON: an object for files and
+/// Parquet, a number for the database sources).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum AnyProgress {
     /// [`FileProgress`].
     Files(FileProgress),
-    /// The last id read.
-    Sqlite(i64),
+    /// The last key read (SQLite, PostgreSQL).
+    Key(i64),
     /// [`ParquetProgress`].
     Parquet(ParquetProgress),
 }
@@ -173,8 +276,12 @@ impl Source for AnySource {
                 AnyReader::Files(s.open(lane, Some(p)).await?)
             }
             (AnySource::Sqlite(s), None) => AnyReader::Sqlite(s.open(lane, None).await?),
-            (AnySource::Sqlite(s), Some(AnyProgress::Sqlite(p))) => {
+            (AnySource::Sqlite(s), Some(AnyProgress::Key(p))) => {
                 AnyReader::Sqlite(s.open(lane, Some(p)).await?)
+            }
+            (AnySource::Postgres(s), None) => AnyReader::Postgres(s.open(lane, None).await?),
+            (AnySource::Postgres(s), Some(AnyProgress::Key(p))) => {
+                AnyReader::Postgres(s.open(lane, Some(p)).await?)
             }
             (AnySource::Parquet(s), None) => AnyReader::Parquet(s.open(lane, None).await?),
             (AnySource::Parquet(s), Some(AnyProgress::Parquet(p))) => {
@@ -193,6 +300,8 @@ pub enum AnyReader {
     Sqlite(SqliteReader),
     /// Parquet.
     Parquet(ParquetReader),
+    /// PostgreSQL.
+    Postgres(PostgresReader),
 }
 
 impl SplitReader for AnyReader {
@@ -202,8 +311,9 @@ impl SplitReader for AnyReader {
     async fn next(&mut self) -> NextRecord<Line, AnyProgress> {
         Ok(match self {
             AnyReader::Files(r) => r.next().await?.map(|(l, p)| (l, AnyProgress::Files(p))),
-            AnyReader::Sqlite(r) => r.next().await?.map(|(l, p)| (l, AnyProgress::Sqlite(p))),
+            AnyReader::Sqlite(r) => r.next().await?.map(|(l, p)| (l, AnyProgress::Key(p))),
             AnyReader::Parquet(r) => r.next().await?.map(|(l, p)| (l, AnyProgress::Parquet(p))),
+            AnyReader::Postgres(r) => r.next().await?.map(|(l, p)| (l, AnyProgress::Key(p))),
         })
     }
 
@@ -228,6 +338,16 @@ pub struct Faults {
     /// Reading a record containing this text never returns, like a read on a connection that
     /// never answers: only a stop signal ends the lane.
     pub hang_marker: Option<String>,
+}
+
+impl Faults {
+    /// Whether no fault is set.
+    pub fn is_none(&self) -> bool {
+        self.record_delay.is_zero()
+            && self.poison_marker.is_none()
+            && self.unprocessable_marker.is_none()
+            && self.hang_marker.is_none()
+    }
 }
 
 /// A source with [`Faults`].
@@ -293,5 +413,13 @@ impl<R: SplitReader<Record = Line>> SplitReader for FaultyReader<R> {
             tokio::time::sleep(self.faults.record_delay).await;
         }
         Ok(Some((line, progress)))
+    }
+
+    async fn next_batch(&mut self) -> NextBatch<Line, R::Progress> {
+        if self.faults.is_none() {
+            // Without faults, a batch reader's batches pass through whole.
+            return self.inner.next_batch().await;
+        }
+        Ok(self.next().await?.map(|(record, progress)| (vec![record], progress)))
     }
 }

@@ -105,6 +105,47 @@ fn a_standalone_worker_processes_everything_into_its_sink() {
     assert!(lines.iter().all(|l| l.instance == "solo" && l.epoch >= 1));
 }
 
+/// Issue 27's first report: 30,000 small objects of a Spark-shaped prefix (with its commit
+/// markers) under the default split size made one split whose descriptor passed the store's
+/// value limit, and no leader could publish a plan.
+#[test]
+fn a_prefix_of_30000_small_objects_runs_under_the_default_split_size() {
+    let (tmp, data) = data_dir();
+    let mut expected = BTreeSet::new();
+    for d in 0..30 {
+        let dir = data.join(format!("date=2026-01-{:02}", d + 1));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("_SUCCESS"), "").unwrap();
+        std::fs::write(dir.join("._SUCCESS.crc"), "crc").unwrap();
+        for i in 0..1_000 {
+            let name = format!("part-{i:06}-c000.json");
+            std::fs::write(dir.join(&name), format!("{{\"n\":{i}}}\n")).unwrap();
+            expected.insert(format!("date=2026-01-{:02}/{name}:1", d + 1));
+        }
+    }
+    let sink = tmp.path().join("out.jsonl");
+    let (code, out, err) = run(etl_coord().args([
+        "worker",
+        "--job",
+        "small-objects",
+        "--store",
+        "memory",
+        "--source",
+        &format!("files:{}", data.display()),
+        "--sink",
+        sink.to_str().unwrap(),
+        "--lease-duration",
+        "3s",
+    ]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    let lines = JsonlSink::read(&sink).unwrap();
+    let seen: BTreeSet<String> = lines.iter().map(|l| l.record.clone()).collect();
+    assert_eq!(seen.len(), 30_000, "no marker read, no object lost");
+    assert_eq!(seen, expected);
+    let splits: BTreeSet<&str> = lines.iter().map(|l| l.split.as_str()).collect();
+    assert!(splits.len() > 1, "cut by descriptor size: {} splits", splits.len());
+}
+
 #[test]
 fn an_unprocessable_split_is_quarantined_and_the_worker_exits_3() {
     let (_tmp, data) = data_dir();

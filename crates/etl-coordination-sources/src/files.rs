@@ -11,7 +11,9 @@
 //!   do; in a local directory, write under another name and rename); one that changes after it
 //!   was planned is read as it was (up to its planned size).
 //!
-//! Records are lines ([`Line`]: `path:line`, the text without its end). Objects are streamed, so
+//! Records are lines ([`Line`]: `path:line`, the text without its end; in a byte range of a
+//! large object `path@offset`, the offset of the line's first byte, since the line numbers
+//! before the range are not known). Objects are streamed, so
 //! a worker's memory does not grow with their size; `.gz` and `.zst` objects are decompressed.
 //! Progress ([`FileProgress`]) is the object, the byte offset and the line number: a new owner
 //! of a split resumes mid-object (by a ranged read; a compressed object is read again from its
@@ -67,6 +69,14 @@ pub enum FilesError {
          --exclude, or choose the input with --include '**/*.parquet')"
     )]
     Footer {
+        /// The object.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// An object's footer could not be fetched (the store failed, not the file).
+    #[error("{path}: reading its Parquet footer: {reason}")]
+    FooterRead {
         /// The object.
         path: String,
         /// Why.
@@ -284,11 +294,13 @@ impl FilesSource {
     }
 
     /// The store the objects are read from.
+    #[cfg(feature = "parquet")]
     pub(crate) fn store(&self) -> Arc<dyn ObjectStore> {
         self.store.clone()
     }
 
     /// The split target in bytes.
+    #[cfg(feature = "parquet")]
     pub(crate) fn split_bytes(&self) -> u64 {
         self.split_bytes
     }

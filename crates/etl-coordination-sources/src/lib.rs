@@ -10,7 +10,13 @@
 //!   integer `id` column; an open plan ([`sqlite::SqliteSource::follow`]) adds ranges for rows
 //!   inserted past the last planned id.
 //!
-//! Both yield [`Line`]s: a key unique within the input and the record as text.
+//! - [`parquet`] (feature `parquet`): the rows of Parquet files, row groups packed into splits,
+//!   as JSON objects (or Arrow record batches with [`parquet::ParquetSource::batches`]).
+//! - [`postgres`] (feature `postgres`): the rows of a PostgreSQL table in ranges of an integer
+//!   key balanced by rows ([`keyrange`], shared with SQLite), as JSON objects (or rows of a type
+//!   of your own with [`postgres::PostgresSource::typed`]).
+//!
+//! They yield [`Line`]s: a key unique within the input and the record as text.
 //!
 //! What this crate does not do: coordinate (the driver does), or write anywhere (sinks are the
 //! embedding code's).
@@ -67,8 +73,12 @@
 
 #[cfg(feature = "files")]
 pub mod files;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub mod keyrange;
 #[cfg(feature = "parquet")]
 pub mod parquet;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
@@ -77,8 +87,9 @@ use serde::{Deserialize, Serialize};
 /// One record of the shipped sources: a line of a file, a row of a table.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Line {
-    /// Unique within the whole input: `path:line` for files, `table:id` for rows.
+    /// Unique within the whole input: `path:line` for files (`path@offset` in a byte range of
+    /// a large object), `path:row` for Parquet, `table:key` for table rows.
     pub key: String,
-    /// The record as text (a line without its end, a row's columns separated by tabs).
+    /// The record as text (a line without its end; a row as a JSON object).
     pub content: String,
 }

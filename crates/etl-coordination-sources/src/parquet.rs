@@ -178,9 +178,14 @@ async fn footer(store: Arc<dyn ObjectStore>, path: &str, size: u64) -> Result<Ve
     let mut reader = ParquetObjectReader::new(store, ObjectPath::from(path))
         .with_file_size(size)
         .with_footer_size_hint(FOOTER_HINT);
-    let meta = reader.get_metadata(None).await.map_err(|e| FilesError::Footer {
-        path: path.to_owned(),
-        reason: etl_coordination_driver::error_chain(&e),
+    let meta = reader.get_metadata(None).await.map_err(|e| {
+        let (path, reason) = (path.to_owned(), etl_coordination_driver::error_chain(&e));
+        // The object store's failure (throttled, denied, gone) is not the file's: no hint to
+        // exclude it.
+        match e {
+            parquet::errors::ParquetError::External(_) => FilesError::FooterRead { path, reason },
+            _ => FilesError::Footer { path, reason },
+        }
     })?;
     Ok(meta.row_groups().iter().map(|g| u64::try_from(g.compressed_size()).unwrap_or(0)).collect())
 }

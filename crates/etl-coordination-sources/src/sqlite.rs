@@ -1,26 +1,30 @@
-//! A range scan over a SQLite table: the table's rows in balanced ranges of its integer `id`
-//! column (e.g. the rowid alias `id INTEGER PRIMARY KEY`); records are rows rendered as text
-//! ([`Line`]: `table:id`, the columns separated by tabs); progress is the last id read. Reads run
-//! on tokio's blocking pool.
+//! A range scan over a SQLite table: the table's rows in balanced ranges of an integer key
+//! column (`id` unless [`SqliteSource::key_column`] names another; the rowid alias `id INTEGER
+//! PRIMARY KEY` is the usual one); records are rows as JSON objects ([`Line`]: `table:key`,
+//! `{"id":7,"item":"a","photo":"iVBORw=="}`: integers and reals as numbers, text as strings,
+//! blobs in base64, NULL as `null`); progress is the last key read. Reads run on tokio's
+//! blocking pool.
 //!
 //! - **Backfill** ([`SqliteSource::open`]): ranges of `split_rows` rows each over the rows there
-//!   are at planning time; a [`PlanKind::Final`] plan.
+//!   are at planning time (balanced by rows, [`crate::keyrange`]; the planning queries read one
+//!   snapshot); a [`PlanKind::Final`] plan.
 //! - **Follow** ([`SqliteSource::follow`]): a [`PlanKind::Open`] plan. Each re-plan adds ranges
-//!   for the rows past the last planned id (read from the published splits' ids, which carry
-//!   their ranges), so rows inserted with growing ids are picked up and none is planned twice.
-//!   Rows inserted later with ids below a planned range's end are not picked up.
+//!   for the rows past the last planned key (read from the published splits' ids, which carry
+//!   their ranges), so rows inserted with growing keys are picked up and none is planned twice.
+//!   Rows inserted later with keys below a planned range's end are not picked up.
 
 use std::path::PathBuf;
 
-use bytes::Bytes;
+use base64::Engine as _;
 use etl_coordination_driver::{
     LaneInfo, NextRecord, Plan, PlanError, PlanKind, PlannedSplit, Planner, Source, SourceError, SplitId,
     SplitReader, error_chain,
 };
 use rusqlite::types::ValueRef;
-use serde::{Deserialize, Serialize};
 
 use crate::Line;
+pub use crate::keyrange::IdRange;
+use crate::keyrange::{KeyIndex, next_start, plan_ranges, run_ready};
 
 /// Default rows per split.
 pub const DEFAULT_SPLIT_ROWS: u64 = 100_000;
@@ -35,8 +39,8 @@ pub enum SqliteError {
     /// Not `PATH:TABLE`.
     #[error("{0:?}: expected PATH:TABLE")]
     Spec(String),
-    /// A table name with characters other than `[A-Za-z0-9_]`.
-    #[error("table name {0:?}: only [A-Za-z0-9_] is accepted")]
+    /// A table or column name with characters other than `[A-Za-z0-9_]`.
+    #[error("name {0:?}: only [A-Za-z0-9_] is accepted")]
     TableName(String),
     /// A split size of 0.
     #[error("split_rows must be at least 1")]
@@ -51,41 +55,72 @@ pub enum SqliteError {
 pub struct SqliteSource {
     path: PathBuf,
     table: String,
+    key: String,
     split_rows: u64,
     follow: bool,
 }
 
-/// A split's descriptor: the id range `[lo, hi)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IdRange {
-    /// First id (inclusive).
-    pub lo: i64,
-    /// End (exclusive).
-    pub hi: i64,
+fn check_name(name: &str) -> Result<(), SqliteError> {
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        return Err(SqliteError::TableName(name.to_owned()));
+    }
+    Ok(())
 }
 
 impl SqliteSource {
-    /// A backfill of `PATH:TABLE` (the table must exist and have an integer `id` column).
+    /// A backfill of `PATH:TABLE` keyed by its integer `id` column (see
+    /// [`SqliteSource::open_keyed`] for another).
     pub fn open(spec: &str, split_rows: u64) -> Result<Self, SqliteError> {
+        Self::open_keyed(spec, "id", split_rows)
+    }
+
+    /// A backfill of `PATH:TABLE` keyed by the integer column `key`: unique, and best indexed
+    /// (the rowid alias `INTEGER PRIMARY KEY` is). The table must exist and have the column.
+    pub fn open_keyed(spec: &str, key: &str, split_rows: u64) -> Result<Self, SqliteError> {
         let Some((path, table)) = spec.rsplit_once(':') else {
             return Err(SqliteError::Spec(spec.to_owned()));
         };
-        if table.is_empty() || !table.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-            return Err(SqliteError::TableName(table.to_owned()));
-        }
+        check_name(table)?;
+        check_name(key)?;
         if split_rows == 0 {
             return Err(SqliteError::ZeroSplitRows);
         }
-        let source =
-            SqliteSource { path: PathBuf::from(path), table: table.to_owned(), split_rows, follow: false };
-        let conn = source.connect()?;
-        conn.query_row(&format!("SELECT COUNT(id) FROM \"{}\"", source.table), [], |r| r.get::<_, i64>(0))
-            .map_err(|e| {
-                SqliteError::Database(format!(
-                    "table {table:?} in {path} must exist and have an integer id column: {e}"
-                ))
-            })?;
+        let source = SqliteSource {
+            path: PathBuf::from(path),
+            table: table.to_owned(),
+            key: key.to_owned(),
+            split_rows,
+            follow: false,
+        };
+        source.check()?;
         Ok(source)
+    }
+
+    /// The table exists and has the key column (looked up by name: SQLite reads a quoted name
+    /// that is no column as a string literal, so a query alone would not tell).
+    fn check(&self) -> Result<(), SqliteError> {
+        let conn = self.connect()?;
+        let (t, k) = (&self.table, &self.key);
+        let columns: Vec<String> = conn
+            .prepare("SELECT name FROM pragma_table_info(?1)")
+            .and_then(|mut stmt| stmt.query_map([t], |r| r.get(0))?.collect())
+            .map_err(|e| {
+                SqliteError::Database(format!("reading the columns of {t:?} in {}: {e}", self.path.display()))
+            })?;
+        if columns.is_empty() {
+            return Err(SqliteError::Database(format!(
+                "table {t:?} does not exist in {}",
+                self.path.display()
+            )));
+        }
+        if !columns.iter().any(|c| c == k) {
+            return Err(SqliteError::Database(format!(
+                "table {t:?} in {} has no {k:?} column to cut ranges by (its columns: {}); name the integer key column",
+                self.path.display(),
+                columns.join(", ")
+            )));
+        }
+        Ok(())
     }
 
     /// Follow mode: an open plan that adds ranges for new rows (see the module documentation).
@@ -100,68 +135,66 @@ impl SqliteSource {
         )
     }
 
-    /// Balanced id ranges of `split_rows` rows each, over the rows with ids at least `from`.
-    /// Ids are the range bounds, so that a later planning round can tell where the earlier
-    /// ones ended.
+    /// Balanced key ranges of `split_rows` rows each, over the rows with keys at least `from`,
+    /// read in one transaction. Ids are the range bounds, so that a later planning round can
+    /// tell where the earlier ones ended.
     pub fn plan_splits(&self, from: i64) -> Result<Vec<PlannedSplit>, SqliteError> {
-        let db = |e: rusqlite::Error| SqliteError::Database(error_chain(&e));
-        let conn = self.connect()?;
-        let t = &self.table;
-        let (count, max): (i64, Option<i64>) = conn
-            .query_row(&format!("SELECT COUNT(*), MAX(id) FROM \"{t}\" WHERE id >= ?1"), [from], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .map_err(db)?;
-        let Some(max) = max else { return Ok(Vec::new()) };
-        let mut bounds = vec![from];
-        let mut offset = self.split_rows as i64;
-        while offset < count {
-            let id: i64 = conn
-                .query_row(
-                    &format!("SELECT id FROM \"{t}\" WHERE id >= ?1 ORDER BY id LIMIT 1 OFFSET ?2"),
-                    [from, offset],
-                    |r| r.get(0),
-                )
-                .map_err(db)?;
-            bounds.push(id);
-            offset += self.split_rows as i64;
-        }
-        bounds.push(max.saturating_add(1));
-        let full = bounds.len() - 2;
-        Ok(bounds
-            .windows(2)
-            .enumerate()
-            .map(|(i, w)| {
-                let range = IdRange { lo: w[0], hi: w[1] };
-                let rows = if i < full { self.split_rows } else { (count as u64 - 1) % self.split_rows + 1 };
-                PlannedSplit::new(
-                    range_id(t, range),
-                    Bytes::from(serde_json::to_vec(&range).expect("serializable")),
-                    rows,
-                )
-            })
-            .collect())
+        let mut conn = self.connect()?;
+        let tx = conn.transaction().map_err(db)?;
+        let mut index = Keys { tx: &tx, table: &self.table, key: &self.key };
+        let splits = run_ready(plan_ranges(&mut index, &self.table, from, self.split_rows))?;
+        Ok(splits)
     }
 }
 
-/// A range's split id: `r-TABLE-LO-HI`, a negative bound written with `m` for its minus sign
-/// (`-5` is `m5`, so `-` only separates; `i64::MIN` is `min`).
-fn range_id(table: &str, r: IdRange) -> SplitId {
-    let n = |v: i64| match v {
-        i64::MIN => "min".to_owned(),
-        v if v < 0 => format!("m{}", v.unsigned_abs()),
-        v => v.to_string(),
-    };
-    SplitId::new(format!("r-{table}-{}-{}", n(r.lo), n(r.hi))).expect("valid id")
+fn db(e: rusqlite::Error) -> SqliteError {
+    SqliteError::Database(error_chain(&e))
 }
 
-/// The end of the range a split id of this table names.
-fn range_end(table: &str, id: &SplitId) -> Option<i64> {
-    let hi = id.as_str().strip_prefix(&format!("r-{table}-"))?.rsplit_once('-')?.1;
-    match hi.strip_prefix('m') {
-        Some("in") => Some(i64::MIN),
-        Some(abs) => abs.parse::<i64>().ok().map(|v| -v),
-        None => hi.parse().ok(),
+/// The key column of a table, read in one transaction.
+struct Keys<'a> {
+    tx: &'a rusqlite::Transaction<'a>,
+    table: &'a str,
+    key: &'a str,
+}
+
+// Blocking calls in async functions: only ever run by `run_ready` on a blocking thread.
+impl KeyIndex for Keys<'_> {
+    type Error = SqliteError;
+
+    #[allow(clippy::manual_async_fn)]
+    fn key_at(
+        &mut self,
+        lo: i64,
+        offset: u64,
+    ) -> impl Future<Output = Result<Option<i64>, SqliteError>> + Send {
+        let (t, k) = (self.table, self.key);
+        let found = self
+            .tx
+            .query_row(
+                &format!(
+                    "SELECT \"{k}\" FROM \"{t}\" WHERE \"{k}\" >= ?1 ORDER BY \"{k}\" LIMIT 1 OFFSET ?2"
+                ),
+                (lo, offset as i64),
+                |r| r.get::<_, i64>(0),
+            )
+            .map(Some)
+            .or_else(|e| if e == rusqlite::Error::QueryReturnedNoRows { Ok(None) } else { Err(db(e)) });
+        std::future::ready(found)
+    }
+
+    #[allow(clippy::manual_async_fn)]
+    fn tail(&mut self, lo: i64) -> impl Future<Output = Result<(u64, Option<i64>), SqliteError>> + Send {
+        let (t, k) = (self.table, self.key);
+        let found = self
+            .tx
+            .query_row(
+                &format!("SELECT COUNT(*), MAX(\"{k}\") FROM \"{t}\" WHERE \"{k}\" >= ?1"),
+                [lo],
+                |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)),
+            )
+            .map_err(db);
+        std::future::ready(found)
     }
 }
 
@@ -169,9 +202,10 @@ impl Planner for SqliteSource {
     fn fingerprint(&self) -> String {
         let mode = if self.follow { " follow" } else { "" };
         format!(
-            "sqlite/v3 db={} table={} split_rows={}{mode}",
+            "sqlite/v4 db={} table={} key={} split_rows={}{mode}",
             self.path.display(),
             self.table,
+            self.key,
             self.split_rows
         )
     }
@@ -181,18 +215,16 @@ impl Planner for SqliteSource {
     }
 
     async fn replan(&self, published: &[SplitId]) -> Result<Plan, PlanError> {
+        let kind = if self.follow { PlanKind::Open } else { PlanKind::Final };
         // A follow round starts where the published ranges end; a backfill plans everything.
-        let from = if self.follow {
-            published.iter().filter_map(|id| range_end(&self.table, id)).max().unwrap_or(i64::MIN)
-        } else {
-            i64::MIN
-        };
+        let from = if self.follow { next_start(&self.table, published) } else { Some(i64::MIN) };
+        let Some(from) = from else { return Ok(Plan::new(kind, Vec::new())) };
         let source = self.clone();
         let splits = tokio::task::spawn_blocking(move || source.plan_splits(from))
             .await
             .map_err(|e| PlanError::from_error(&e))?
             .map_err(|e| PlanError::from_error(&e))?;
-        Ok(Plan::new(if self.follow { PlanKind::Open } else { PlanKind::Final }, splits))
+        Ok(Plan::new(kind, splits))
     }
 }
 
@@ -208,13 +240,24 @@ impl Source for SqliteSource {
     }
 }
 
-/// Reads an id range in batches.
+/// Reads a key range in batches.
 pub struct SqliteReader {
     source: SqliteSource,
     range: IdRange,
     after: Option<i64>,
     buffer: Vec<(i64, String)>,
     done: bool,
+}
+
+/// A SQLite value as JSON.
+fn json_of(v: ValueRef<'_>) -> serde_json::Value {
+    match v {
+        ValueRef::Null => serde_json::Value::Null,
+        ValueRef::Integer(v) => v.into(),
+        ValueRef::Real(v) => v.into(),
+        ValueRef::Text(t) => String::from_utf8_lossy(t).into_owned().into(),
+        ValueRef::Blob(b) => base64::engine::general_purpose::STANDARD.encode(b).into(),
+    }
 }
 
 impl SqliteReader {
@@ -224,29 +267,22 @@ impl SqliteReader {
         range: IdRange,
         after: Option<i64>,
     ) -> Result<Vec<(i64, String)>, SqliteError> {
-        let db = |e: rusqlite::Error| SqliteError::Database(error_chain(&e));
         let conn = source.connect()?;
+        let (t, k) = (&source.table, &source.key);
         let sql = format!(
-            "SELECT * FROM \"{}\" WHERE id >= ?1 AND id > ?2 AND id < ?3 ORDER BY id LIMIT ?4",
-            source.table
+            "SELECT * FROM \"{t}\" WHERE \"{k}\" >= ?1 AND \"{k}\" > ?2 AND \"{k}\" <= ?3 ORDER BY \"{k}\" LIMIT ?4"
         );
         let mut stmt = conn.prepare(&sql).map_err(db)?;
-        let idx = stmt.column_index("id").map_err(db)?;
-        let n = stmt.column_count();
+        let idx = stmt.column_index(k).map_err(db)?;
+        let names: Vec<String> = stmt.column_names().into_iter().map(str::to_owned).collect();
         let rows = stmt
-            .query_map((range.lo, after.unwrap_or(i64::MIN), range.hi, BATCH), |row| {
-                let id: i64 = row.get(idx)?;
-                let mut text = Vec::with_capacity(n);
-                for i in 0..n {
-                    text.push(match row.get_ref(i)? {
-                        ValueRef::Null => "null".to_owned(),
-                        ValueRef::Integer(v) => v.to_string(),
-                        ValueRef::Real(v) => v.to_string(),
-                        ValueRef::Text(t) => String::from_utf8_lossy(t).into_owned(),
-                        ValueRef::Blob(b) => format!("<{} bytes>", b.len()),
-                    });
+            .query_map((range.lo, after.unwrap_or(i64::MIN), range.last_key(), BATCH), |row| {
+                let key: i64 = row.get(idx)?;
+                let mut object = serde_json::Map::with_capacity(names.len());
+                for (i, name) in names.iter().enumerate() {
+                    object.insert(name.clone(), json_of(row.get_ref(i)?));
                 }
-                Ok((id, text.join("\t")))
+                Ok((key, serde_json::Value::Object(object).to_string()))
             })
             .map_err(db)?;
         rows.collect::<Result<Vec<_>, _>>().map_err(db)
@@ -372,16 +408,6 @@ mod tests {
         assert!(src.replan(&all).await.unwrap().splits.is_empty());
     }
 
-    #[test]
-    fn a_split_id_gives_back_the_end_of_its_range_whatever_its_sign() {
-        for (lo, hi) in
-            [(i64::MIN, -5), (-9, -1), (-3, 4), (0, 7), (i64::MIN, i64::MAX), (i64::MIN, i64::MIN)]
-        {
-            let id = range_id("orders", IdRange { lo, hi });
-            assert_eq!(range_end("orders", &id), Some(hi), "{id}");
-        }
-    }
-
     #[tokio::test]
     async fn follow_mode_reads_rows_of_negative_ids_added_later() {
         let (_dir, path, spec) = db(0);
@@ -402,6 +428,50 @@ mod tests {
             (300, 300),
             "every row once: {:?}",
             second.splits
+        );
+    }
+
+    #[tokio::test]
+    async fn rows_are_json_objects_with_null_distinct_from_text_and_blobs_in_base64() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE events (seq INTEGER NOT NULL UNIQUE, note TEXT, score REAL, photo BLOB);
+             INSERT INTO events VALUES (-4, NULL, 1.5, x'00ff10');
+             INSERT INTO events VALUES (9, 'null', NULL, NULL);",
+        )
+        .unwrap();
+        let spec = format!("{}:events", path.display());
+        assert!(
+            SqliteSource::open(&spec, 10).unwrap_err().to_string().contains("\"id\""),
+            "no id column: the error names the key it looked for"
+        );
+        let src = SqliteSource::open_keyed(&spec, "seq", 10).unwrap();
+        assert!(src.fingerprint().contains("key=seq"));
+        let split = src.plan().await.unwrap().splits.remove(0);
+        let rows: Vec<serde_json::Value> = {
+            let lane = LaneInfo::new(
+                split.id.clone(),
+                Epoch(1),
+                InstanceId::new("t").unwrap(),
+                split.descriptor.clone(),
+                1,
+            );
+            let mut r = src.open(&lane, None).await.unwrap();
+            let mut out = Vec::new();
+            while let Some((line, _)) = r.next().await.unwrap() {
+                assert!(line.key.starts_with("events:"));
+                out.push(serde_json::from_str(&line.content).unwrap());
+            }
+            out
+        };
+        assert_eq!(
+            rows,
+            vec![
+                serde_json::json!({"seq": -4, "note": null, "score": 1.5, "photo": "AP8Q"}),
+                serde_json::json!({"seq": 9, "note": "null", "score": null, "photo": null}),
+            ]
         );
     }
 

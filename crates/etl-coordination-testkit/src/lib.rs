@@ -1,13 +1,16 @@
 //! Test support shared by the integration suites: NATS servers and clusters a test owns
 //! ([`NatsServer`], [`NatsCluster`]), a TCP [`Proxy`] that cuts or stalls a link, for
 //! partitions between real processes without containers or network namespaces, and separate
-//! hosts on a Docker engine ([`docker`]) for what one loopback cannot show.
+//! hosts on a Docker engine ([`docker`]) for what one loopback cannot show; a PostgreSQL
+//! server ([`PgServer`]) for the database source.
 
 pub mod docker;
 mod nats;
+pub mod postgres;
 mod proxy;
 
 pub use nats::{Leaders, NatsCluster, NatsServer, monitor_at, request_at};
+pub use postgres::PgServer;
 pub use proxy::Proxy;
 
 /// A loopback port nobody listens on now (the kernel's choice). Another process may take it

@@ -74,6 +74,6 @@ pub use etl_coordination_nats as nats;
 #[cfg(feature = "runner")]
 pub use etl_coordination_runner as runner;
 
-/// Ready-made sources (features `files`, `cloud`, `sqlite`).
-#[cfg(any(feature = "files", feature = "sqlite"))]
+/// Ready-made sources (features `files`, `cloud`, `parquet`, `sqlite`, `postgres`).
+#[cfg(any(feature = "files", feature = "sqlite", feature = "postgres"))]
 pub use etl_coordination_sources as sources;

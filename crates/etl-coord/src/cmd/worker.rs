@@ -1,6 +1,6 @@
 //! `etl-coord worker`: one replica of a coordinated pipeline (multi-process and Kubernetes use):
-//! the runner's worker (flags, signals, admin server, exit codes) over the files and SQLite
-//! sources into a JSON Lines sink.
+//! the runner's worker (flags, signals, admin server, exit codes) over the files, Parquet, SQLite
+//! and PostgreSQL sources into a JSON Lines sink.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use etl_coord::sink::{DeadLetterFile, JsonlSink};
-use etl_coord::sources::{AnySource, DEFAULT_SPLIT_BYTES, DEFAULT_SPLIT_ROWS, Faults, Faulty, Filters};
+use etl_coord::sources::{
+    AnySource, DEFAULT_SPLIT_BYTES, DEFAULT_SPLIT_ROWS, Faults, Faulty, Filters, TableArgs, is_postgres,
+    table_args_problem,
+};
 use etl_coordination_driver::Pipeline;
 use etl_coordination_runner::WorkerFlags;
 
@@ -20,7 +23,8 @@ pub(crate) struct WorkerArgs {
     #[command(flatten)]
     pub(crate) worker: WorkerFlags,
     /// `files:DIR`, `parquet:DIR` (a directory, or an s3://, gs://, az:// URL with the `cloud`
-    /// feature) or `sqlite:PATH:TABLE`.
+    /// feature), `sqlite:PATH:TABLE` or `postgres://USER@HOST:PORT/DATABASE` (with --table; the
+    /// password from PGPASSWORD rather than the URL, which shows in process lists).
     #[arg(long, env = "ETL_COORD_SOURCE")]
     pub(crate) source: String,
     /// Keep the plan open: the leader re-plans every --replan-interval and new input becomes
@@ -59,7 +63,14 @@ pub(crate) struct WorkerArgs {
     /// fingerprint: set it on every worker of a job.
     #[arg(long, env = "ETL_COORD_SPLIT_LARGE_OBJECTS")]
     pub(crate) split_large_objects: bool,
-    /// SQLite source: rows per split.
+    /// PostgreSQL source: the table, `name` or `schema.name`.
+    #[arg(long, env = "ETL_COORD_TABLE")]
+    pub(crate) table: Option<String>,
+    /// SQLite and PostgreSQL sources: the integer key column ranges are cut by (unique, with an
+    /// index of its own on PostgreSQL; a primary key is one). `id` by default.
+    #[arg(long, env = "ETL_COORD_KEY_COLUMN")]
+    pub(crate) key_column: Option<String>,
+    /// SQLite and PostgreSQL sources: rows per split.
     #[arg(long, default_value_t = DEFAULT_SPLIT_ROWS, env = "ETL_COORD_SPLIT_ROWS")]
     pub(crate) split_rows: u64,
     /// Test fault: sleep per record, in milliseconds.
@@ -78,16 +89,46 @@ pub(crate) struct WorkerArgs {
 }
 
 impl WorkerArgs {
-    /// The `--source` with its filters.
-    fn open_source(&self) -> anyhow::Result<AnySource> {
-        let filters = Filters {
+    fn filters(&self) -> Filters {
+        Filters {
             include: self.include.clone(),
             exclude: self.exclude.clone(),
             include_hidden: self.include_hidden,
             split_large_objects: self.split_large_objects,
-        };
-        AnySource::open(&self.source, self.split_size, self.split_rows, self.follow)?
-            .with_filters(&filters, self.follow)
+        }
+    }
+
+    fn table_args(&self) -> TableArgs {
+        TableArgs { table: self.table.clone(), key_column: self.key_column.clone() }
+    }
+
+    /// Checks the `--source` with its options without connecting anywhere: a local source is
+    /// opened (and dropped), a database's options are checked.
+    fn check_source(&self) -> anyhow::Result<()> {
+        if is_postgres(&self.source) {
+            if let Some(problem) = table_args_problem(&self.source, &self.table_args(), self.split_rows) {
+                anyhow::bail!("{problem}");
+            }
+            if let Some(flag) = self.filters().first_set() {
+                anyhow::bail!("{flag} applies to files: and parquet: sources only");
+            }
+            return Ok(());
+        }
+        let source = AnySource::open_with(
+            &self.source,
+            &self.table_args(),
+            self.split_size,
+            self.split_rows,
+            self.follow,
+        )?;
+        source.with_filters(&self.filters(), self.follow).map(drop)
+    }
+
+    /// The `--source` with its options (a database source connects).
+    async fn open_source(&self) -> anyhow::Result<AnySource> {
+        AnySource::connect(&self.source, &self.table_args(), self.split_size, self.split_rows, self.follow)
+            .await?
+            .with_filters(&self.filters(), self.follow)
     }
 
     /// Checks what one flag's parser cannot: the runner's flags, then the input and the local
@@ -96,7 +137,7 @@ impl WorkerArgs {
         let a = self;
         a.worker.validate()?;
         // What the input and the local files can tell is told now, not after connecting.
-        if let Err(e) = a.open_source() {
+        if let Err(e) = a.check_source() {
             let msg = format!("{e:#}");
             return Err(match msg.strip_prefix("--").and_then(|m| m.split_once(' ')) {
                 Some((flag, rest)) => Usage::new(format!("--{flag}"), rest),
@@ -146,7 +187,7 @@ fn output_file(flag: &str, file: &std::path::Path) -> Result<(), Usage> {
 }
 
 pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
-    let source = a.open_source()?;
+    let source = a.open_source().await?;
     let faults = Faults {
         record_delay: Duration::from_millis(a.record_delay_ms),
         poison_marker: a.poison_marker.clone(),
