@@ -34,7 +34,10 @@ pub(crate) fn run() -> Result<()> {
     })?;
     times.run("cargo package", package)?;
     let previous = times.run("previous release", crate::previous::etl_coord)?;
-    let servers = times.run("servers", Servers::provision)?;
+    let servers = times.run("servers", || {
+        postgres::ensure_installed()?;
+        Servers::provision()
+    })?;
     times.run("cargo test --workspace", || {
         let previous = previous.to_string_lossy();
         let mut env = servers.env().to_vec();

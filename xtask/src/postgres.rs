@@ -59,6 +59,15 @@ fn as_server_user(program: &Path, root: bool) -> Command {
     }
 }
 
+/// Installs Debian's PostgreSQL when it is missing: the database source's tests start servers
+/// of their own from it (`etl_coordination_testkit::PgServer`).
+pub fn ensure_installed() -> Result<()> {
+    if bindir().is_none() {
+        install()?;
+    }
+    Ok(())
+}
+
 /// `BENCH_POSTGRES`, or a server started here.
 pub fn start() -> Result<Postgres> {
     if let Ok(conninfo) = std::env::var("BENCH_POSTGRES") {
