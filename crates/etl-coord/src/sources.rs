@@ -279,9 +279,9 @@ impl Source for AnySource {
             (AnySource::Sqlite(s), Some(AnyProgress::Key(p))) => {
                 AnyReader::Sqlite(s.open(lane, Some(p)).await?)
             }
-            (AnySource::Postgres(s), None) => AnyReader::Postgres(s.open(lane, None).await?),
+            (AnySource::Postgres(s), None) => AnyReader::Postgres(Box::new(s.open(lane, None).await?)),
             (AnySource::Postgres(s), Some(AnyProgress::Key(p))) => {
-                AnyReader::Postgres(s.open(lane, Some(p)).await?)
+                AnyReader::Postgres(Box::new(s.open(lane, Some(p)).await?))
             }
             (AnySource::Parquet(s), None) => AnyReader::Parquet(s.open(lane, None).await?),
             (AnySource::Parquet(s), Some(AnyProgress::Parquet(p))) => {
@@ -300,8 +300,8 @@ pub enum AnyReader {
     Sqlite(SqliteReader),
     /// Parquet.
     Parquet(ParquetReader),
-    /// PostgreSQL.
-    Postgres(PostgresReader),
+    /// PostgreSQL (boxed: its client and buffer make it the largest).
+    Postgres(Box<PostgresReader>),
 }
 
 impl SplitReader for AnyReader {

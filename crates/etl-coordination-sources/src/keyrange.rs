@@ -131,7 +131,7 @@ fn range_end(name: &str, id: &SplitId) -> Option<i64> {
 
 /// Runs a future that never waits (a [`KeyIndex`] over a blocking client, called on a blocking
 /// thread) to its end.
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", test))]
 pub(crate) fn run_ready<F: Future>(f: F) -> F::Output {
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     match std::pin::pin!(f).poll(&mut cx) {
