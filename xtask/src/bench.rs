@@ -1,4 +1,4 @@
-//! `cargo xtask bench [--quick | --objects]`: the benchmark, with the servers it needs.
+//! `cargo xtask bench [--quick | --objects | --tables]`: the benchmark, with the servers it needs.
 
 use anyhow::{Result, bail};
 
@@ -9,12 +9,14 @@ use crate::{cargo, nats, postgres};
 /// (replicas 3) this command starts (or `NATS_URL` / `NATS_CLUSTER_URL`), written to
 /// `docs/BENCHMARKS.md`. `--quick` is the smoke run of `ci`: one server, few samples, written
 /// under `target/` (it asserts nothing about speed). `--objects` measures only the object-store
-/// input (T8, T9) and rewrites that section of `docs/BENCHMARKS.md`, leaving the rest as it was.
+/// input (T8, T9) and rewrites that section of `docs/BENCHMARKS.md`, leaving the rest as it was;
+/// `--tables` the same for the PostgreSQL source (T10).
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     let objects = args.iter().any(|a| a == "--objects");
-    if let Some(other) = args.iter().find(|a| *a != "--quick" && *a != "--objects") {
-        bail!("unknown argument {other:?}: cargo xtask bench [--quick | --objects]");
+    let tables = args.iter().any(|a| a == "--tables");
+    if let Some(other) = args.iter().find(|a| !["--quick", "--objects", "--tables"].contains(&a.as_str())) {
+        bail!("unknown argument {other:?}: cargo xtask bench [--quick | --objects | --tables]");
     }
     let mut guards: Vec<nats::NatsProcess> = Vec::new();
     let url = match std::env::var("NATS_URL") {
@@ -49,6 +51,30 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         return Ok(());
     }
     let pg = postgres::start()?;
+    if tables {
+        cargo(&[
+            "run",
+            "--release",
+            "--quiet",
+            "-p",
+            "etl-coordination-bench",
+            "--",
+            "--nats",
+            &url,
+            "--postgres",
+            &pg.conninfo,
+            "--only",
+            "TABLES",
+            "--out",
+            "docs/BENCHMARKS.md",
+            "--splice",
+            "tables",
+            "--command",
+            &format!("cargo xtask bench --tables (NATS {})", nats::NATS_VERSION),
+        ])?;
+        println!("rewrote the PostgreSQL table section of docs/BENCHMARKS.md");
+        return Ok(());
+    }
     if quick {
         return bench_quick(&url, &pg.conninfo);
     }

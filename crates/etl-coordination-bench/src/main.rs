@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! etl-coordination-bench --nats URL [--cluster URLS] [--postgres CONNINFO] [--quick]
-//!     [--only T1,...,T7,COST,PEERS,OBJECTS] [--out FILE [--splice NAME]] [--plots DIR]
+//!     [--only T1,...,T7,COST,PEERS,OBJECTS,TABLES] [--out FILE [--splice NAME]] [--plots DIR]
 //!     [--command TEXT]
 //! ```
 //!
@@ -21,6 +21,7 @@ mod peers;
 mod plots;
 mod report;
 mod scenarios;
+mod tables;
 mod world;
 
 use std::fmt::Write as _;
@@ -140,6 +141,9 @@ async fn main() -> Result<()> {
     }
     if want("OBJECTS") {
         measure::objects(&mut run, &a, t).await?;
+    }
+    if want("TABLES") && (a.postgres.is_some() || !a.only.is_empty()) {
+        measure::tables(&mut run, &a, t).await?;
     }
     match (&a.out, &a.splice) {
         (Some(path), Some(name)) => {

@@ -651,3 +651,70 @@ pub async fn objects(run: &mut Run, a: &Args, t: &Target) -> Result<()> {
     )?;
     Ok(())
 }
+
+/// T10: a PostgreSQL table read by the PostgreSQL source (the first target only), between the
+/// markers `--splice tables` replaces.
+pub async fn tables(run: &mut Run, a: &Args, t: &Target) -> Result<()> {
+    use crate::tables;
+    let Some(conninfo) = &a.postgres else {
+        anyhow::bail!("TABLES needs --postgres CONNINFO");
+    };
+    eprintln!("== tables (T10)");
+    // Rows of about 120 bytes of JSON; a downstream taking 2 s a MiB a lane (512 KiB/s a lane).
+    let (rows, split_rows, counts, per_mib): (u64, u64, &[usize], Duration) = if a.quick {
+        (20_000, 1_000, &[1, 2], Duration::from_millis(100))
+    } else {
+        (1_000_000, 31_250, &[1, 2, 4], Duration::from_secs(2))
+    };
+    let s = bounded("T10", run.limit, tables::scan(t, conninfo, rows, split_rows, counts, per_mib)).await?;
+    writeln!(run.doc, "<!-- tables -->\n## A PostgreSQL table ({})\n", t.name)?;
+    writeln!(
+        run.doc,
+        "### T10 a table of {} rows ({} MiB on disk; ids of three densities) in ranges of {split_rows} rows, \
+         4 lanes a worker\n",
+        s.rows,
+        s.bytes >> 20
+    )?;
+    writeln!(
+        run.doc,
+        "Unpaced, against one plain `SELECT` of every row as the same JSON (one connection, no \
+         coordination, no ranges):\n\n\
+         | reader | s | rows/s | ratio to the plain SELECT |\n|---|---|---|---|"
+    )?;
+    let plain_rate = s.rows as f64 / s.plain_s;
+    writeln!(run.doc, "| plain `SELECT`, one reader | {:.1} | {:.0} | 1.00 |", s.plain_s, plain_rate)?;
+    writeln!(
+        run.doc,
+        "| the source, one worker of 4 lanes (planning and set-up included) | {:.1} | {:.0} | {:.2} |\n",
+        s.unpaced.makespan,
+        s.rows as f64 / s.unpaced.makespan,
+        (s.rows as f64 / s.unpaced.makespan) / plain_rate
+    )?;
+    writeln!(
+        run.doc,
+        "With a sink taking {:.0} ms a MiB a lane (a bounded downstream, so that two cores measure the \
+         coordination, not the CPU the database shares with the workers):\n\n\
+         | workers | first record s | makespan s | rows/s | efficiency vs 1 worker | rows written (replayed) |\n\
+         |---|---|---|---|---|---|",
+        per_mib.as_secs_f64() * 1e3
+    )?;
+    let one = s.paced.first().map_or(f64::NAN, |(_, r)| r.makespan);
+    for (n, r) in &s.paced {
+        writeln!(
+            run.doc,
+            "| {n} | {:.1} | {:.1} | {:.0} | {:.2} | {} ({}) |",
+            r.first_record,
+            r.makespan,
+            s.rows as f64 / r.makespan,
+            one / (*n as f64 * r.makespan),
+            r.records,
+            r.records - r.distinct
+        )?;
+    }
+    writeln!(
+        run.doc,
+        "\nThe makespan runs from the workers' start (election and planning included) to the last row \
+         written. Every row was written (checked).\n<!-- /tables -->\n"
+    )?;
+    Ok(())
+}

@@ -80,7 +80,7 @@ pub struct Paced {
 }
 
 impl Paced {
-    fn new(per_mib: Duration) -> Paced {
+    pub(crate) fn new(per_mib: Duration) -> Paced {
         Paced { per_mib, ..Paced::default() }
     }
 }
@@ -137,10 +137,10 @@ pub struct FilesRun {
 }
 
 /// `workers` in-process workers of `lanes` lanes each reading `source` on `t` into `sink`.
-async fn run_files(
+pub(crate) async fn run_files<S: Source<Record = Line> + Clone>(
     t: &Target,
     what: &str,
-    source: FilesSource,
+    source: S,
     sink: Paced,
     workers: usize,
     lanes: u32,
