@@ -40,6 +40,20 @@ pub struct TableArgs {
     pub key_column: Option<String>,
 }
 
+/// `spec` with the password of a URL's user information (`scheme://user:password@host`)
+/// replaced, for messages.
+pub fn redact(spec: &str) -> String {
+    let Some((scheme, rest)) = spec.split_once("://") else { return spec.to_owned() };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => match rest[..at].split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
+            None => spec.to_owned(),
+        },
+        None => spec.to_owned(),
+    }
+}
+
 /// Whether `--source` names a PostgreSQL database.
 pub fn is_postgres(spec: &str) -> bool {
     spec.starts_with("postgres://") || spec.starts_with("postgresql://")
@@ -71,7 +85,8 @@ impl AnySource {
             AnySource::Parquet(ParquetSource::open(dir, split_bytes)?)
         } else {
             bail!(
-                "--source {spec:?}: expected files:DIR, parquet:DIR, sqlite:PATH:TABLE or postgres://USER@HOST/DB"
+                "--source {:?}: expected files:DIR, parquet:DIR, sqlite:PATH:TABLE or postgres://USER@HOST/DB",
+                redact(spec)
             )
         };
         Ok(match source {

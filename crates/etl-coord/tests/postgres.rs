@@ -79,10 +79,13 @@ fn a_postgres_source_is_checked_before_anything_starts() {
         (vec!["--source", "postgres://u@127.0.0.1:9/db?sslmode=require", "--table", "t"], "TLS"),
         (vec!["--source", "files:/tmp", "--table", "t"], "--table applies to postgres://"),
         (vec!["--source", "files:/tmp", "--key-column", "k"], "--key-column applies"),
+        (vec!["--source", "postgresql+ssl://u:hunter2@h/db"], "postgresql+ssl://u:***@h/db"),
+        (vec!["--source", "postgres://u:hunter2@h:notaport/db", "--table", "t"], "--source"),
     ] {
         let (code, err) = run(&args);
         assert_eq!(code, Some(2), "{args:?}: {err}");
         assert!(err.contains(expect), "{args:?} says {expect}: {err}");
+        assert!(!err.contains("hunter2"), "a password is never echoed: {err}");
     }
     // A server that is not there: the worker says which, and exits non-zero at once.
     let (code, err) = run(&["--source", url, "--table", "t"]);

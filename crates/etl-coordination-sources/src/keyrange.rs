@@ -35,42 +35,71 @@ impl IdRange {
     pub fn contains(&self, key: i64) -> bool {
         key >= self.lo && key <= self.last_key()
     }
+
+    /// The first key a reader still has to read after `progress` (the last key it emitted):
+    /// a query's `key >= ?` bound. `None` when nothing can be left (the progress is the largest
+    /// key). No `key > last` condition is needed, so the key `i64::MIN` is read like any other.
+    pub fn resume_at(&self, progress: Option<i64>) -> Option<i64> {
+        match progress {
+            None => Some(self.lo),
+            Some(last) => last.checked_add(1).map(|next| next.max(self.lo)),
+        }
+    }
 }
 
 /// What the range planner asks of a table: its keys in order. Implementations run every call
-/// of one planning round in one read-only snapshot, so the ranges agree with each other.
+/// of one planning round in one read-only snapshot, so the ranges agree with each other. Keys
+/// must be unique and never NULL (a NULL key is in no range).
 pub trait KeyIndex {
     /// The table cannot be read.
     type Error;
 
-    /// Among the rows with a key at least `lo`, in key order, the key of the row `offset` rows
-    /// past the first (`ORDER BY key OFFSET offset LIMIT 1`); `None` when there are not that
-    /// many.
+    /// Among the rows with a key in `lo..=upto`, in key order, the key of the row `offset`
+    /// rows past the first (`ORDER BY key OFFSET offset LIMIT 1`); `None` when there are not
+    /// that many.
     fn key_at(
         &mut self,
         lo: i64,
+        upto: i64,
         offset: u64,
     ) -> impl Future<Output = Result<Option<i64>, Self::Error>> + Send;
 
-    /// How many rows have a key at least `lo`, and the largest key.
-    fn tail(&mut self, lo: i64) -> impl Future<Output = Result<(u64, Option<i64>), Self::Error>> + Send;
+    /// How many rows have a key in `lo..=upto`, and the largest of them.
+    fn tail(
+        &mut self,
+        lo: i64,
+        upto: i64,
+    ) -> impl Future<Output = Result<(u64, Option<i64>), Self::Error>> + Send;
+
+    /// The error for a key that repeats (`key_at` did not move past it): the key is not unique.
+    fn repeated(key: i64) -> Self::Error;
 }
 
-/// The ranges of `split_rows` rows each over the rows with a key at least `from`, as splits of
-/// `name` (their weight is their row count).
+/// The ranges of `split_rows` rows each over the rows with a key in `from..=upto`, as splits
+/// of `name` (their weight is their row count).
 pub async fn plan_ranges<I: KeyIndex>(
     index: &mut I,
     name: &str,
     from: i64,
+    upto: i64,
     split_rows: u64,
 ) -> Result<Vec<PlannedSplit>, I::Error> {
-    let split_rows = split_rows.max(1);
+    if upto < from {
+        return Ok(Vec::new());
+    }
+    // Beyond i64::MAX rows an offset means nothing (and SQL takes a signed one).
+    let split_rows = split_rows.clamp(1, i64::MAX as u64);
     let mut bounds = vec![from];
-    while let Some(next) = index.key_at(*bounds.last().expect("never empty"), split_rows).await? {
+    while let Some(next) = index.key_at(*bounds.last().expect("never empty"), upto, split_rows).await? {
+        let last = *bounds.last().expect("never empty");
+        if next <= last {
+            // More than `split_rows` rows share one key: planning would never move on.
+            return Err(I::repeated(next));
+        }
         bounds.push(next);
     }
     let last = *bounds.last().expect("never empty");
-    let (rest, max) = index.tail(last).await?;
+    let (rest, max) = index.tail(last, upto).await?;
     let Some(max) = max.filter(|_| rest > 0) else {
         // No row at or past `last`: only possible when there is no row at all past `from`.
         return Ok(Vec::new());
@@ -111,6 +140,7 @@ pub fn next_start(name: &str, published: &[SplitId]) -> Option<i64> {
 /// A range's split id: `r-NAME-LO-HI`, a negative bound written with `m` for its minus sign
 /// (`-5` is `m5`, so `-` only separates; `i64::MIN` is `min`).
 pub fn range_id(name: &str, r: IdRange) -> SplitId {
+    let name = id_name(name);
     let n = |v: i64| match v {
         i64::MIN => "min".to_owned(),
         v if v < 0 => format!("m{}", v.unsigned_abs()),
@@ -121,12 +151,19 @@ pub fn range_id(name: &str, r: IdRange) -> SplitId {
 
 /// The end of the range a split id of `name` names.
 fn range_end(name: &str, id: &SplitId) -> Option<i64> {
+    let name = id_name(name);
     let hi = id.as_str().strip_prefix(&format!("r-{name}-"))?.rsplit_once('-')?.1;
     match hi.strip_prefix('m') {
         Some("in") => Some(i64::MIN),
         Some(abs) => abs.parse::<i64>().ok().map(|v| -v),
         None => hi.parse().ok(),
     }
+}
+
+/// A name as split ids carry it: its first 60 characters (an id is at most 128; the bounds take
+/// up to 43 more).
+fn id_name(name: &str) -> &str {
+    name.char_indices().nth(60).map_or(name, |(i, _)| &name[..i])
 }
 
 /// Runs a future that never waits (a [`KeyIndex`] over a blocking client, called on a blocking
@@ -155,27 +192,34 @@ mod tests {
     }
 
     impl KeyIndex for Keys {
-        type Error = std::convert::Infallible;
+        type Error = String;
 
-        async fn key_at(&mut self, lo: i64, offset: u64) -> Result<Option<i64>, Self::Error> {
+        async fn key_at(&mut self, lo: i64, upto: i64, offset: u64) -> Result<Option<i64>, Self::Error> {
             let start = self.keys.partition_point(|k| *k < lo);
             self.stepped += offset + 1;
-            Ok(self.keys.get(start + offset as usize).copied())
+            Ok(self.keys.get(start + offset as usize).copied().filter(|k| *k <= upto))
         }
 
-        async fn tail(&mut self, lo: i64) -> Result<(u64, Option<i64>), Self::Error> {
+        async fn tail(&mut self, lo: i64, upto: i64) -> Result<(u64, Option<i64>), Self::Error> {
             let start = self.keys.partition_point(|k| *k < lo);
-            self.stepped += (self.keys.len() - start) as u64;
-            Ok((
-                (self.keys.len() - start) as u64,
-                self.keys.last().copied().filter(|_| start < self.keys.len()),
-            ))
+            let end = self.keys.partition_point(|k| *k <= upto);
+            let n = end.saturating_sub(start);
+            self.stepped += n as u64;
+            Ok((n as u64, self.keys[..end].last().copied().filter(|_| n > 0)))
+        }
+
+        fn repeated(key: i64) -> String {
+            format!("repeated {key}")
         }
     }
 
     fn plan(keys: &BTreeSet<i64>, from: i64, rows: u64) -> (Vec<PlannedSplit>, u64) {
+        plan_upto(keys, from, i64::MAX, rows)
+    }
+
+    fn plan_upto(keys: &BTreeSet<i64>, from: i64, upto: i64, rows: u64) -> (Vec<PlannedSplit>, u64) {
         let mut index = Keys { keys: keys.iter().copied().collect(), stepped: 0 };
-        let splits = run_ready(plan_ranges(&mut index, "t", from, rows)).unwrap();
+        let splits = run_ready(plan_ranges(&mut index, "t", from, upto, rows)).unwrap();
         (splits, index.stepped)
     }
 
@@ -192,10 +236,11 @@ mod tests {
                 i64::MIN..(i64::MIN + 5),
             ], 0..300),
             from in prop_oneof![Just(i64::MIN), -20i64..20],
+            upto in prop_oneof![Just(i64::MAX), -20i64..20],
             rows in 1u64..40,
         ) {
-            let (splits, stepped) = plan(&keys, from, rows);
-            let wanted: Vec<i64> = keys.iter().copied().filter(|k| *k >= from).collect();
+            let (splits, stepped) = plan_upto(&keys, from, upto, rows);
+            let wanted: Vec<i64> = keys.iter().copied().filter(|k| *k >= from && *k <= upto).collect();
             let ranges: Vec<IdRange> =
                 splits.iter().map(|s| serde_json::from_slice(&s.descriptor).unwrap()).collect();
             for k in &wanted {
@@ -214,6 +259,43 @@ mod tests {
             // A walk from the start at every boundary would step O(keys² / rows).
             prop_assert!(stepped <= wanted.len() as u64 + ranges.len() as u64 + 2 * rows + 2, "{stepped} steps");
         }
+    }
+
+    #[test]
+    fn a_reader_resumes_at_the_key_after_its_progress_and_reads_i64_min() {
+        let r = IdRange { lo: i64::MIN, hi: 10 };
+        assert_eq!(r.resume_at(None), Some(i64::MIN), "the key i64::MIN is read");
+        assert_eq!(r.resume_at(Some(i64::MIN)), Some(i64::MIN + 1));
+        assert_eq!(IdRange { lo: 5, hi: 10 }.resume_at(Some(-3)), Some(5));
+        let top = IdRange { lo: i64::MAX, hi: i64::MAX };
+        assert_eq!(top.resume_at(None), Some(i64::MAX));
+        assert_eq!(top.resume_at(Some(i64::MAX)), None, "nothing after the largest key");
+    }
+
+    #[test]
+    fn a_repeated_key_is_an_error_not_an_endless_plan() {
+        struct Same;
+        impl KeyIndex for Same {
+            type Error = String;
+            async fn key_at(&mut self, _: i64, _: i64, _: u64) -> Result<Option<i64>, String> {
+                Ok(Some(7))
+            }
+            async fn tail(&mut self, _: i64, _: i64) -> Result<(u64, Option<i64>), String> {
+                Ok((0, None))
+            }
+            fn repeated(key: i64) -> String {
+                format!("repeated {key}")
+            }
+        }
+        assert_eq!(run_ready(plan_ranges(&mut Same, "t", 7, i64::MAX, 10)).unwrap_err(), "repeated 7");
+    }
+
+    #[test]
+    fn a_long_name_is_cut_in_ids_and_still_gives_the_end_back() {
+        let name = "t".repeat(200);
+        let id = range_id(&name, IdRange { lo: i64::MIN, hi: i64::MIN + 1 });
+        assert!(id.as_str().len() <= 128);
+        assert_eq!(range_end(&name, &id), Some(i64::MIN + 1));
     }
 
     #[test]

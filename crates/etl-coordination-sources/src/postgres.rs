@@ -13,9 +13,14 @@
 //! - **Backfill**: ranges over the rows there are at planning time (read in one snapshot); a
 //!   [`PlanKind::Final`] plan.
 //! - **Follow** ([`PostgresSource::follow`]): an open plan; each re-plan adds ranges for the rows
-//!   past the last planned key (from the published splits' ids, which carry their ranges). Rows
-//!   inserted later with keys below a planned range's end are not picked up: follow mode fits
-//!   keys that grow (a sequence or identity column).
+//!   past the last planned key (from the published splits' ids, which carry their ranges), up
+//!   to the largest key an earlier round saw, once every transaction in progress at that round
+//!   has ended: with a sequence, a transaction may commit key 100 after another committed 101,
+//!   and a range planned up to 101 at once would never read 100. So a row is planned one
+//!   `--replan-interval` (or more, behind a long transaction) after it is visible; a new leader
+//!   starts with one round that only looks. Rows inserted later with keys below a planned
+//!   range's end are still not picked up (keys taken from a sequence with `CACHE` above 1, or
+//!   written by the application out of order): follow mode fits keys that grow.
 //!
 //! The key must be an integer column (`smallint`, `integer`, `bigint`) with a unique index of
 //! its own (a primary key is one): planning walks that index and every batch is an index range
@@ -53,13 +58,16 @@ pub enum PostgresError {
          use sslmode=disable or prefer on a trusted network"
     )]
     Tls,
-    /// The server cannot be reached.
+    /// The server cannot be reached, or refused the session.
     #[error("cannot connect to PostgreSQL at {server}: {reason}")]
     Connect {
         /// `host:port/database`.
         server: String,
         /// What the client said.
         reason: String,
+        /// Whether it is an outage (unreachable, restarting, out of connections) rather than a
+        /// refusal (no such database, no CONNECT privilege).
+        transient: bool,
     },
     /// The server refused the credentials.
     #[error(
@@ -74,7 +82,10 @@ pub enum PostgresError {
         reason: String,
     },
     /// No such table (or view) in the search path.
-    #[error("table {0:?} does not exist (or is not visible to this user; name it as schema.table)")]
+    #[error(
+        "table {0:?} does not exist (or is not visible to this user: name it as schema.table; a name with \
+         capitals is written in double quotes, \"Orders\")"
+    )]
     NoTable(String),
     /// The user may not read the table.
     #[error("user {user:?} may not SELECT from {table}: GRANT SELECT ON {table} TO {user}")]
@@ -117,8 +128,10 @@ pub struct PostgresSource {
     split_rows: u64,
     batch_rows: u32,
     follow: bool,
-    /// `SELECT` of one batch: `$1` lo, `$2` after, `$3` last key, `$4` limit.
+    /// `SELECT` of one batch: `$1` first key, `$2` last key, `$3` limit.
     query: Arc<str>,
+    /// Follow mode: what the last round saw (shared by the clones a pipeline makes).
+    seen: Arc<std::sync::Mutex<Option<Seen>>>,
 }
 
 /// Quotes an identifier for SQL.
@@ -146,8 +159,16 @@ impl PostgresSource {
         {
             config.password(password);
         }
+        // A dead server or a half-open connection ends in an error, not a lane that waits.
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(std::time::Duration::from_secs(10));
+        }
+        config.keepalives_idle(std::time::Duration::from_secs(30));
+        if config.get_tcp_user_timeout().is_none() {
+            config.tcp_user_timeout(std::time::Duration::from_secs(60));
+        }
         let server = describe(&config);
-        let user = config.get_user().unwrap_or_default().to_owned();
+        let user = config.get_user().unwrap_or("the connecting user").to_owned();
         let client = connect(&config, &server, &user).await?;
         let (table, columns) = resolve(&client, table, key, &user).await?;
         let name: String = table
@@ -167,6 +188,7 @@ impl PostgresSource {
             batch_rows: DEFAULT_BATCH_ROWS,
             follow: false,
             query: query.into(),
+            seen: Arc::default(),
         })
     }
 
@@ -232,13 +254,23 @@ async fn connect(config: &Config, server: &str, user: &str) -> Result<Client, Po
             user: user.to_owned(),
             reason: e.as_db_error().map_or_else(|| error_chain(&e), |d| d.message().to_owned()),
         },
-        _ => PostgresError::Connect { server: server.to_owned(), reason: error_chain(&e) },
+        _ => PostgresError::Connect {
+            server: server.to_owned(),
+            reason: error_chain(&e),
+            transient: is_outage(&e),
+        },
     })?;
     // The connection's end (with an error or not) is seen by the next query on the client.
     tokio::spawn(async move {
         let _ = connection.await;
     });
-    client.batch_execute("SET TimeZone = 'UTC'; SET DateStyle = 'ISO'").await.map_err(|e| db(&e))?;
+    client.batch_execute("SET TimeZone = 'UTC'; SET DateStyle = 'ISO'").await.map_err(|e| {
+        PostgresError::Connect {
+            server: server.to_owned(),
+            reason: error_chain(&e),
+            transient: is_outage(&e),
+        }
+    })?;
     Ok(client)
 }
 
@@ -275,9 +307,11 @@ async fn resolve(
     }
     let rows = client
         .query(
-            "SELECT a.attname::text, a.attnum::int4, a.atttypid::regtype::text,
-                    t.typcategory::text, coalesce(e.typname::text, '')
-             FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+            "SELECT a.attname::text, a.attnum::int4, t.oid::regtype::text,
+                    t.typcategory::text, coalesce(e.typname::text, ''), a.attnotnull
+             FROM pg_attribute a
+             JOIN pg_type d ON d.oid = a.atttypid
+             JOIN pg_type t ON t.oid = CASE WHEN d.typtype = 'd' THEN d.typbasetype ELSE d.oid END
              LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
              WHERE a.attrelid = $1::int8::oid AND a.attnum > 0 AND NOT a.attisdropped
              ORDER BY a.attnum",
@@ -303,6 +337,13 @@ async fn resolve(
                     "is of type {ty}: ranges need an integer key (smallint, integer or bigint); name another with --key-column"
                 )));
             }
+            if !r.get::<_, bool>(5) {
+                return Err(key_err(&format!(
+                    "may hold NULL, and a row whose key is NULL is in no range: ALTER TABLE {qualified} ALTER COLUMN {} SET NOT NULL, \
+                     or name another key with --key-column",
+                    ident(key)
+                )));
+            }
             key_attnum = Some(r.get::<_, i32>(1));
         }
         let kind = match (ty.as_str(), category.as_str(), element.as_str()) {
@@ -314,7 +355,11 @@ async fn resolve(
         columns.push(Column { name, kind: kind.to_owned() });
     }
     let Some(attnum) = key_attnum else {
-        return Err(key_err("no such column; name the key with --key-column"));
+        let names: Vec<&str> = columns.iter().map(|c| c.name.as_str()).collect();
+        return Err(key_err(&format!(
+            "no such column (its columns: {}; names are case-sensitive); name the key with --key-column",
+            names.join(", ")
+        )));
     };
     let indexed: bool = client
         .query_one(
@@ -353,7 +398,7 @@ fn row_query(table: &str, key: &str, columns: &[Column]) -> String {
     let k = format!("t.{}", ident(key));
     format!(
         "SELECT {k}::int8, (SELECT row_to_json(r) FROM (SELECT {}) r)::text FROM {table} t \
-         WHERE {k} >= $1::int8 AND {k} > $2::int8 AND {k} <= $3::int8 ORDER BY {k} LIMIT $4::int8",
+         WHERE {k} >= $1::int8 AND {k} <= $2::int8 ORDER BY {k} LIMIT $3::int8",
         list.join(", ")
     )
 }
@@ -366,22 +411,30 @@ struct Keys<'a> {
 }
 
 impl KeyIndex for Keys<'_> {
-    type Error = tokio_postgres::Error;
+    type Error = PostgresError;
 
-    async fn key_at(&mut self, lo: i64, offset: u64) -> Result<Option<i64>, Self::Error> {
+    async fn key_at(&mut self, lo: i64, upto: i64, offset: u64) -> Result<Option<i64>, PostgresError> {
         let k = ident(self.key);
         let sql = format!(
-            "SELECT {k}::int8 FROM {} WHERE {k} >= $1::int8 ORDER BY {k} OFFSET $2::int8 LIMIT 1",
+            "SELECT {k}::int8 FROM {} WHERE {k} >= $1::int8 AND {k} <= $2::int8 ORDER BY {k} OFFSET $3::int8 LIMIT 1",
             self.table
         );
-        Ok(self.tx.query_opt(&sql, &[&lo, &(offset as i64)]).await?.map(|r| r.get(0)))
+        let row = self.tx.query_opt(&sql, &[&lo, &upto, &(offset as i64)]).await.map_err(|e| db(&e))?;
+        Ok(row.map(|r| r.get(0)))
     }
 
-    async fn tail(&mut self, lo: i64) -> Result<(u64, Option<i64>), Self::Error> {
+    async fn tail(&mut self, lo: i64, upto: i64) -> Result<(u64, Option<i64>), PostgresError> {
         let k = ident(self.key);
-        let sql = format!("SELECT count(*)::int8, max({k})::int8 FROM {} WHERE {k} >= $1::int8", self.table);
-        let row = self.tx.query_one(&sql, &[&lo]).await?;
+        let sql = format!(
+            "SELECT count(*)::int8, max({k})::int8 FROM {} WHERE {k} >= $1::int8 AND {k} <= $2::int8",
+            self.table
+        );
+        let row = self.tx.query_one(&sql, &[&lo, &upto]).await.map_err(|e| db(&e))?;
         Ok((row.get::<_, i64>(0) as u64, row.get(1)))
+    }
+
+    fn repeated(key: i64) -> PostgresError {
+        PostgresError::Database(format!("the key {key} repeats: the key column must be unique"))
     }
 }
 
@@ -390,16 +443,32 @@ impl KeyIndex for Keys<'_> {
 /// a revoked permission) fails the tenancy.
 fn source_error(what: &str, e: &tokio_postgres::Error) -> SourceError {
     let msg = format!("{what}: {}", error_chain(e));
+    if is_outage(e) { SourceError::transient(msg) } else { SourceError::failed(msg) }
+}
+
+/// Whether an error is an outage of the database (`DATA-PATH-NOTES.md`): no SQLSTATE (the
+/// connection failed or was lost), class 08, class 53, a server shutting down or starting,
+/// a serialization failure or a deadlock.
+fn is_outage(e: &tokio_postgres::Error) -> bool {
     match e.code().map(|c| c.code()) {
-        None => SourceError::transient(msg),
-        Some(c) if c.starts_with("08") || c.starts_with("53") => SourceError::transient(msg),
-        Some("57P01" | "57P02" | "57P03" | "40001" | "40P01") => SourceError::transient(msg),
-        Some(_) => SourceError::failed(msg),
+        None => true,
+        Some(c) if c.starts_with("08") || c.starts_with("53") => true,
+        Some(c) => matches!(c, "57P01" | "57P02" | "57P03" | "40001" | "40P01"),
     }
 }
 
+/// What a follow round saw: the largest key, and the transactions in progress then.
+#[derive(Clone, Debug, Default)]
+struct Seen {
+    max: Option<i64>,
+    /// `pg_snapshot_xip` of the round's snapshot, as text.
+    in_progress: Vec<String>,
+}
+
 impl PostgresSource {
-    /// Plans the ranges from `from` on, in one read-only snapshot.
+    /// Plans the ranges from `from` on, in one read-only snapshot. In follow mode only up to
+    /// the largest key an earlier round saw once every transaction in progress then has ended
+    /// (see the module documentation).
     async fn plan_from(&self, from: i64) -> Result<Vec<etl_coordination_driver::PlannedSplit>, PlanError> {
         let plan_err = |e: PostgresError| PlanError::from_error(&e);
         let mut client = connect(&self.config, &self.server, &self.user).await.map_err(plan_err)?;
@@ -410,9 +479,58 @@ impl PostgresSource {
             .start()
             .await
             .map_err(|e| plan_err(db(&e)))?;
-        let mut keys = Keys { tx: &tx, table: &self.table, key: &self.key };
-        let splits =
-            plan_ranges(&mut keys, &self.name, from, self.split_rows).await.map_err(|e| plan_err(db(&e)))?;
+        let upto = if self.follow {
+            let k = ident(&self.key);
+            let max: Option<i64> = tx
+                .query_one(&format!("SELECT max({k})::int8 FROM {}", self.table), &[])
+                .await
+                .map_err(|e| plan_err(db(&e)))?
+                .get(0);
+            let in_progress: Vec<String> = tx
+                .query_one(
+                    "SELECT coalesce(array_agg(x::text), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x",
+                    &[],
+                )
+                .await
+                .map_err(|e| plan_err(db(&e)))?
+                .get(0);
+            let now = Seen { max, in_progress };
+            let earlier = self.seen.lock().expect("not poisoned").clone();
+            match earlier {
+                None => {
+                    *self.seen.lock().expect("not poisoned") = Some(now);
+                    None
+                }
+                Some(earlier) => {
+                    let ended: bool = tx
+                        .query_one(
+                            "SELECT coalesce(bool_and(pg_xact_status(x::xid8) IS DISTINCT FROM 'in progress'), true) \
+                             FROM unnest($1::text[]) x",
+                            &[&earlier.in_progress],
+                        )
+                        .await
+                        .map_err(|e| plan_err(db(&e)))?
+                        .get(0);
+                    if ended {
+                        *self.seen.lock().expect("not poisoned") = Some(now);
+                        earlier.max
+                    } else {
+                        // A transaction of that round is still open: it may commit a key below
+                        // that round's largest. Wait for it.
+                        None
+                    }
+                }
+            }
+        } else {
+            Some(i64::MAX)
+        };
+        let splits = match upto {
+            Some(upto) => {
+                let mut keys = Keys { tx: &tx, table: &self.table, key: &self.key };
+                plan_ranges(&mut keys, &self.name, from, upto, self.split_rows).await.map_err(plan_err)?
+            }
+            None => Vec::new(),
+        };
         tx.commit().await.map_err(|e| plan_err(db(&e)))?;
         Ok(splits)
     }
@@ -474,18 +592,21 @@ impl PostgresReader {
         let s = &self.source;
         if self.client.as_ref().is_none_or(Client::is_closed) {
             let client = connect(&s.config, &s.server, &s.user).await.map_err(|e| match e {
-                PostgresError::Connect { .. } => SourceError::transient(e.to_string()),
+                PostgresError::Connect { transient: true, .. } => SourceError::transient(e.to_string()),
                 _ => SourceError::failed(e.to_string()),
             })?;
             self.client = Some(client);
         }
         let client = self.client.as_ref().expect("connected above");
-        let after = self.after.unwrap_or(i64::MIN);
+        let Some(first) = self.range.resume_at(self.after) else {
+            self.done = true;
+            return Ok(());
+        };
         let limit = i64::from(s.batch_rows);
         let rows = client
-            .query(&*s.query, &[&self.range.lo, &after, &self.range.last_key(), &limit])
+            .query(&*s.query, &[&first, &self.range.last_key(), &limit])
             .await
-            .map_err(|e| source_error(&format!("reading {} after key {after}", s.table), &e))?;
+            .map_err(|e| source_error(&format!("reading {} from key {first}", s.table), &e))?;
         self.done = rows.len() < s.batch_rows as usize;
         self.buffer = rows.iter().rev().map(|r| (r.get(0), r.get(1))).collect();
         Ok(())

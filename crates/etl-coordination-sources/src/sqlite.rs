@@ -1,6 +1,6 @@
 //! A range scan over a SQLite table: the table's rows in balanced ranges of an integer key
-//! column (`id` unless [`SqliteSource::key_column`] names another; the rowid alias `id INTEGER
-//! PRIMARY KEY` is the usual one); records are rows as JSON objects ([`Line`]: `table:key`,
+//! column (`id` by default; the rowid alias `id INTEGER
+//! PRIMARY KEY` is the usual one, [`SqliteSource::open_keyed`] names another); records are rows as JSON objects ([`Line`]: `table:key`,
 //! `{"id":7,"item":"a","photo":"iVBORw=="}`: integers and reals as numbers, text as strings,
 //! blobs in base64, NULL as `null`); progress is the last key read. Reads run on tokio's
 //! blocking pool.
@@ -101,9 +101,11 @@ impl SqliteSource {
     fn check(&self) -> Result<(), SqliteError> {
         let conn = self.connect()?;
         let (t, k) = (&self.table, &self.key);
-        let columns: Vec<String> = conn
-            .prepare("SELECT name FROM pragma_table_info(?1)")
-            .and_then(|mut stmt| stmt.query_map([t], |r| r.get(0))?.collect())
+        let columns: Vec<(String, String, bool, i64)> = conn
+            .prepare("SELECT name, type, \"notnull\", pk FROM pragma_table_info(?1)")
+            .and_then(|mut stmt| {
+                stmt.query_map([t], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?.collect()
+            })
             .map_err(|e| {
                 SqliteError::Database(format!("reading the columns of {t:?} in {}: {e}", self.path.display()))
             })?;
@@ -113,11 +115,33 @@ impl SqliteSource {
                 self.path.display()
             )));
         }
-        if !columns.iter().any(|c| c == k) {
+        let Some(&(_, ref ty, notnull, pk)) = columns.iter().find(|c| &c.0 == k) else {
+            let names: Vec<&str> = columns.iter().map(|c| c.0.as_str()).collect();
             return Err(SqliteError::Database(format!(
                 "table {t:?} in {} has no {k:?} column to cut ranges by (its columns: {}); name the integer key column",
                 self.path.display(),
-                columns.join(", ")
+                names.join(", ")
+            )));
+        };
+        // The rowid alias is unique and never NULL; any other key needs a unique index of its
+        // own and NOT NULL (a NULL key is in no range, a repeated one breaks paging).
+        let rowid =
+            pk == 1 && columns.iter().filter(|c| c.3 > 0).count() == 1 && ty.eq_ignore_ascii_case("INTEGER");
+        let unique = rowid
+            || conn
+                .query_row(
+                    "SELECT EXISTS (SELECT 1 FROM pragma_index_list(?1) il WHERE il.\"unique\" = 1 AND il.partial = 0
+                       AND (SELECT count(*) FROM pragma_index_info(il.name)) = 1
+                       AND (SELECT name FROM pragma_index_info(il.name)) = ?2)",
+                    (t, k),
+                    |r| r.get::<_, bool>(0),
+                )
+                .map_err(db)?;
+        if !unique || !(rowid || notnull) {
+            return Err(SqliteError::Database(format!(
+                "column {k:?} of {t:?} in {} must be unique and never NULL to cut ranges by: \
+                 INTEGER PRIMARY KEY, or NOT NULL with a UNIQUE index of its own",
+                self.path.display()
             )));
         }
         Ok(())
@@ -142,7 +166,7 @@ impl SqliteSource {
         let mut conn = self.connect()?;
         let tx = conn.transaction().map_err(db)?;
         let mut index = Keys { tx: &tx, table: &self.table, key: &self.key };
-        let splits = run_ready(plan_ranges(&mut index, &self.table, from, self.split_rows))?;
+        let splits = run_ready(plan_ranges(&mut index, &self.table, from, i64::MAX, self.split_rows))?;
         Ok(splits)
     }
 }
@@ -166,6 +190,7 @@ impl KeyIndex for Keys<'_> {
     fn key_at(
         &mut self,
         lo: i64,
+        upto: i64,
         offset: u64,
     ) -> impl Future<Output = Result<Option<i64>, SqliteError>> + Send {
         let (t, k) = (self.table, self.key);
@@ -173,9 +198,9 @@ impl KeyIndex for Keys<'_> {
             .tx
             .query_row(
                 &format!(
-                    "SELECT \"{k}\" FROM \"{t}\" WHERE \"{k}\" >= ?1 ORDER BY \"{k}\" LIMIT 1 OFFSET ?2"
+                    "SELECT \"{k}\" FROM \"{t}\" WHERE \"{k}\" >= ?1 AND \"{k}\" <= ?2 ORDER BY \"{k}\" LIMIT 1 OFFSET ?3"
                 ),
-                (lo, offset as i64),
+                (lo, upto, offset as i64),
                 |r| r.get::<_, i64>(0),
             )
             .map(Some)
@@ -184,17 +209,25 @@ impl KeyIndex for Keys<'_> {
     }
 
     #[allow(clippy::manual_async_fn)]
-    fn tail(&mut self, lo: i64) -> impl Future<Output = Result<(u64, Option<i64>), SqliteError>> + Send {
+    fn tail(
+        &mut self,
+        lo: i64,
+        upto: i64,
+    ) -> impl Future<Output = Result<(u64, Option<i64>), SqliteError>> + Send {
         let (t, k) = (self.table, self.key);
         let found = self
             .tx
             .query_row(
-                &format!("SELECT COUNT(*), MAX(\"{k}\") FROM \"{t}\" WHERE \"{k}\" >= ?1"),
-                [lo],
+                &format!("SELECT COUNT(*), MAX(\"{k}\") FROM \"{t}\" WHERE \"{k}\" >= ?1 AND \"{k}\" <= ?2"),
+                [lo, upto],
                 |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)),
             )
             .map_err(db);
         std::future::ready(found)
+    }
+
+    fn repeated(key: i64) -> SqliteError {
+        SqliteError::Database(format!("the key {key} repeats: the key column must be unique"))
     }
 }
 
@@ -269,14 +302,14 @@ impl SqliteReader {
     ) -> Result<Vec<(i64, String)>, SqliteError> {
         let conn = source.connect()?;
         let (t, k) = (&source.table, &source.key);
-        let sql = format!(
-            "SELECT * FROM \"{t}\" WHERE \"{k}\" >= ?1 AND \"{k}\" > ?2 AND \"{k}\" <= ?3 ORDER BY \"{k}\" LIMIT ?4"
-        );
+        let Some(from) = range.resume_at(after) else { return Ok(Vec::new()) };
+        let sql =
+            format!("SELECT * FROM \"{t}\" WHERE \"{k}\" >= ?1 AND \"{k}\" <= ?2 ORDER BY \"{k}\" LIMIT ?3");
         let mut stmt = conn.prepare(&sql).map_err(db)?;
         let idx = stmt.column_index(k).map_err(db)?;
         let names: Vec<String> = stmt.column_names().into_iter().map(str::to_owned).collect();
         let rows = stmt
-            .query_map((range.lo, after.unwrap_or(i64::MIN), range.last_key(), BATCH), |row| {
+            .query_map((from, range.last_key(), BATCH), |row| {
                 let key: i64 = row.get(idx)?;
                 let mut object = serde_json::Map::with_capacity(names.len());
                 for (i, name) in names.iter().enumerate() {
@@ -447,6 +480,16 @@ mod tests {
             SqliteSource::open(&spec, 10).unwrap_err().to_string().contains("\"id\""),
             "no id column: the error names the key it looked for"
         );
+        conn.execute_batch(
+            "CREATE TABLE dup (k INTEGER NOT NULL); CREATE TABLE nullable (k INTEGER UNIQUE);",
+        )
+        .unwrap();
+        for (table, why) in [("dup", "no unique index"), ("nullable", "may be NULL")] {
+            let e = SqliteSource::open_keyed(&format!("{}:{table}", path.display()), "k", 10)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("must be unique and never NULL"), "{why}: {e}");
+        }
         let src = SqliteSource::open_keyed(&spec, "seq", 10).unwrap();
         assert!(src.fingerprint().contains("key=seq"));
         let split = src.plan().await.unwrap().splits.remove(0);

@@ -127,8 +127,11 @@ async fn a_reader_resumes_after_its_last_key_and_follow_mode_adds_new_rows_once(
     );
     let src =
         PostgresSource::connect(&pg.url(), "ev", "seq", 100).await.unwrap().follow().batch_rows(30).unwrap();
+    // A new leader's first round only looks (see the out-of-order test below).
+    let look = src.replan(&[]).await.unwrap();
+    assert_eq!(look.kind, PlanKind::Open);
+    assert!(look.splits.is_empty(), "the first round plans nothing");
     let first = src.replan(&[]).await.unwrap();
-    assert_eq!(first.kind, PlanKind::Open);
     assert_eq!(first.splits.iter().map(|s| s.weight).collect::<Vec<_>>(), vec![100, 100, 50]);
     let all = read(&src, &first.splits[0], None).await;
     assert_eq!(all.len(), 100);
@@ -136,6 +139,7 @@ async fn a_reader_resumes_after_its_last_key_and_follow_mode_adds_new_rows_once(
     assert_eq!(rest, all[42..].to_vec(), "a resume starts after the committed key, across batches");
     pg.psql("INSERT INTO ev SELECT g * 7 - 500, 'e' || g FROM generate_series(251, 420) g;");
     let published: Vec<SplitId> = first.splits.iter().map(|s| s.id.clone()).collect();
+    assert!(src.replan(&published).await.unwrap().splits.is_empty(), "seen, not planned yet");
     let second = src.replan(&published).await.unwrap();
     assert!(second.splits.iter().all(|s| !published.contains(&s.id)));
     let mut keys = Vec::new();
@@ -182,7 +186,7 @@ async fn what_cannot_work_is_refused_saying_what_to_do() {
     let pg = PgServer::start();
     pg.psql(
         "CREATE TABLE texty (code text PRIMARY KEY);
-         CREATE TABLE loose (id int);
+         CREATE TABLE loose (id int NOT NULL);
          CREATE TABLE secret (id int PRIMARY KEY);
          CREATE ROLE reader LOGIN PASSWORD 'r';",
     );
@@ -208,4 +212,68 @@ async fn what_cannot_work_is_refused_saying_what_to_do() {
     assert!(e.contains("TLS"), "{e}");
     let e = err(PostgresSource::connect("postgres://x@127.0.0.1:1/db", "t", "id", 10).await.unwrap_err());
     assert!(e.contains("cannot connect") && e.contains("127.0.0.1:1/db"), "{e}");
+}
+
+/// With a sequence, a transaction may commit key 101 while the one holding 100 is still open: a
+/// follow round must not plan past 100 until it has ended, or 100 would never be read.
+#[tokio::test]
+async fn follow_mode_waits_for_a_transaction_holding_a_lower_key() {
+    let pg = PgServer::start();
+    pg.psql(
+        "CREATE TABLE seq (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v text);
+             INSERT INTO seq (v) SELECT 'a' FROM generate_series(1, 10);",
+    );
+    let src = PostgresSource::connect(&pg.url(), "seq", "id", 1000).await.unwrap().follow();
+    assert!(src.replan(&[]).await.unwrap().splits.is_empty());
+    let first = src.replan(&[]).await.unwrap();
+    assert_eq!(first.splits.iter().map(|s| s.weight).sum::<u64>(), 10);
+    let mut published: Vec<SplitId> = first.splits.iter().map(|s| s.id.clone()).collect();
+    // A transaction takes key 11 and stays open; another commits key 12.
+    let (mut open, conn) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let slow = open.transaction().await.unwrap();
+    slow.execute("INSERT INTO seq (v) VALUES ('slow')", &[]).await.unwrap();
+    pg.psql("INSERT INTO seq (v) VALUES ('fast')");
+    for round in 0..3 {
+        let plan = src.replan(&published).await.unwrap();
+        assert!(plan.splits.is_empty(), "round {round}: planned past an open transaction: {:?}", plan.splits);
+    }
+    slow.commit().await.unwrap();
+    let mut keys = Vec::new();
+    for _ in 0..3 {
+        let plan = src.replan(&published).await.unwrap();
+        for s in &plan.splits {
+            keys.extend(read(&src, s, None).await.into_iter().map(|(k, _)| k));
+            published.push(s.id.clone());
+        }
+    }
+    keys.sort();
+    assert_eq!(keys, vec![11, 12], "both rows, once the slow one committed");
+}
+
+#[tokio::test]
+async fn keys_at_the_ends_of_bigint_and_domains_are_read_faithfully() {
+    let pg = PgServer::start();
+    pg.psql(
+        "CREATE DOMAIN money_exact AS numeric(20,4);
+         CREATE TABLE ends (id bigint PRIMARY KEY, amount money_exact);
+         INSERT INTO ends VALUES (-9223372036854775808, 1.5), (0, 2), (9223372036854775807, 3.25);",
+    );
+    let src = PostgresSource::connect(&pg.url(), "ends", "id", 2).await.unwrap();
+    let mut rows = Vec::new();
+    for s in src.plan().await.unwrap().splits {
+        rows.extend(read(&src, &s, None).await);
+    }
+    let keys: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    assert_eq!(keys, vec![i64::MIN, 0, i64::MAX], "the smallest and largest keys are read");
+    let first: serde_json::Value = serde_json::from_str(&rows[0].1).unwrap();
+    assert_eq!(first["amount"], "1.5000", "a numeric domain is a string too");
+}
+
+#[tokio::test]
+async fn a_key_that_may_be_null_is_refused() {
+    let pg = PgServer::start();
+    pg.psql("CREATE TABLE n (k bigint UNIQUE);");
+    let e = PostgresSource::connect(&pg.url(), "n", "k", 10).await.unwrap_err().to_string();
+    assert!(e.contains("NULL") && e.contains("SET NOT NULL"), "{e}");
 }

@@ -141,7 +141,7 @@ impl WorkerArgs {
             let msg = format!("{e:#}");
             return Err(match msg.strip_prefix("--").and_then(|m| m.split_once(' ')) {
                 Some((flag, rest)) => Usage::new(format!("--{flag}"), rest),
-                None => Usage::new("--source", format!("{}: {msg}", a.source)),
+                None => Usage::new("--source", format!("{}: {msg}", etl_coord::sources::redact(&a.source))),
             });
         }
         for (flag, file) in [("--sink", &a.sink), ("--dead-letter", &a.dead_letter)] {
