@@ -39,13 +39,14 @@ async fn table(client: &tokio_postgres::Client, rows: u64) -> Result<u64> {
              INSERT INTO bench_scan
              SELECT CASE WHEN g <= {dense} THEN g WHEN g <= {sparse} THEN 10000000 + g * 1000 ELSE g * g * 100 END,
                     'item ' || g || ' ' || repeat('x', 40), g / 100.0, '2026-01-01'::timestamptz + g * interval '1 s'
-             FROM generate_series(1::bigint, {rows}) g;
-             VACUUM ANALYZE bench_scan;",
+             FROM generate_series(1::bigint, {rows}) g;",
             dense = rows * 6 / 10,
             sparse = rows * 9 / 10
         ))
         .await
         .context("creating bench_scan")?;
+    // On its own: VACUUM cannot run in the implicit transaction of a multi-statement batch.
+    client.batch_execute("VACUUM ANALYZE bench_scan").await.context("vacuuming bench_scan")?;
     let row = client.query_one("SELECT pg_relation_size('bench_scan')::int8", &[]).await?;
     Ok(row.get::<_, i64>(0) as u64)
 }
