@@ -8,6 +8,8 @@ use std::process::{Child, Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
+use etl_coordination_testkit::postgres::{as_server_user, bindir, is_root};
+
 use crate::util::{free_port, target_dir, wait_for_port};
 
 /// A running server.
@@ -30,32 +32,6 @@ impl Drop for Postgres {
             let _ = Command::new("kill").args(["-INT", &pid]).status();
             let _ = c.wait();
         }
-    }
-}
-
-/// The directory holding `initdb` and `postgres`, if any PostgreSQL is installed.
-fn bindir() -> Option<PathBuf> {
-    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
-        .filter(|b| b.join("initdb").is_file() && b.join("postgres").is_file())
-        .collect();
-    found.sort();
-    found.pop()
-}
-
-fn is_root() -> bool {
-    Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-}
-
-/// `program args` as the `postgres` user when we are root.
-fn as_server_user(program: &Path, root: bool) -> Command {
-    if root {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(program);
-        c
-    } else {
-        Command::new(program)
     }
 }
 

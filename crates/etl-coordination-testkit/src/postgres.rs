@@ -50,12 +50,13 @@ pub fn bindir() -> Option<PathBuf> {
     })
 }
 
-fn is_root() -> bool {
+/// Whether this process runs as root (PostgreSQL then runs as the `postgres` user).
+pub fn is_root() -> bool {
     Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
 
 /// `program` run as the `postgres` user when we are root.
-fn as_server_user(program: &Path, root: bool) -> Command {
+pub fn as_server_user(program: &Path, root: bool) -> Command {
     if root {
         let mut c = Command::new("runuser");
         c.args(["-u", "postgres", "--"]).arg(program);
