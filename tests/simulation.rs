@@ -133,6 +133,25 @@ fn scale_up_converges_to_plus_minus_one_and_steals_stop() {
 }
 
 #[test]
+fn scale_up_balances_weight_and_steals_stop() {
+    for seed in 1..=5 {
+        let opts = Options::scenario(Scenario::BalanceWeighted);
+        let r = run(seed, &opts);
+        assert!(r.violation.is_none(), "seed {seed}: {}", r.violation.unwrap());
+        let loads = &r.loads_after_convergence;
+        assert_eq!(loads.len(), 3, "{loads:?}");
+        assert_eq!(r.owned_after_convergence.iter().sum::<u32>(), 13, "every split owned");
+        assert_eq!(r.steals_after_faults, 0, "seed {seed}: no steals in the window after convergence");
+        // Each steal lowers the sum of squared loads, so the spread after convergence is below
+        // the heaviest split (else moving one would help), and steals stay few.
+        let (min, max) = (loads.iter().min().unwrap(), loads.iter().max().unwrap());
+        assert!(max - min < 1000, "seed {seed}: loads {loads:?}");
+        assert!(r.steals_to_converge <= 13, "seed {seed}: {} steals to converge", r.steals_to_converge);
+        assert_eq!(r.outcome, "complete");
+    }
+}
+
+#[test]
 fn drained_splits_are_picked_up_without_waiting_for_a_lease() {
     let opts = Options::scenario(Scenario::DrainPickup);
     let r = run(3, &opts);

@@ -109,6 +109,14 @@ name_type!(
     "split id"
 );
 
+impl SplitId {
+    /// Below every valid split id (the empty string is never valid): a bound for range lookups
+    /// in sets ordered by `(weight, id)`, never a split's id.
+    pub(crate) fn floor() -> Self {
+        SplitId(String::new())
+    }
+}
+
 macro_rules! number_type {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*

@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use crate::ids::{Epoch, OpId, SplitId};
+use crate::ids::{Epoch, InstanceId, OpId, SplitId};
 use crate::plan::Plan;
 use crate::store::{Bucket, Prefix, StoreRequest, StoreResult, WatchEvent};
 use crate::time::Timestamp;
@@ -283,6 +283,17 @@ pub enum Event {
         reason: AcquisitionReason,
         /// The new epoch.
         epoch: Epoch,
+    },
+    /// This worker starts a steal (P9): at most one per heartbeat cycle.
+    Steal {
+        /// The split it takes.
+        split: SplitId,
+        /// The peer holding it.
+        victim: InstanceId,
+        /// The split's planned weight.
+        weight: u64,
+        /// The victim's load and the thief's, as the thief's view shows them (P9).
+        loads: (u128, u128),
     },
     /// A lane was revoked (fenced or starved).
     Revoked {

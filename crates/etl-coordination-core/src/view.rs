@@ -31,7 +31,8 @@ pub(crate) struct SplitView {
     // Contributions to the indices, so they can be withdrawn on change.
     claim_key: Option<u64>,
     counted: Counted,
-    counted_holder: Option<InstanceId>,
+    /// The holder and effective weight this split's lease adds to `loads` and `held_by`.
+    counted_lease: Option<(InstanceId, u64)>,
 }
 
 impl SplitView {
@@ -59,8 +60,12 @@ pub(crate) struct View {
     pub splits: BTreeMap<SplitId, SplitView>,
     /// Claimable manifest splits, largest weight first (P5).
     pub claimable: BTreeSet<(Reverse<u64>, SplitId)>,
-    /// Lease counts per holder instance (for fair share and stealing).
-    pub lease_counts: BTreeMap<InstanceId, u32>,
+    /// Per holder instance, the effective weight (P9: [`effective_weight`]) of the manifest
+    /// splits whose leases it holds: its load, for stealing.
+    pub loads: BTreeMap<InstanceId, u128>,
+    /// Per holder instance, the manifest splits whose leases it holds, by effective weight: a
+    /// thief finds the split that helps most in O(log n).
+    pub held_by: BTreeMap<InstanceId, BTreeSet<(u64, SplitId)>>,
     /// Manifest splits recorded as Owned by this instance id under another incarnation (P3).
     pub old_incarnation: BTreeSet<SplitId>,
     pub manifest: Option<ManifestRef>,
@@ -102,7 +107,8 @@ impl View {
             incarnation,
             splits: BTreeMap::new(),
             claimable: BTreeSet::new(),
-            lease_counts: BTreeMap::new(),
+            loads: BTreeMap::new(),
+            held_by: BTreeMap::new(),
             old_incarnation: BTreeSet::new(),
             manifest: None,
             manifest_len: 0,
@@ -275,19 +281,26 @@ impl View {
             sv.claim_key = Some(w);
             self.claimable.insert((Reverse(w), id.clone()));
         }
-        let holder = sv.lease.as_ref().map(|l| l.owner.instance.clone());
-        let prev_holder = std::mem::replace(&mut sv.counted_holder, holder.clone());
-        if prev_holder != holder {
-            if let Some(prev) = prev_holder
-                && let Some(n) = self.lease_counts.get_mut(&prev)
-            {
-                *n -= 1;
-                if *n == 0 {
-                    self.lease_counts.remove(&prev);
+        let lease = match (&sv.lease, sv.weight) {
+            (Some(l), Some(w)) => Some((l.owner.instance.clone(), effective_weight(w))),
+            _ => None,
+        };
+        if sv.counted_lease != lease {
+            if let Some((prev, w)) = std::mem::replace(&mut sv.counted_lease, lease.clone()) {
+                if let Some(load) = self.loads.get_mut(&prev) {
+                    *load -= u128::from(w);
+                }
+                if let Some(set) = self.held_by.get_mut(&prev) {
+                    set.remove(&(w, id.clone()));
+                    if set.is_empty() {
+                        self.held_by.remove(&prev);
+                        self.loads.remove(&prev);
+                    }
                 }
             }
-            if let Some(h) = holder {
-                *self.lease_counts.entry(h).or_default() += 1;
+            if let Some((holder, w)) = lease {
+                *self.loads.entry(holder.clone()).or_default() += u128::from(w);
+                self.held_by.entry(holder).or_default().insert((w, id.clone()));
             }
         }
         adjust(&mut self.done, old.done, new.done);
@@ -303,6 +316,12 @@ impl View {
             }
         }
     }
+}
+
+/// The weight a split counts for in balance (P9): its planned weight, at least 1, so that splits
+/// a planner weighs 0 still count and every move changes the loads.
+pub(crate) fn effective_weight(weight: u64) -> u64 {
+    weight.max(1)
 }
 
 fn adjust(counter: &mut usize, old: bool, new: bool) {

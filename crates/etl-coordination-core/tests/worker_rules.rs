@@ -1325,41 +1325,160 @@ fn p13_completion_is_observed_by_an_idle_standby() {
     assert!(standby.log.contains(&Action::Finished(Outcome::Complete)), "{:?}", standby.log);
 }
 
-#[test]
-fn p9_steals_one_split_from_an_owner_holding_two_more_and_then_stops() {
-    // w2 planned 4 splits and holds the 3 largest (its max_in_flight is 3).
-    let mut c2 = cfg("w2", 2);
-    c2.tuning.max_in_flight = 3;
-    let mut w2 = Rig::new(c2);
-    w2.plan = Some(plan(4, PlanKind::Final));
-    w2.feed(Input::Start);
-    assert_eq!(w2.started().len(), 3);
-    // w1 joins the same store (w2 is frozen in it): fair share ceil(4 / 2) = 2.
-    let mut r = Rig::new(cfg("w1", 1));
-    r.expire = false;
-    r.kv = std::mem::take(&mut w2.kv);
-    r.kv.watches.clear();
-    r.feed(Input::Start);
-    let acquired: Vec<(String, AcquisitionReason)> = r
-        .log
+/// Acquisitions in `r`'s log, in order.
+fn acquisitions(r: &Rig) -> Vec<(String, AcquisitionReason)> {
+    r.log
         .iter()
         .filter_map(|a| match a {
             Action::Event(Event::Acquired { split, reason, .. }) => Some((split.to_string(), *reason)),
             _ => None,
         })
-        .collect();
+        .collect()
+}
+
+/// Steals started in `r`'s log: (split, victim, weight, (victim's load, thief's load)).
+fn steals(r: &Rig) -> Vec<(String, String, u64, (u128, u128))> {
+    r.log
+        .iter()
+        .filter_map(|a| match a {
+            Action::Event(Event::Steal { split, victim, weight, loads }) => {
+                Some((split.to_string(), victim.to_string(), *weight, *loads))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// A plan of splits `s0, s1, ...` weighing `weights`.
+fn weighted_plan(weights: &[u64]) -> Plan {
+    let splits = weights
+        .iter()
+        .enumerate()
+        .map(|(i, w)| PlannedSplit::new(sid(&format!("s{i}")), format!("d{i}"), *w));
+    Plan::new(PlanKind::Final, splits.collect())
+}
+
+/// `first` starts alone on `plan` and claims what it may; `second` then joins the same store
+/// while `first` stays frozen in it (its leases live): returns `second`'s rig after its start.
+fn join_frozen(mut first: Rig, second: Config, plan: Plan) -> (Rig, Rig) {
+    first.plan = Some(plan);
+    first.feed(Input::Start);
+    let mut r = Rig::new(second);
+    r.expire = false;
+    r.kv = std::mem::take(&mut first.kv);
+    r.kv.watches.clear();
+    r.feed(Input::Start);
+    (first, r)
+}
+
+#[test]
+fn p9_steals_the_split_whose_move_lowers_the_imbalance_most_and_then_stops() {
+    // w2 planned splits of weights 1, 2, 3, 4 and holds the 3 heaviest (its max_in_flight is
+    // 3): load 9. w1 joins: fair share ceil(4 / 2) = 2; it claims s0 (load 1), then steals.
+    let mut c2 = cfg("w2", 2);
+    c2.tuning.max_in_flight = 3;
+    let (w2, mut r) = join_frozen(Rig::new(c2), cfg("w1", 1), plan(4, PlanKind::Final));
+    assert_eq!(w2.started().len(), 3);
+    // Gap 8: moving weight w gains w * (8 - w): s3 (4) gives 16, s2 (3) 15, s1 (2) 12. s3 it is,
+    // and the loads end 5 and 5.
     assert_eq!(
-        acquired,
-        vec![("s0".into(), AcquisitionReason::Create), ("s1".into(), AcquisitionReason::Stolen)]
+        acquisitions(&r),
+        vec![("s0".into(), AcquisitionReason::Create), ("s3".into(), AcquisitionReason::Stolen)]
     );
-    let rec = r.kv.record("s1");
+    assert_eq!(steals(&r), vec![("s3".into(), "w2".into(), 4, (9, 1))]);
+    let rec = r.kv.record("s3");
     assert_eq!((rec.epoch, rec.attempts), (Epoch(2), 0), "a steal bumps the epoch and consumes no attempt");
-    // 2 against 2: no further steal, however many cycles pass.
+    // 5 against 5: no further steal, however many cycles pass.
     r.take_log();
     for _ in 0..5 {
         r.advance(Duration::from_secs(1));
     }
     assert!(r.started().is_empty(), "{:?}", r.log);
+}
+
+#[test]
+fn p9_a_worker_at_its_share_of_the_count_steals_when_it_holds_less_weight() {
+    // w2 holds the two heavy splits (10 + 10); w1 claims the two light ones (1 + 1): two
+    // splits each, the count rule's balance, but loads 20 and 2. Moving 10 lowers the
+    // imbalance (20 > 2 + 10): w1 steals one, and the loads end 10 and 12.
+    let mut c2 = cfg("w2", 2);
+    c2.tuning.max_in_flight = 2;
+    let (_w2, mut r) = join_frozen(Rig::new(c2), cfg("w1", 1), weighted_plan(&[10, 10, 1, 1]));
+    let stolen: Vec<_> =
+        acquisitions(&r).into_iter().filter(|(_, why)| *why == AcquisitionReason::Stolen).collect();
+    assert_eq!(stolen, vec![("s0".into(), AcquisitionReason::Stolen)]);
+    assert_eq!(steals(&r), vec![("s0".into(), "w2".into(), 10, (20, 2))]);
+    r.take_log();
+    for _ in 0..5 {
+        r.advance(Duration::from_secs(1));
+    }
+    // 12 against 10: moving 10 back would not lower it (12 > 10 + 10 is false).
+    assert!(steals(&r).is_empty(), "{:?}", r.log);
+}
+
+#[test]
+fn p9_no_steal_when_every_move_would_only_shift_the_imbalance() {
+    // w2 holds one split of weight 9; w1 holds one of weight 1 and has free lanes. Moving the 9
+    // would leave 10 against 0: no move lowers the imbalance, so nothing is stolen.
+    let mut c2 = cfg("w2", 2);
+    c2.tuning.max_in_flight = 1;
+    let (_w2, mut r) = join_frozen(Rig::new(c2), cfg("w1", 1), weighted_plan(&[9, 1]));
+    for _ in 0..5 {
+        r.advance(Duration::from_secs(1));
+    }
+    assert!(steals(&r).is_empty(), "{:?}", r.log);
+    assert_eq!(acquisitions(&r), vec![("s1".into(), AcquisitionReason::Create)]);
+}
+
+#[test]
+fn p9_a_worker_without_a_free_lane_does_not_steal() {
+    // w1 may run one lane and holds the light split; w2 holds 3 + 3.
+    let mut c2 = cfg("w2", 2);
+    c2.tuning.max_in_flight = 2;
+    let mut c1 = cfg("w1", 1);
+    c1.tuning.max_in_flight = 1;
+    let (_w2, mut r) = join_frozen(Rig::new(c2), c1, weighted_plan(&[3, 3, 1]));
+    for _ in 0..5 {
+        r.advance(Duration::from_secs(1));
+    }
+    assert!(steals(&r).is_empty(), "{:?}", r.log);
+}
+
+#[test]
+fn p9_at_most_one_steal_per_heartbeat_cycle() {
+    // w2 holds six splits of weight 1 (max_in_flight 6); w1 claims nothing (all held) and must
+    // steal three to balance 3 against 3: one per heartbeat (1 s with a 3 s lease), however
+    // many inputs arrive in between.
+    let mut c2 = cfg("w2", 2);
+    c2.tuning.max_in_flight = 6;
+    let (_w2, mut r) = join_frozen(Rig::new(c2), cfg("w1", 1), weighted_plan(&[1; 6]));
+    let heartbeat = cfg("w1", 1).tuning.heartbeat_interval();
+    let mut at = vec![];
+    for _ in 0..40 {
+        let before = steals(&r).len();
+        r.advance(heartbeat / 10);
+        if steals(&r).len() > before {
+            at.push(r.now);
+        }
+    }
+    let first = steals(&r);
+    assert_eq!(first.len(), 3, "{first:?}");
+    for pair in at.windows(2) {
+        assert!(pair[1].saturating_since(pair[0]) >= heartbeat, "steals at {at:?}");
+    }
+    assert_eq!(r.w.held().count(), 3);
+}
+
+#[test]
+fn p5_a_small_pods_unused_share_goes_to_the_others() {
+    // w2 may run one lane; w1 eight. Six splits: ceil(6 / 2) = 3 would leave two unclaimed
+    // while w1 has free lanes; filled by capacity, w1's share is 5.
+    let mut c2 = cfg("w2", 2);
+    c2.tuning.max_in_flight = 1;
+    let mut c1 = cfg("w1", 1);
+    c1.tuning.max_in_flight = 8;
+    let (_w2, r) = join_frozen(Rig::new(c2), c1, weighted_plan(&[1; 6]));
+    assert_eq!(r.w.held().count(), 5, "{:?}", acquisitions(&r));
 }
 
 #[test]

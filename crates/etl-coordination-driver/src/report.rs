@@ -139,6 +139,14 @@ pub(crate) fn log_event(e: &Event) {
             info!(%split, reason = reason.label(), %epoch, "split acquired")
         }
         Event::Revoked { split, reason } => warn!(%split, ?reason, "lane revoked"),
+        Event::Steal { split, victim, weight, loads: (theirs, ours) } => info!(
+            %split,
+            %victim,
+            weight,
+            victim_load = %theirs,
+            own_load = %ours,
+            "stealing a split to balance load (P9)"
+        ),
         Event::Leadership { leader, term } => info!(leader, term, "leadership changed"),
         Event::PlanPublished { term, version, splits } => info!(term, version, splits, "plan published"),
         Event::PlanFailed { error } => warn!(%error, "planner failed; retrying"),

@@ -12,8 +12,13 @@ use crate::rng::Rng;
 pub enum Scenario {
     /// Random faults in a safety phase, then a fault-free liveness phase.
     Random,
-    /// One worker, then scale-up to three: converges to +-1 and steals stop (I7, T4).
+    /// One worker, then scale-up to three, splits of equal weight: converges to +-1 and steals
+    /// stop (I7, T4).
     Balance,
+    /// The same with splits of random weights: converges to a balance no move improves (a
+    /// split of weight `w` moves only if its holder's load exceeds the thief's by more than `w`)
+    /// and steals stop (I7, P9).
+    BalanceWeighted,
     /// One of two workers drains: its splits are picked up without a lease wait (P10, I8).
     DrainPickup,
     /// A second live process with the same instance id: fatal, no ping-pong (P3).
@@ -38,6 +43,8 @@ pub struct Options {
     pub max_records: u64,
     /// Every split has exactly `max_records` records.
     pub uniform_records: bool,
+    /// Every split weighs 1 (else weights are drawn from `1..1000`).
+    pub uniform_weights: bool,
     /// Virtual milliseconds between two records of a lane.
     pub step_ms: u64,
     /// Lease duration in whole seconds.
@@ -150,6 +157,7 @@ impl Options {
             splits,
             max_records: if big { r.range(1, 3) } else { r.range(20, 600) },
             uniform_records: false,
+            uniform_weights: false,
             step_ms: r.range(5, 40),
             lease_secs,
             max_in_flight: if big { r.range(16, 64) as u32 } else { r.range(1, 6) as u32 },
@@ -198,6 +206,7 @@ impl Options {
             manifest_chunk_len: etl_coordination_core::records::MANIFEST_CHUNK_LEN,
             max_records: 40,
             uniform_records: true,
+            uniform_weights: false,
             step_ms: 10,
             lease_secs: 3,
             max_in_flight: 8,
@@ -232,8 +241,17 @@ impl Options {
             Scenario::Random => base,
             // 13 splits over 3 workers: fair share 5, so balance is 5/4/4, the case where a
             // steal rule without the +2 margin oscillates.
-            Scenario::Balance => Options { initial_workers: 1, splits: 13, max_records: 6000, ..base },
-            Scenario::DrainPickup => Options { splits: 4, max_in_flight: 4, max_records: 600, ..base },
+            Scenario::Balance => {
+                Options { initial_workers: 1, splits: 13, max_records: 6000, uniform_weights: true, ..base }
+            }
+            Scenario::BalanceWeighted => {
+                Options { initial_workers: 1, splits: 13, max_records: 6000, ..base }
+            }
+            // Equal weights: two splits each, no steal, so every "released" acquisition is the
+            // drain's.
+            Scenario::DrainPickup => {
+                Options { splits: 4, max_in_flight: 4, max_records: 600, uniform_weights: true, ..base }
+            }
             Scenario::DuplicateId => Options { max_records: 800, ..base },
         }
     }
@@ -279,6 +297,8 @@ pub struct Report {
     pub steals_to_converge: u64,
     /// Balance scenario: splits owned per worker after convergence.
     pub owned_after_convergence: Vec<u32>,
+    /// Balance scenario: the weight each worker holds after convergence.
+    pub loads_after_convergence: Vec<u64>,
     /// Drain scenario: slowest release-to-pickup, in milliseconds.
     pub max_pickup_ms: Option<f64>,
     /// A hash over the whole event sequence: equal seeds give equal hashes.

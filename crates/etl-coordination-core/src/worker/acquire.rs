@@ -95,10 +95,7 @@ impl Worker {
             self.start_acquire(now, &id, AcquisitionReason::Reclaimed);
         }
         let target = self.fair_target();
-        if self.tenancies.len() >= target {
-            return;
-        }
-        let mut want = target - self.tenancies.len();
+        let mut want = target.saturating_sub(self.tenancies.len());
         let mut picks = Vec::new();
         for (_, id) in &self.view.claimable {
             if want == 0 {
@@ -113,19 +110,22 @@ impl Worker {
             picks.push(id.clone());
             want -= 1;
         }
-        let claimed_any = !picks.is_empty();
-        for id in picks {
-            let reason = self.claim_reason(&id);
-            self.start_acquire(now, &id, reason);
+        if !picks.is_empty() {
+            for id in picks {
+                let reason = self.claim_reason(&id);
+                self.start_acquire(now, &id, reason);
+            }
+            return;
         }
         // A split waiting out its backoff is not there to claim: an idle worker steals meanwhile
-        // rather than wait beside a loaded one.
+        // rather than wait beside a loaded one. A worker at its share of the count steals too:
+        // balance is by weight (P9).
         let nothing_unclaimed = self
             .view
             .claimable
             .iter()
             .all(|(_, id)| self.tenancies.contains(id) || self.backoffs.is_waiting(id));
-        if !claimed_any && want > 0 && nothing_unclaimed {
+        if nothing_unclaimed {
             self.maybe_steal(now);
         }
     }
@@ -139,13 +139,25 @@ impl Worker {
         });
     }
 
-    /// The number of splits this worker aims to hold (P5), within the embedding layer's cap
-    /// ([`crate::Input::Intake`]).
+    /// The number of splits this worker aims to hold (P5): its share of the active splits,
+    /// within its lane budget. Shares are filled like water over the live workers' capacities
+    /// (their `max_in_flight`, from presence): the level is the smallest `t` with
+    /// `sum(min(capacity, t)) >= active`, so a small pod's unused share goes to the others instead
+    /// of waiting unclaimed. With equal capacities the level is `ceil(active / live)`.
     pub(super) fn fair_target(&self) -> usize {
-        let live = self.view.live_workers().max(1);
-        let fair = self.view.active().div_ceil(live);
-        let cap = self.intake_limit.map_or(usize::MAX, |l| l as usize);
-        fair.min(self.cfg.tuning.max_in_flight as usize).min(cap)
+        let active = self.view.active();
+        let budget = self.lane_budget();
+        let mut caps: Vec<usize> = self
+            .view
+            .workers
+            .iter()
+            .filter(|(inst, _)| **inst != self.me.instance)
+            .map(|(_, (_, p))| p.capacity.max(1) as usize)
+            .collect();
+        caps.push((self.cfg.tuning.max_in_flight as usize).max(1));
+        caps.sort_unstable();
+        let fair = water_level(&caps, active);
+        fair.min(budget)
     }
 
     /// P6: why a claimable split is being acquired, from its record.
@@ -162,4 +174,21 @@ impl Worker {
             _ => AcquisitionReason::Released,
         }
     }
+}
+
+/// The smallest level `t` with `sum(min(cap, t)) >= total` over the sorted capacities `caps`, or
+/// `total` itself when even every capacity in full does not reach it (a worker then claims as
+/// many as its own budget allows).
+fn water_level(caps: &[usize], total: usize) -> usize {
+    let mut left = total;
+    for (i, &cap) in caps.iter().enumerate() {
+        let rest = caps.len() - i;
+        // The remaining workers all get `t`; `t` fits below this capacity?
+        let t = left.div_ceil(rest);
+        if t <= cap {
+            return t;
+        }
+        left -= cap;
+    }
+    total
 }

@@ -72,8 +72,12 @@ pub(crate) struct Checker {
     pub(super) declared: Option<&'static str>,
     /// Final plans listed per term (P4: one listing per Final plan per term).
     pub(super) final_listings: BTreeMap<u64, u64>,
-    /// I7 in random runs: (probes in a row with a gap, the last gap).
-    pub(super) imbalance: (u32, u32),
+    /// I7 in random runs: (probes in a row with a move that would help, the best gain).
+    pub(super) imbalance: (u32, u128),
+    /// P9: per worker, when (its clock) it last started a steal.
+    pub(super) last_steal: BTreeMap<Owner, Timestamp>,
+    /// P9: a heartbeat interval (one steal per cycle).
+    pub(super) heartbeat: Duration,
     /// Knob: how long a drain gives its lanes.
     pub(super) drain_timeout: Duration,
     /// Knobs of the data path.
@@ -139,6 +143,8 @@ pub(crate) enum Observation<'a> {
     ForeignWrite { id: &'a SplitId, new: Option<&'a SplitRecord> },
     /// A split record was deleted (garbage collection).
     RecordDeleted { id: &'a SplitId, writer: &'a Owner },
+    /// A worker started a steal at `local` (its clock).
+    Steal { who: &'a Owner, id: &'a SplitId, local: Timestamp },
     /// A worker announced an acquisition.
     Acquired { id: &'a SplitId, epoch: Epoch, reason: AcquisitionReason, who: &'a Owner },
     // ----- leases and lanes (`leases.rs`)
@@ -224,15 +230,23 @@ pub(crate) enum Observation<'a> {
     NoOutcomeWithinBound { open: &'a [String] },
     /// More than `limit` events.
     EventStorm { limit: u64 },
-    /// Held and allowed splits of each live worker, once faults stopped.
-    OwnedCounts { counts: &'a [(u32, u32)] },
-    /// Owned counts after convergence (the balance scenario).
-    Converged { owned: &'a [u32] },
+    /// What each live worker holds and may hold, once faults stopped.
+    Loads { workers: &'a [WorkerLoad] },
+    /// What each worker holds after convergence (the balance scenarios).
+    Converged { workers: &'a [WorkerLoad] },
     /// Steals after convergence (the balance scenario).
     BalanceWindowClosed { steals: u64 },
     /// The run ended: steals after the faults, the number of splits, whether no outcome was
     /// declared, and each worker's state.
     RunEnded { steals_after_faults: u64, splits: u64, no_outcome: bool, states: &'a [String] },
+}
+
+/// What one worker holds (the weights of its splits) and how many splits it may hold (its
+/// lanes, or what it holds while its breaker keeps it from taking more): for balance (I7, P9).
+#[derive(Clone, Debug)]
+pub(crate) struct WorkerLoad {
+    pub(crate) held: Vec<u64>,
+    pub(crate) cap: u32,
 }
 
 /// The lease origin a split record write waiting at a stuck stream leader is judged by (the
@@ -282,6 +296,8 @@ impl Checker {
             declared: None,
             final_listings: BTreeMap::new(),
             imbalance: (0, 0),
+            last_steal: BTreeMap::new(),
+            heartbeat: Duration::from_secs(opts.lease_secs) / 3,
             drain_timeout: opts.drain_timeout,
             transient_budget: opts.transient_budget,
             breaker_threshold: opts.breaker_threshold,
@@ -408,8 +424,9 @@ impl Checker {
             O::EventStorm { limit } => {
                 self.fail(at, "I8", format!("event storm: more than {limit} events (a livelock)"))
             }
-            O::OwnedCounts { counts } => self.on_owned_counts(at, counts),
-            O::Converged { owned } => self.on_converged(at, owned),
+            O::Steal { who, id, local } => self.on_steal(at, who, id, local),
+            O::Loads { workers } => self.on_loads(at, workers),
+            O::Converged { workers } => self.on_converged(at, workers),
             O::BalanceWindowClosed { steals } => {
                 if steals > 0 {
                     self.fail(at, "I7", format!("{steals} steals after convergence: ownership oscillates"));

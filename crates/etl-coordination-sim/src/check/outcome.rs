@@ -5,10 +5,10 @@
 use etl_coordination_core::records::{
     self, LeaderRecord, LeaseRecord, PlanHead, PresenceRecord, SplitRecord, SplitState, keys,
 };
-use etl_coordination_core::{Entry, FatalError, Outcome, Owner, PlanKind, Timestamp};
+use etl_coordination_core::{Entry, FatalError, Outcome, Owner, PlanKind, SplitId, Timestamp};
 use etl_coordination_memory::MemoryKv;
 
-use super::{Checker, manifest_ids};
+use super::{Checker, WorkerLoad, manifest_ids};
 
 impl Checker {
     /// After every worker finished: a key left by a cleanly finished process (written before
@@ -147,33 +147,44 @@ impl Checker {
         }
     }
 
-    /// I7 in random runs: once faults stop, an imbalance of two or more between live workers
-    /// with spare capacity must shrink within a few heartbeats (steals converge, P9).
-    pub(super) fn on_owned_counts(&mut self, at: Timestamp, counts: &[(u32, u32)]) {
-        let spare: Vec<u32> = counts.iter().filter(|(h, cap)| h < cap).map(|(h, _)| *h).collect();
-        let max = counts.iter().map(|(h, _)| *h).max().unwrap_or(0);
-        let min = spare.iter().copied().min().unwrap_or(max);
-        let gap = max.saturating_sub(min);
-        if gap >= 2 {
-            let (n, last) = self.imbalance;
-            self.imbalance = if gap >= last { (n + 1, gap) } else { (1, gap) };
-            self.count("I7");
-            if self.imbalance.0 >= 12 {
-                let msg = format!(
-                    "owned counts {counts:?} kept a gap of {gap} for 12 heartbeats after the faults stopped"
-                );
-                self.fail(at, "I7", msg);
+    /// P9: at most one steal per worker per heartbeat cycle (on the worker's own clock).
+    pub(super) fn on_steal(&mut self, at: Timestamp, who: &Owner, id: &SplitId, local: Timestamp) {
+        let previous = self.last_steal.insert(who.clone(), local);
+        let hb = self.heartbeat;
+        self.ensure(at, "P9", previous.is_none_or(|t| local >= t + hb), || {
+            let since = local.saturating_since(previous.expect("a previous steal"));
+            format!(
+                "{who} started a steal of {id} {since:?} after its previous one, within a heartbeat ({hb:?})"
+            )
+        });
+    }
+
+    /// I7 in random runs: once faults stop, a move that lowers the imbalance (P9: a split of
+    /// weight `w` from `a` to `b`, with a free lane, while `load(a) > load(b) + w`) must stop
+    /// being possible within a few heartbeats (steals converge). A gain that keeps shrinking
+    /// is convergence under way.
+    pub(super) fn on_loads(&mut self, at: Timestamp, workers: &[WorkerLoad]) {
+        match improving_move(workers) {
+            Some(m) => {
+                let (n, last) = self.imbalance;
+                self.imbalance = if m.gain >= last { (n + 1, m.gain) } else { (1, m.gain) };
+                self.count("I7");
+                if self.imbalance.0 >= 12 {
+                    let msg = format!(
+                        "{m} was possible for 12 heartbeats after the faults stopped (held weights and lanes: {workers:?})"
+                    );
+                    self.fail(at, "I7", msg);
+                }
             }
-        } else {
-            self.imbalance = (0, 0);
+            None => self.imbalance = (0, 0),
         }
     }
 
-    /// I7 in the balance scenario: after convergence, owned counts differ by at most one.
-    pub(super) fn on_converged(&mut self, at: Timestamp, owned: &[u32]) {
-        let (min, max) = (owned.iter().min().copied().unwrap_or(0), owned.iter().max().copied().unwrap_or(0));
-        if max - min > 1 {
-            self.fail(at, "I7", format!("owned counts {owned:?} differ by more than 1 after convergence"));
+    /// I7 in the balance scenarios: after convergence no move lowers the imbalance (with equal
+    /// weights: owned counts differ by at most one).
+    pub(super) fn on_converged(&mut self, at: Timestamp, workers: &[WorkerLoad]) {
+        if let Some(m) = improving_move(workers) {
+            self.fail(at, "I7", format!("{m} is still possible after convergence: {workers:?}"));
         }
     }
 
@@ -199,4 +210,46 @@ impl Checker {
             self.fail(at, "I8", format!("the run ended without a job outcome: {states:?}"));
         }
     }
+}
+
+/// A move that would lower the sum of squared loads: a split of weight `w` from worker `from`
+/// to worker `to`, which has a free lane, while `load(from) > load(to) + w`.
+#[derive(Debug)]
+pub(super) struct Move {
+    from: usize,
+    to: usize,
+    weight: u64,
+    /// `w * (load(from) - load(to) - w)`: half of what the move lowers the sum of squares by.
+    gain: u128,
+}
+
+impl std::fmt::Display for Move {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Move { from, to, weight, gain } = self;
+        write!(f, "moving a split of weight {weight} from worker #{from} to #{to} (gain {gain})")
+    }
+}
+
+/// The move that helps most, if any helps (P9's rule, judged on what workers hold).
+pub(super) fn improving_move(workers: &[WorkerLoad]) -> Option<Move> {
+    let load = |w: &WorkerLoad| w.held.iter().map(|&x| u128::from(x.max(1))).sum::<u128>();
+    let mut best: Option<Move> = None;
+    for (from, a) in workers.iter().enumerate() {
+        for (to, b) in workers.iter().enumerate() {
+            if from == to || b.held.len() as u32 >= b.cap {
+                continue;
+            }
+            let (la, lb) = (load(a), load(b));
+            for &w in &a.held {
+                let w128 = u128::from(w.max(1));
+                if la > lb + w128 {
+                    let gain = w128 * (la - lb - w128);
+                    if best.as_ref().is_none_or(|m| gain > m.gain) {
+                        best = Some(Move { from, to, weight: w, gain });
+                    }
+                }
+            }
+        }
+    }
+    best
 }

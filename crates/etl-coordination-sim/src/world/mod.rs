@@ -143,7 +143,7 @@ impl World {
                 if opts.open_plan && i > 0 { Timestamp(rng.range(0, open_until.0)) } else { Timestamp::ZERO };
             splits.push(SplitSpec {
                 id: SplitId::new(format!("s{i:04}")).expect("valid id"),
-                weight: rng.range(1, 1000),
+                weight: Some(rng.range(1, 1000)).filter(|_| !opts.uniform_weights).unwrap_or(1),
                 total,
                 poison,
                 bad: Vec::new(),
@@ -285,7 +285,8 @@ impl World {
             }
         }
         self.schedule_at(Timestamp::ZERO + self.opts.safety, Ev::EndSafety);
-        if matches!(self.opts.scenario, Scenario::Balance | Scenario::DrainPickup) {
+        if matches!(self.opts.scenario, Scenario::Balance | Scenario::BalanceWeighted | Scenario::DrainPickup)
+        {
             self.schedule(Duration::from_secs(3), Ev::Probe);
         }
         let limit = Timestamp::ZERO + self.opts.safety + self.opts.liveness_limit;

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use etl_coordination_core::{Bucket, Input, Timestamp};
+use etl_coordination_core::{Bucket, Input, Timestamp, Worker};
 
 use super::{Ev, Status, World};
-use crate::check::Observation;
+use crate::check::{Observation, WorkerLoad};
 use crate::options::{Report, Scenario};
 
 impl World {
@@ -48,11 +48,11 @@ impl World {
         Timestamp::ZERO + self.opts.safety + self.opts.op_timeout * 2 + lease * 2 + Duration::from_secs(2)
     }
 
-    /// I7 in random runs: once faults stop, an imbalance of two or more between live workers
-    /// with spare capacity must shrink within a few heartbeats (steals converge, P9).
+    /// I7 in random runs: once faults stop, a move that would lower the imbalance by weight
+    /// must stop being possible within a few heartbeats (steals converge, P9).
     pub(super) fn balance_probe(&mut self) {
         let hb = Duration::from_secs(self.opts.lease_secs) / 3;
-        let mut counts = Vec::new();
+        let mut loads = Vec::new();
         for s in &self.slots {
             if s.status != Status::Running || s.draining {
                 continue;
@@ -61,15 +61,21 @@ impl World {
                 && !c.is_stopped()
             {
                 // A worker whose breaker is open takes nothing new (until its probe closes it).
-                let held = c.held().count() as u32;
+                let held = self.held_weights(c);
                 let open = !matches!(s.breaker.state(), etl_coordination_core::BreakerState::Closed);
-                counts.push((held, if open { held } else { s.max_in_flight }));
+                let cap = if open { held.len() as u32 } else { s.max_in_flight };
+                loads.push(WorkerLoad { held, cap });
             }
         }
-        self.checker.observe(self.now, Observation::OwnedCounts { counts: &counts }, &mut self.state);
+        self.checker.observe(self.now, Observation::Loads { workers: &loads }, &mut self.state);
         if !self.all_done() {
             self.schedule(hb, Ev::BalanceProbe);
         }
+    }
+
+    /// The weights of the splits a worker holds.
+    fn held_weights(&self, core: &Worker) -> Vec<u64> {
+        core.held().map(|(id, _)| self.splits[self.split_index[id]].weight.max(1)).collect()
     }
 
     /// Scenario checkpoints.
@@ -83,7 +89,7 @@ impl World {
             Scenario::DrainPickup if self.now.0 == 3_000_000 => {
                 self.deliver(0, Input::Drain);
             }
-            Scenario::Balance => {
+            Scenario::Balance | Scenario::BalanceWeighted => {
                 if self.now.0 == 3_000_000 {
                     for _ in 0..2 {
                         let id = self.new_instance_id();
@@ -92,13 +98,21 @@ impl World {
                     // Measure after convergence, then watch for further steals.
                     self.schedule(Duration::from_secs(20), Ev::Probe);
                 } else if self.report.owned_after_convergence.is_empty() {
-                    let owned: Vec<u32> = self
+                    let loads: Vec<WorkerLoad> = self
                         .slots
                         .iter()
-                        .map(|s| s.core.as_ref().map_or(0, |c| c.held().count() as u32))
+                        .map(|s| WorkerLoad {
+                            held: s.core.as_ref().map_or_else(Vec::new, |c| self.held_weights(c)),
+                            cap: s.max_in_flight,
+                        })
                         .collect();
-                    self.checker.observe(self.now, Observation::Converged { owned: &owned }, &mut self.state);
-                    self.report.owned_after_convergence = owned;
+                    self.checker.observe(
+                        self.now,
+                        Observation::Converged { workers: &loads },
+                        &mut self.state,
+                    );
+                    self.report.owned_after_convergence = loads.iter().map(|l| l.held.len() as u32).collect();
+                    self.report.loads_after_convergence = loads.iter().map(|l| l.held.iter().sum()).collect();
                     self.report.steals_to_converge =
                         self.report.acquisitions.get("stolen").copied().unwrap_or(0);
                     self.report.steals_after_faults = 0;

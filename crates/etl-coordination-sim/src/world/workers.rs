@@ -328,6 +328,14 @@ impl World {
                 self.slots[slot].ended = None;
                 self.slots[slot].declared = None;
             }
+            Event::Steal { split, .. } => {
+                let (who, local) = (self.slots[slot].owner.clone(), self.slots[slot].clock.local(self.now));
+                self.checker.observe(
+                    self.now,
+                    Observation::Steal { who: &who, id: &split, local },
+                    &mut self.state,
+                );
+            }
             Event::Acquired { split, reason, epoch } => {
                 *self.report.acquisitions.entry(reason.label()).or_default() += 1;
                 let who = self.slots[slot].owner.clone();
