@@ -126,9 +126,15 @@ fn scale_up_converges_to_plus_minus_one_and_steals_stop() {
     assert!(owned.iter().max().unwrap() - owned.iter().min().unwrap() <= 1, "{owned:?}");
     assert_eq!(r.steals_after_faults, 0, "no steals in the window after convergence");
     // T4: the first worker held 8 (max_in_flight); the newcomers claim the 5 unclaimed splits,
-    // then steals move the first worker down to its share of 5 or 4: at most 4 steals, one
-    // per split moved.
-    assert!((1..=4).contains(&r.steals_to_converge), "{} steals to converge", r.steals_to_converge);
+    // then steals move the first worker down to its share of 5 or 4: 4 moves at least. A
+    // newcomer at its share still steals while the first holds 2 more (each move lowers the
+    // sum of squared loads, 89 at the start and 57 balanced, by 2 at least), so a move or two
+    // more is possible, never more than that sum allows.
+    assert!((3..=6).contains(&r.steals_to_converge), "{} steals to converge", r.steals_to_converge);
+    // Every steal asked first and the owners, all live, handed over: nothing was taken over.
+    assert_eq!(r.handovers.get("forced"), None, "{:?}", r.handovers);
+    assert!(r.handovers.get("handed_over").copied() >= Some(r.steals_to_converge), "{:?}", r.handovers);
+    assert_eq!(r.records_emitted, r.records_total, "a cooperative scale-out replays no record");
     assert_eq!(r.outcome, "complete");
 }
 
@@ -147,6 +153,11 @@ fn scale_up_balances_weight_and_steals_stop() {
         let (min, max) = (loads.iter().min().unwrap(), loads.iter().max().unwrap());
         assert!(max - min < 1000, "seed {seed}: loads {loads:?}");
         assert!(r.steals_to_converge <= 13, "seed {seed}: {} steals to converge", r.steals_to_converge);
+        assert_eq!(r.handovers.get("forced"), None, "seed {seed}: {:?}", r.handovers);
+        assert_eq!(
+            r.records_emitted, r.records_total,
+            "seed {seed}: a cooperative scale-out replays no record"
+        );
         assert_eq!(r.outcome, "complete");
     }
 }

@@ -58,6 +58,7 @@ fn print_one(r: &Report) {
     );
     println!("  faults: {:?}", r.faults);
     println!("  acquisitions: {:?}", r.acquisitions);
+    println!("  steals: {} started, {:?}", r.steals, r.handovers);
     println!("  checks: {:?}", r.checks);
     println!(
         "  records: {} in input, {} emitted ({} replayed)",
@@ -138,6 +139,7 @@ fn sweep_all(start: u64, count: u64, stop_early: bool) -> Result<Agg> {
     println!("  invariant checks: {:?}", agg.checks);
     println!("  outcomes: {:?}", agg.outcomes);
     println!("  acquisitions: {:?}", agg.acquisitions);
+    println!("  steals: {} started, {:?}", agg.steals, agg.handovers);
     println!("  data: {:?}", agg.stats);
     if !agg.innocent.is_empty() {
         let shown: Vec<u64> = agg.innocent.iter().take(20).copied().collect();
@@ -170,6 +172,8 @@ struct Agg {
     checks: BTreeMap<&'static str, u64>,
     outcomes: BTreeMap<&'static str, u64>,
     acquisitions: BTreeMap<&'static str, u64>,
+    steals: u64,
+    handovers: BTreeMap<&'static str, u64>,
     stats: BTreeMap<&'static str, u64>,
     failures: Vec<(u64, String)>,
     /// Seeds that stalled without a poison split (healthy splits quarantined).
@@ -206,6 +210,10 @@ impl Agg {
         }
         for (k, v) in &r.checks {
             *self.checks.entry(k).or_default() += v;
+        }
+        self.steals += r.steals;
+        for (k, v) in &r.handovers {
+            *self.handovers.entry(k).or_default() += v;
         }
         for (k, v) in &r.acquisitions {
             *self.acquisitions.entry(k).or_default() += v;

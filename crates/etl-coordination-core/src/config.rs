@@ -58,6 +58,11 @@ pub struct Tuning {
     pub replan_interval: Duration,
     /// How long lanes get to commit when draining before their splits are released anyway.
     pub drain_timeout: Duration,
+    /// How long the owner of a split a peer asks for (a cooperative steal, P9) has to stop
+    /// its lane, commit and release the split before the thief takes it over anyway (then the
+    /// owner's uncommitted tail is read twice, as in a takeover). Zero: steals take over at
+    /// once, without asking. Capped at two thirds of the lease, since a request lives one lease.
+    pub handover_timeout: Duration,
     /// How long the leader waits for the planner before giving up on that call (an error is
     /// recorded and the planner is called again after a backoff). A planner that hangs must not
     /// wedge the job.
@@ -95,6 +100,8 @@ pub mod defaults {
     pub const REPLAN_INTERVAL: Duration = Duration::from_secs(60);
     /// 30 s.
     pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+    /// 10 s (capped at two thirds of the lease).
+    pub const HANDOVER_TIMEOUT: Duration = Duration::from_secs(10);
     /// 10 min.
     pub const PLAN_TIMEOUT: Duration = Duration::from_secs(600);
     /// 15 s (then 30 s, 60 s, ...: three failures of a split with 4 attempts span 105 s).
@@ -111,6 +118,7 @@ impl Default for Tuning {
             max_attempts: defaults::MAX_ATTEMPTS,
             replan_interval: defaults::REPLAN_INTERVAL,
             drain_timeout: defaults::DRAIN_TIMEOUT,
+            handover_timeout: defaults::HANDOVER_TIMEOUT,
             plan_timeout: defaults::PLAN_TIMEOUT,
             claim_backoff: defaults::CLAIM_BACKOFF,
             manifest_chunk_len: crate::records::MANIFEST_CHUNK_LEN,
@@ -145,6 +153,9 @@ impl Tuning {
         if self.drain_timeout > Duration::from_secs(24 * 3600) {
             return err("drain_timeout", format!("{:?}", self.drain_timeout), "must be at most 24h");
         }
+        if self.handover_timeout > Duration::from_secs(3600) {
+            return err("handover_timeout", format!("{:?}", self.handover_timeout), "must be at most 1h");
+        }
         if self.plan_timeout < Duration::from_secs(1) || self.plan_timeout > Duration::from_secs(24 * 3600) {
             return err("plan_timeout", format!("{:?}", self.plan_timeout), "must be between 1s and 24h");
         }
@@ -169,6 +180,15 @@ impl Tuning {
         }
         let doubled = self.claim_backoff.saturating_mul(1u32 << (attempts - 1).min(20));
         doubled.min(defaults::CLAIM_BACKOFF_CAP)
+    }
+
+    /// How long a thief waits for the owner to release a split it asked for (P9):
+    /// `handover_timeout`, at most two thirds of the lease (the request lives one lease, so the
+    /// owner still sees it for a heartbeat after the thief's deadline). `None`: steals take over
+    /// at once.
+    pub fn handover_wait(&self) -> Option<Duration> {
+        let cap = self.lease_duration - self.heartbeat_interval();
+        (!self.handover_timeout.is_zero()).then(|| self.handover_timeout.min(cap))
     }
 
     /// Heartbeat interval: a third of the lease (P7).

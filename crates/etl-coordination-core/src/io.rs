@@ -145,6 +145,36 @@ pub enum Input {
     Drain,
 }
 
+/// How a cooperative steal ended (P9; the `outcome` label of `steals_total`).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+#[non_exhaustive]
+pub enum HandoverOutcome {
+    /// The owner committed and released the split; the thief claimed it: nothing is read twice.
+    HandedOver,
+    /// The owner did not release it by the deadline: the thief took it over (the owner's
+    /// uncommitted tail is read again).
+    Forced,
+    /// The thief withdrew: the move no longer helped, or the split was gone.
+    Withdrawn,
+    /// The owner refused (the move would not lower the imbalance by its own count).
+    Refused,
+}
+
+impl HandoverOutcome {
+    /// Every outcome, in the order of the metric's label values.
+    pub const ALL: [HandoverOutcome; 4] = [Self::HandedOver, Self::Forced, Self::Withdrawn, Self::Refused];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::HandedOver => "handed_over",
+            Self::Forced => "forced",
+            Self::Withdrawn => "withdrawn",
+            Self::Refused => "refused",
+        }
+    }
+}
+
 /// Why a worker acquired a split (P6; the `reason` label of `acquisitions_total`).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 #[non_exhaustive]
@@ -294,6 +324,31 @@ pub enum Event {
         weight: u64,
         /// The victim's load and the thief's, as the thief's view shows them (P9).
         loads: (u128, u128),
+    },
+    /// A steal this worker asked for (P9) ended: the split was handed over, taken over at the
+    /// deadline, or the request was withdrawn or refused.
+    Handover {
+        /// The split asked for.
+        split: SplitId,
+        /// Its owner.
+        victim: InstanceId,
+        /// The owner's tenancy asked to end.
+        from: Epoch,
+        /// This worker's tenancy, when it got the split.
+        to: Option<Epoch>,
+        /// How it ended.
+        outcome: HandoverOutcome,
+    },
+    /// A peer asked this worker for a split (P9): `honoured`, its lane stops at a safe point,
+    /// commits and the split is released to the peer; else the request was refused (the split
+    /// is no longer this tenancy's, or the move would not lower the imbalance).
+    StealAsked {
+        /// The split.
+        split: SplitId,
+        /// The peer asking.
+        thief: InstanceId,
+        /// Whether the split is being handed over.
+        honoured: bool,
     },
     /// A lane was revoked (fenced or starved).
     Revoked {

@@ -58,8 +58,8 @@ pub use ids::{
     Epoch, Incarnation, InstanceId, JobName, MAX_NAME_LEN, NameError, OpId, Owner, Revision, SplitId,
 };
 pub use io::{
-    AcquisitionReason, Action, CommitOutcome, Event, FatalError, Input, Outcome, SplitCounts, StopReason,
-    WatchId,
+    AcquisitionReason, Action, CommitOutcome, Event, FatalError, HandoverOutcome, Input, Outcome,
+    SplitCounts, StopReason, WatchId,
 };
 pub use plan::{Plan, PlanKind, PlannedSplit};
 pub use store::{

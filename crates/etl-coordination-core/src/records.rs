@@ -378,6 +378,27 @@ pub struct LeaseRecord {
     pub write: u64,
 }
 
+/// `steal.{victim}` in the lease bucket: a cooperative steal request (P9). At most one per
+/// victim at a time (it is created, never overwritten), so steals from one worker are
+/// serialised. It lives one lease (TTL) unless its thief deletes it first; a worker that does
+/// not know the key ignores it, and the thief then takes the split over at its deadline.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct StealRequest {
+    /// The worker asking.
+    pub thief: Owner,
+    /// The split it asks for.
+    pub split: SplitId,
+    /// The victim's tenancy it asks to end (the lease's epoch the thief saw).
+    pub epoch: Epoch,
+    /// The split's planned weight.
+    pub weight: u64,
+    /// The thief's load when it asked: the victim honours the request only if its own load
+    /// exceeds this by more than the split's effective weight (the move lowers the imbalance).
+    pub thief_load: u128,
+    /// Which of the thief's requests wrote this value (its op id).
+    pub write: u64,
+}
+
 /// `worker.{instance_id}`: presence, the fleet view and duplicate-id detection (P3).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct PresenceRecord {
@@ -434,6 +455,10 @@ pub mod keys {
     pub fn worker(id: &InstanceId) -> Key {
         key(format!("worker.{id}"))
     }
+    /// `steal.{victim}` (lease): a cooperative steal request to `victim` (P9).
+    pub fn steal(victim: &InstanceId) -> Key {
+        key(format!("steal.{victim}"))
+    }
     /// `plan.` (state): the head lives here.
     pub fn plan_prefix() -> Prefix {
         Prefix::new("plan.").expect("valid prefix")
@@ -458,6 +483,10 @@ pub mod keys {
     /// The instance id of a `worker.{id}` key.
     pub fn parse_worker(key: &Key) -> Option<InstanceId> {
         key.as_str().strip_prefix("worker.").and_then(|s| InstanceId::new(s).ok())
+    }
+    /// The victim's instance id of a `steal.{victim}` key.
+    pub fn parse_steal(key: &Key) -> Option<InstanceId> {
+        key.as_str().strip_prefix("steal.").and_then(|s| InstanceId::new(s).ok())
     }
     /// `(term, version)` of a manifest chunk key.
     pub fn parse_manifest(key: &Key) -> Option<(u64, u64, u32)> {

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::ids::{Incarnation, InstanceId, Revision, SplitId};
 use crate::io::SplitCounts;
 use crate::records::{
-    LeaderRecord, LeaseRecord, ManifestRef, PlanHead, PresenceRecord, SplitRecord, SplitState,
+    LeaderRecord, LeaseRecord, ManifestRef, PlanHead, PresenceRecord, SplitRecord, SplitState, StealRequest,
 };
 use crate::store::{Bucket, Key};
 
@@ -82,6 +82,8 @@ pub(crate) struct View {
     /// value's revision: it is reported once per value, and counted while it stays.
     pub undecodable: BTreeMap<(Bucket, Key), Revision>,
     pub workers: BTreeMap<InstanceId, (Revision, PresenceRecord)>,
+    /// Cooperative steal requests (P9), by victim.
+    pub steal_requests: BTreeMap<InstanceId, (Revision, StealRequest)>,
     pub leader: Option<(Revision, LeaderRecord)>,
     /// The newest revision of the leader key seen (put or delete): a read of it at an older
     /// revision comes from a lagging replica and decides nothing.
@@ -119,6 +121,7 @@ impl View {
             missing: 0,
             undecodable: BTreeMap::new(),
             workers: BTreeMap::new(),
+            steal_requests: BTreeMap::new(),
             leader: None,
             leader_seen: Revision(0),
             plan_head: None,
@@ -130,6 +133,21 @@ impl View {
     pub fn live_workers(&self) -> usize {
         let me_listed = self.workers.contains_key(&self.me);
         self.workers.len() + usize::from(!me_listed)
+    }
+
+    /// Splits a peer asked for by a cooperative steal (P9): once released they are its to claim,
+    /// not anyone else's, while the request lives (one lease at most: a thief that died holds a
+    /// split back for less than a lease). A request whose thief's id is seen live under another
+    /// incarnation (it restarted) reserves nothing.
+    pub fn reserved_for_others(&self) -> BTreeSet<SplitId> {
+        self.steal_requests
+            .values()
+            .filter(|(_, r)| r.thief.instance != self.me || r.thief.incarnation != self.incarnation)
+            .filter(|(_, r)| {
+                self.workers.get(&r.thief.instance).is_none_or(|(_, p)| p.incarnation == r.thief.incarnation)
+            })
+            .map(|(_, r)| r.split.clone())
+            .collect()
     }
 
     /// Manifest splits that are neither Done nor Quarantined.

@@ -1358,6 +1358,14 @@ fn weighted_plan(weights: &[u64]) -> Plan {
     Plan::new(PlanKind::Final, splits.collect())
 }
 
+/// A worker whose steals take over at once (`handover_timeout` 0): the rules of choosing what
+/// to steal, apart from asking.
+fn taker(name: &str, incarnation: u64) -> Config {
+    let mut c = cfg(name, incarnation);
+    c.tuning.handover_timeout = Duration::ZERO;
+    c
+}
+
 /// `first` starts alone on `plan` and claims what it may; `second` then joins the same store
 /// while `first` stays frozen in it (its leases live): returns `second`'s rig after its start.
 fn join_frozen(mut first: Rig, second: Config, plan: Plan) -> (Rig, Rig) {
@@ -1377,7 +1385,7 @@ fn p9_steals_the_split_whose_move_lowers_the_imbalance_most_and_then_stops() {
     // 3): load 9. w1 joins: fair share ceil(4 / 2) = 2; it claims s0 (load 1), then steals.
     let mut c2 = cfg("w2", 2);
     c2.tuning.max_in_flight = 3;
-    let (w2, mut r) = join_frozen(Rig::new(c2), cfg("w1", 1), plan(4, PlanKind::Final));
+    let (w2, mut r) = join_frozen(Rig::new(c2), taker("w1", 1), plan(4, PlanKind::Final));
     assert_eq!(w2.started().len(), 3);
     // Gap 8: moving weight w gains w * (8 - w): s3 (4) gives 16, s2 (3) 15, s1 (2) 12. s3 it is,
     // and the loads end 5 and 5.
@@ -1397,13 +1405,26 @@ fn p9_steals_the_split_whose_move_lowers_the_imbalance_most_and_then_stops() {
 }
 
 #[test]
+fn p9_of_a_victims_splits_the_one_nearest_half_the_gap_is_stolen() {
+    // w2 holds 6 + 2; w1 holds 1: gap 7. Moving 2 gains 2 * (7 - 2) = 10, moving 6 only
+    // 6 * (7 - 6) = 6: w1 takes the 2 (loads 3 and 6), then nothing more helps.
+    let mut c2 = cfg("w2", 2);
+    c2.tuning.max_in_flight = 2;
+    let (_w2, mut r) = join_frozen(Rig::new(c2), taker("w1", 1), weighted_plan(&[6, 2, 1]));
+    for _ in 0..5 {
+        r.advance(Duration::from_secs(1));
+    }
+    assert_eq!(steals(&r), vec![("s1".into(), "w2".into(), 2, (8, 1))]);
+}
+
+#[test]
 fn p9_a_worker_at_its_share_of_the_count_steals_when_it_holds_less_weight() {
     // w2 holds the two heavy splits (10 + 10); w1 claims the two light ones (1 + 1): two
     // splits each, the count rule's balance, but loads 20 and 2. Moving 10 lowers the
     // imbalance (20 > 2 + 10): w1 steals one, and the loads end 10 and 12.
     let mut c2 = cfg("w2", 2);
     c2.tuning.max_in_flight = 2;
-    let (_w2, mut r) = join_frozen(Rig::new(c2), cfg("w1", 1), weighted_plan(&[10, 10, 1, 1]));
+    let (_w2, mut r) = join_frozen(Rig::new(c2), taker("w1", 1), weighted_plan(&[10, 10, 1, 1]));
     let stolen: Vec<_> =
         acquisitions(&r).into_iter().filter(|(_, why)| *why == AcquisitionReason::Stolen).collect();
     assert_eq!(stolen, vec![("s0".into(), AcquisitionReason::Stolen)]);
@@ -1422,7 +1443,7 @@ fn p9_no_steal_when_every_move_would_only_shift_the_imbalance() {
     // would leave 10 against 0: no move lowers the imbalance, so nothing is stolen.
     let mut c2 = cfg("w2", 2);
     c2.tuning.max_in_flight = 1;
-    let (_w2, mut r) = join_frozen(Rig::new(c2), cfg("w1", 1), weighted_plan(&[9, 1]));
+    let (_w2, mut r) = join_frozen(Rig::new(c2), taker("w1", 1), weighted_plan(&[9, 1]));
     for _ in 0..5 {
         r.advance(Duration::from_secs(1));
     }
@@ -1435,7 +1456,7 @@ fn p9_a_worker_without_a_free_lane_does_not_steal() {
     // w1 may run one lane and holds the light split; w2 holds 3 + 3.
     let mut c2 = cfg("w2", 2);
     c2.tuning.max_in_flight = 2;
-    let mut c1 = cfg("w1", 1);
+    let mut c1 = taker("w1", 1);
     c1.tuning.max_in_flight = 1;
     let (_w2, mut r) = join_frozen(Rig::new(c2), c1, weighted_plan(&[3, 3, 1]));
     for _ in 0..5 {
@@ -1451,7 +1472,7 @@ fn p9_at_most_one_steal_per_heartbeat_cycle() {
     // many inputs arrive in between.
     let mut c2 = cfg("w2", 2);
     c2.tuning.max_in_flight = 6;
-    let (_w2, mut r) = join_frozen(Rig::new(c2), cfg("w1", 1), weighted_plan(&[1; 6]));
+    let (_w2, mut r) = join_frozen(Rig::new(c2), taker("w1", 1), weighted_plan(&[1; 6]));
     let heartbeat = cfg("w1", 1).tuning.heartbeat_interval();
     let mut at = vec![];
     for _ in 0..40 {
@@ -1479,6 +1500,159 @@ fn p5_a_small_pods_unused_share_goes_to_the_others() {
     c1.tuning.max_in_flight = 8;
     let (_w2, r) = join_frozen(Rig::new(c2), c1, weighted_plan(&[1; 6]));
     assert_eq!(r.w.held().count(), 5, "{:?}", acquisitions(&r));
+}
+
+/// Writes a peer's value into `r`'s store and delivers it on the lease watch, as a peer's write
+/// arrives.
+fn peer_put<T: serde::Serialize>(r: &mut Rig, bucket: Bucket, key: &Key, value: &T) -> Revision {
+    let revision = r.kv.put(bucket, key, value);
+    let watch = if bucket == Bucket::Lease { WatchId::Leases } else { WatchId::Splits };
+    let entry = Entry { key: key.clone(), value: records::encode(value), revision };
+    r.feed(Input::Watch { watch, event: WatchEvent::Put(entry) });
+    revision
+}
+
+/// `thief` (incarnation 9) asks `r`'s worker for `split` at `epoch`, holding `thief_load`.
+fn ask_for(r: &mut Rig, thief: &str, split: &str, epoch: Epoch, weight: u64, thief_load: u128) -> Revision {
+    let request = records::StealRequest {
+        thief: Owner { instance: id(thief), incarnation: Incarnation(9) },
+        split: sid(split),
+        epoch,
+        weight,
+        thief_load,
+        write: 1,
+    };
+    let victim = r.w.config().instance_id.clone();
+    peer_put(r, Bucket::Lease, &keys::steal(&victim), &request)
+}
+
+fn running_weighted(weights: &[u64]) -> Rig {
+    let mut r = Rig::new(cfg("w1", 1));
+    r.plan = Some(weighted_plan(weights));
+    r.feed(Input::Start);
+    r
+}
+
+#[test]
+fn p9_an_owner_asked_for_a_split_commits_it_and_releases_it_without_an_attempt() {
+    // w1 holds 10 + 10; w3 holds nothing: moving 10 lowers the imbalance (20 > 0 + 10).
+    let mut r = running_weighted(&[10, 10]);
+    r.take_log();
+    ask_for(&mut r, "w3", "s0", Epoch(1), 10, 0);
+    let deadline = r.now + cfg("w1", 1).tuning.handover_wait().unwrap();
+    assert!(
+        r.log.contains(&Action::StopLane {
+            split: sid("s0"),
+            epoch: Epoch(1),
+            reason: StopReason::Draining,
+            deadline: Some(deadline),
+        }),
+        "the lane stops at a safe point with the handover deadline: {:?}",
+        r.log
+    );
+    assert!(r.events().contains(&Event::StealAsked { split: sid("s0"), thief: id("w3"), honoured: true }));
+    // The lane commits its last progress and acknowledges: the split is released as drained.
+    r.feed(Input::Commit { split: sid("s0"), epoch: Epoch(1), progress: Bytes::from_static(b"p7") });
+    r.feed(Input::LaneStopped { split: sid("s0"), epoch: Epoch(1) });
+    let rec = r.kv.record("s0");
+    assert_eq!(rec.state, SplitState::Unleased);
+    assert_eq!(
+        (rec.attempts, rec.progress.as_deref()),
+        (0, Some(&b"p7"[..])),
+        "no attempt, final progress kept"
+    );
+    assert!(lease_of(&mut r.kv, "s0").is_none(), "the lease is deleted, so the thief can claim");
+    // Reserved for w3 while its request lives: w1 does not take it back.
+    r.advance(Duration::from_secs(1));
+    assert!(!acquisitions(&r).iter().any(|(id, _)| id == "s0"), "{:?}", acquisitions(&r));
+}
+
+#[test]
+fn p9_an_owner_refuses_a_request_that_would_not_lower_the_imbalance_or_names_an_old_tenancy() {
+    let mut r = running_weighted(&[10, 10]);
+    r.take_log();
+    // 20 against 15 + 10: the move would not help by the owner's own load.
+    let rev = ask_for(&mut r, "w3", "s0", Epoch(1), 10, 15);
+    assert!(r.events().contains(&Event::StealAsked { split: sid("s0"), thief: id("w3"), honoured: false }));
+    assert!(
+        store_requests(&r.log).is_empty() || r.kv.get(Bucket::Lease, "steal.w1").is_none(),
+        "the request is deleted"
+    );
+    assert!(r.kv.get(Bucket::Lease, "steal.w1").is_none(), "refused: deleted at revision {rev:?}");
+    assert!(!r.log.iter().any(|a| matches!(a, Action::StopLane { .. })), "{:?}", r.log);
+    // A request for a tenancy that is over (epoch 5 never was ours) is refused too.
+    r.take_log();
+    ask_for(&mut r, "w3", "s1", Epoch(5), 10, 0);
+    assert!(r.kv.get(Bucket::Lease, "steal.w1").is_none());
+    assert!(!r.log.iter().any(|a| matches!(a, Action::StopLane { .. })), "{:?}", r.log);
+}
+
+#[test]
+fn p9_a_thief_asks_first_and_takes_over_only_at_the_deadline() {
+    // w2 (frozen) holds 10 + 10; w1 holds 1 and asks for one of the tens.
+    let mut c2 = cfg("w2", 2);
+    c2.tuning.max_in_flight = 2;
+    let (_w2, mut r) = join_frozen(Rig::new(c2), cfg("w1", 1), weighted_plan(&[10, 10, 1]));
+    let request: records::StealRequest =
+        records::decode(&r.kv.get(Bucket::Lease, "steal.w2").expect("a request to w2").value).unwrap();
+    assert_eq!((request.split.as_str(), request.epoch, request.thief_load), ("s0", Epoch(1), 1));
+    assert!(!acquisitions(&r).iter().any(|(_, why)| *why == AcquisitionReason::Stolen), "nothing taken yet");
+    // The owner never answers: at the deadline (the wait and a heartbeat) the thief takes over.
+    let tuning = cfg("w1", 1).tuning;
+    let wait = tuning.handover_wait().unwrap() + tuning.heartbeat_interval();
+    r.advance(wait - Duration::from_millis(100));
+    assert!(!acquisitions(&r).iter().any(|(_, why)| *why == AcquisitionReason::Stolen));
+    r.advance(Duration::from_millis(100));
+    assert!(acquisitions(&r).contains(&("s0".into(), AcquisitionReason::Stolen)), "{:?}", acquisitions(&r));
+    assert!(r.events().iter().any(|e| matches!(
+        e,
+        Event::Handover { outcome: HandoverOutcome::Forced, from: Epoch(1), to: Some(Epoch(2)), .. }
+    )));
+    assert!(r.kv.get(Bucket::Lease, "steal.w2").is_none(), "the request is deleted once the steal ends");
+}
+
+#[test]
+fn p9_a_thief_withdraws_when_the_split_is_gone_and_claims_it_when_released() {
+    let mut c2 = cfg("w2", 2);
+    c2.tuning.max_in_flight = 2;
+    let (_w2, mut r) = join_frozen(Rig::new(c2), cfg("w1", 1), weighted_plan(&[10, 10, 1]));
+    assert!(r.kv.get(Bucket::Lease, "steal.w2").is_some());
+    // The owner finishes s0 meanwhile: the request no longer has a point.
+    let mut done = r.kv.record("s0");
+    done.state = SplitState::Done;
+    done.owner = None;
+    peer_put(&mut r, Bucket::State, &keys::split(&sid("s0")), &done);
+    assert!(
+        r.events().iter().any(|e| matches!(e, Event::Handover { outcome: HandoverOutcome::Withdrawn, .. }))
+    );
+    assert!(r.kv.get(Bucket::Lease, "steal.w2").is_none(), "withdrawn: deleted");
+    // A heartbeat later w1 asks again (s1); the owner releases it: w1 claims it, no attempt.
+    r.take_log();
+    r.advance(cfg("w1", 1).tuning.heartbeat_interval());
+    let request: records::StealRequest =
+        records::decode(&r.kv.get(Bucket::Lease, "steal.w2").expect("asked again").value).unwrap();
+    assert_eq!(request.split.as_str(), "s1");
+    let mut released = r.kv.record("s1");
+    released.state = SplitState::Unleased;
+    released.owner = None;
+    released.last_end = Some(records::EndReason::Released);
+    peer_put(&mut r, Bucket::State, &keys::split(&sid("s1")), &released);
+    // (Record first, then the lease, as a release writes them: the thief waits in between.)
+    assert!(!r.events().iter().any(|e| matches!(e, Event::Handover { .. })), "{:?}", r.events());
+    let expected = r.kv.get(Bucket::Lease, "split.s1").unwrap().revision;
+    let (result, events) =
+        r.kv.apply(Bucket::Lease, &StoreRequest::Delete { key: keys::split(&sid("s1")), expected });
+    result.unwrap();
+    for (watch, event) in events {
+        r.feed(Input::Watch { watch, event });
+    }
+    assert!(acquisitions(&r).contains(&("s1".into(), AcquisitionReason::Released)), "{:?}", acquisitions(&r));
+    assert_eq!(r.kv.record("s1").attempts, 0);
+    assert!(r.events().iter().any(|e| matches!(
+        e,
+        Event::Handover { outcome: HandoverOutcome::HandedOver, from: Epoch(1), to: Some(Epoch(2)), .. }
+    )));
+    assert!(r.kv.get(Bucket::Lease, "steal.w2").is_none());
 }
 
 #[test]

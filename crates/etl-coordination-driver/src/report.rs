@@ -31,6 +31,7 @@ impl JobReport {
     pub(crate) fn record(&mut self, e: &Event) {
         match e {
             Event::Acquired { reason, .. } => self.metrics.acquisition(reason.label()),
+            Event::Handover { outcome, .. } => self.metrics.steal(outcome.label()),
             Event::Revoked { reason, .. } => {
                 if let Some(label) = reason.revocation_label() {
                     self.metrics.revocation(label);
@@ -147,6 +148,20 @@ pub(crate) fn log_event(e: &Event) {
             own_load = %ours,
             "stealing a split to balance load (P9)"
         ),
+        Event::Handover { split, victim, from, to, outcome } => info!(
+            %split,
+            %victim,
+            from_epoch = %from,
+            to_epoch = to.map(|e| e.to_string()).unwrap_or_default(),
+            outcome = outcome.label(),
+            "steal ended"
+        ),
+        Event::StealAsked { split, thief, honoured: true } => {
+            info!(%split, %thief, "a peer asked for this split: committing and handing it over")
+        }
+        Event::StealAsked { split, thief, honoured: false } => {
+            debug!(%split, %thief, "a peer asked for this split: refused (the move would not lower the imbalance, or the tenancy asked for is over)")
+        }
         Event::Leadership { leader, term } => info!(leader, term, "leadership changed"),
         Event::PlanPublished { term, version, splits } => info!(term, version, splits, "plan published"),
         Event::PlanFailed { error } => warn!(%error, "planner failed; retrying"),
@@ -184,14 +199,15 @@ pub(crate) fn log_event(e: &Event) {
 
 #[cfg(test)]
 mod tests {
-    use etl_coordination_core::{AcquisitionReason, StopReason};
-    use etl_coordination_metrics::{ACQUISITION_REASONS, REVOCATION_REASONS};
+    use etl_coordination_core::{AcquisitionReason, HandoverOutcome, StopReason};
+    use etl_coordination_metrics::{ACQUISITION_REASONS, REVOCATION_REASONS, STEAL_OUTCOMES};
 
     /// The metrics crate does not depend on the protocol, so its label lists are tied to the
     /// core's enums here, where both meet: a new reason cannot miss its counter.
     #[test]
     fn metric_label_values_are_the_cores_reasons() {
         assert_eq!(AcquisitionReason::ALL.map(|r| r.label()), ACQUISITION_REASONS);
+        assert_eq!(HandoverOutcome::ALL.map(|o| o.label()), STEAL_OUTCOMES);
         let revocations: Vec<&str> = StopReason::ALL.iter().filter_map(|r| r.revocation_label()).collect();
         assert_eq!(revocations, REVOCATION_REASONS);
     }

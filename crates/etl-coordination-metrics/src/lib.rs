@@ -79,9 +79,11 @@ pub mod names {
     pub const BREAKER_OPEN: &str = "etl_coordination_breaker_open";
     /// Counter: times this worker's breaker opened (a failed probe counts again).
     pub const BREAKER_TRIPS_TOTAL: &str = "etl_coordination_breaker_trips_total";
+    /// Counter: cooperative steals this worker asked for, by how they ended (`outcome` label).
+    pub const STEALS_TOTAL: &str = "etl_coordination_steals_total";
 
     /// Every family.
-    pub const ALL: [&str; 17] = [
+    pub const ALL: [&str; 18] = [
         SPLITS_OWNED,
         LIVE_WORKERS,
         LEADER,
@@ -99,11 +101,17 @@ pub mod names {
         RECORDS_SKIPPED_TOTAL,
         BREAKER_OPEN,
         BREAKER_TRIPS_TOTAL,
+        STEALS_TOTAL,
     ];
 }
 
 /// Acquisition reasons (label values of `acquisitions_total`).
 pub const ACQUISITION_REASONS: [&str; 5] = ["create", "released", "expired", "reclaimed", "stolen"];
+/// How cooperative steals ended (label values of `steals_total`): `handed_over` (the owner
+/// committed and released: nothing read twice), `forced` (taken over at the deadline: the
+/// owner's uncommitted tail replays), `withdrawn` (no longer helped), `refused` (the owner's own
+/// load said no).
+pub const STEAL_OUTCOMES: [&str; 4] = ["handed_over", "forced", "withdrawn", "refused"];
 /// Revocation reasons (label values of `revocations_total`).
 pub const REVOCATION_REASONS: [&str; 2] = ["fenced", "starved"];
 /// Write outcomes (label values of `writes_total`).
@@ -217,6 +225,11 @@ pub fn describe() {
         "1 while this worker's breaker is open or probing: distinct splits failed with one cause, intake is paused and that cause is not charged to splits."
     );
     describe_counter!(names::BREAKER_TRIPS_TOTAL, Unit::Count, "Times this worker's breaker opened.");
+    describe_counter!(
+        names::STEALS_TOTAL,
+        Unit::Count,
+        "Cooperative steals this worker asked for, by outcome: handed_over, forced, withdrawn, refused."
+    );
 }
 
 /// Typed metric handles of one worker.
@@ -247,6 +260,9 @@ impl Metrics {
         for reason in ACQUISITION_REASONS {
             counter!(names::ACQUISITIONS_TOTAL, "coordination_job" => m.job.clone(), "coordination_instance" => m.instance.clone(), "reason" => reason).increment(0);
         }
+        for outcome in STEAL_OUTCOMES {
+            counter!(names::STEALS_TOTAL, "coordination_job" => m.job.clone(), "coordination_instance" => m.instance.clone(), "outcome" => outcome).increment(0);
+        }
         for reason in REVOCATION_REASONS {
             counter!(names::REVOCATIONS_TOTAL, "coordination_job" => m.job.clone(), "coordination_instance" => m.instance.clone(), "reason" => reason).increment(0);
         }
@@ -276,6 +292,11 @@ impl Metrics {
     /// `acquisitions_total{reason}`.
     pub fn acquisition(&self, reason: &'static str) {
         counter!(names::ACQUISITIONS_TOTAL, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone(), "reason" => reason).increment(1);
+    }
+
+    /// `steals_total{outcome}`.
+    pub fn steal(&self, outcome: &'static str) {
+        counter!(names::STEALS_TOTAL, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone(), "outcome" => outcome).increment(1);
     }
 
     /// `revocations_total{reason}`.

@@ -275,6 +275,11 @@ pub struct WorkerFlags {
     /// How long lanes get to commit on SIGTERM before their splits are released.
     #[arg(long, default_value = "30s", value_parser = parse_duration, env = "ETL_COORD_DRAIN_TIMEOUT")]
     pub drain_timeout: Duration,
+    /// How long the owner of a split a peer asks for (a rebalancing steal) has to commit and
+    /// release it before the peer takes it over anyway (re-reading what the owner had not
+    /// committed). At most two thirds of the lease take effect. 0s: steals take over at once.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, env = "ETL_COORD_HANDOVER_TIMEOUT")]
+    pub handover_timeout: Duration,
     /// How long the leader waits for the planner (listing the input) before counting the call
     /// as failed and retrying it after a backoff.
     #[arg(long, default_value = "10m", value_parser = parse_duration, env = "ETL_COORD_PLAN_TIMEOUT")]
@@ -338,6 +343,7 @@ impl WorkerFlags {
         t.max_attempts = self.max_attempts;
         t.replan_interval = self.replan_interval;
         t.drain_timeout = self.drain_timeout;
+        t.handover_timeout = self.handover_timeout;
         t.plan_timeout = self.plan_timeout;
         t.claim_backoff = self.claim_backoff;
         t

@@ -88,6 +88,9 @@ pub struct Options {
     pub slow_stop: bool,
     /// How long draining lanes get to commit and stop (may exceed the lease).
     pub drain_timeout: Duration,
+    /// Knob: how long the owner of a split a thief asks for has to release it (P9); zero:
+    /// steals take over at once.
+    pub handover_timeout: Duration,
     /// Workers stay after the job's end (`Config::stay_after_end`); once every one reported
     /// the end, an operator requeues the quarantined splits (their cause fixed) and, when the
     /// job is complete, drains them.
@@ -191,6 +194,10 @@ impl Options {
             stay_after_end: Rng::new(seed ^ 0x57a7).chance(0.3),
             foreign_writes: Rng::new(seed ^ 0xf0e1).chance(0.3),
             claim_backoff: Duration::from_millis(Rng::new(seed ^ 0xbac0).range(0, 3_000)),
+            handover_timeout: {
+                let mut h = Rng::new(seed ^ 0x4a0d);
+                Duration::from_millis(if h.chance(0.25) { 0 } else { h.range(100, 4_000) })
+            },
             ..Options::scenario(Scenario::Random)
         }
         .data_path(seed)
@@ -227,6 +234,7 @@ impl Options {
             planner_faults: false,
             slow_stop: false,
             drain_timeout: Duration::from_secs(2),
+            handover_timeout: etl_coordination_core::defaults::HANDOVER_TIMEOUT,
             stay_after_end: false,
             foreign_writes: false,
             claim_backoff: Duration::from_secs(1),
@@ -272,13 +280,17 @@ pub struct Report {
     pub checks: BTreeMap<&'static str, u64>,
     /// Acquisitions by reason.
     pub acquisitions: BTreeMap<&'static str, u64>,
+    /// Steals started (P9: requests, or takeovers when handovers are off).
+    pub steals: u64,
+    /// Cooperative steals by how they ended (P9).
+    pub handovers: BTreeMap<&'static str, u64>,
     /// `complete`, `stalled`, or `none`.
     pub outcome: &'static str,
     /// Records in the input.
     pub records_total: u64,
     /// Records emitted, replays included.
     pub records_emitted: u64,
-    /// Steals after the last fault (liveness phase).
+    /// Splits moved by steals after the last fault (liveness phase).
     pub steals_after_faults: u64,
     /// Splits planted as poison (crash or unprocessable).
     pub poison_splits: usize,
@@ -293,7 +305,7 @@ pub struct Report {
     pub collateral_quarantined: Vec<String>,
     /// Fatal errors reported by workers.
     pub fatal: Vec<String>,
-    /// Balance scenario: steals until the convergence probe (T4).
+    /// Balance scenario: splits moved by steals until the convergence probe (T4).
     pub steals_to_converge: u64,
     /// Balance scenario: splits owned per worker after convergence.
     pub owned_after_convergence: Vec<u32>,

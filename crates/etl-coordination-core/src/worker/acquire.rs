@@ -4,9 +4,8 @@
 use std::collections::BTreeMap;
 
 use crate::config::Tuning;
-use crate::ids::{Epoch, InstanceId, Revision, SplitId};
+use crate::ids::{InstanceId, Revision, SplitId};
 use crate::io::AcquisitionReason;
-use crate::records::SplitState;
 use crate::time::Timestamp;
 use crate::view::SplitView;
 
@@ -77,6 +76,10 @@ impl ClaimBackoffs {
 impl Worker {
     /// P3 reclaim, then P5 claims up to the fair share, then (nothing left to claim) P9.
     pub(super) fn acquire(&mut self, now: Timestamp) {
+        // P9: a request to us is answered, and a steal we asked for goes on (its claim first:
+        // the split it waits for is reserved for it).
+        self.answer_steal_request(now);
+        self.progress_steal(now);
         if self.view.manifest.is_none() {
             return;
         }
@@ -94,6 +97,7 @@ impl Worker {
         for id in reclaim {
             self.start_acquire(now, &id, AcquisitionReason::Reclaimed);
         }
+        let reserved = self.view.reserved_for_others();
         let target = self.fair_target();
         let mut want = target.saturating_sub(self.tenancies.len());
         let mut picks = Vec::new();
@@ -101,7 +105,7 @@ impl Worker {
             if want == 0 {
                 break;
             }
-            if self.tenancies.contains(id) || self.tenancies.is_blocked(id) {
+            if self.tenancies.contains(id) || self.tenancies.is_blocked(id) || reserved.contains(id) {
                 continue;
             }
             if self.backoffs.waiting(now, id, &self.view.splits[id], &self.cfg.tuning, &self.me.instance) {
@@ -120,11 +124,9 @@ impl Worker {
         // A split waiting out its backoff is not there to claim: an idle worker steals meanwhile
         // rather than wait beside a loaded one. A worker at its share of the count steals too:
         // balance is by weight (P9).
-        let nothing_unclaimed = self
-            .view
-            .claimable
-            .iter()
-            .all(|(_, id)| self.tenancies.contains(id) || self.backoffs.is_waiting(id));
+        let nothing_unclaimed = self.view.claimable.iter().all(|(_, id)| {
+            self.tenancies.contains(id) || self.backoffs.is_waiting(id) || reserved.contains(id)
+        });
         if nothing_unclaimed {
             self.maybe_steal(now);
         }
@@ -158,21 +160,6 @@ impl Worker {
         caps.sort_unstable();
         let fair = water_level(&caps, active);
         fair.min(budget)
-    }
-
-    /// P6: why a claimable split is being acquired, from its record.
-    fn claim_reason(&self, id: &SplitId) -> AcquisitionReason {
-        let rec = self.view.splits.get(id).and_then(|sv| sv.record.as_ref()).expect("claimable has a record");
-        match (&rec.state, &rec.owner) {
-            (SplitState::Owned, Some(o))
-                if o.instance == self.me.instance && o.incarnation != self.me.incarnation =>
-            {
-                AcquisitionReason::Reclaimed
-            }
-            (SplitState::Owned, _) => AcquisitionReason::Expired,
-            (_, _) if rec.epoch == Epoch(0) => AcquisitionReason::Create,
-            _ => AcquisitionReason::Released,
-        }
     }
 }
 

@@ -17,6 +17,21 @@ use super::{Phase, Worker};
 const DESC_MISSES_MAX: u32 = 5;
 
 impl Worker {
+    /// P6: why a claimable split is being acquired, from its record.
+    pub(super) fn claim_reason(&self, id: &SplitId) -> AcquisitionReason {
+        let rec = self.view.splits.get(id).and_then(|sv| sv.record.as_ref()).expect("claimable has a record");
+        match (&rec.state, &rec.owner) {
+            (SplitState::Owned, Some(o))
+                if o.instance == self.me.instance && o.incarnation != self.me.incarnation =>
+            {
+                AcquisitionReason::Reclaimed
+            }
+            (SplitState::Owned, _) => AcquisitionReason::Expired,
+            (_, _) if rec.epoch == Epoch(0) => AcquisitionReason::Create,
+            _ => AcquisitionReason::Released,
+        }
+    }
+
     /// Starts an acquisition (P5, P6, P9): the lease first (create; or CAS over the dead
     /// incarnation's lease for a reclaim, over the victim's for a steal), then the fenced record
     /// CAS. A steal is only planned on a consistent view (lease and record name the same owner

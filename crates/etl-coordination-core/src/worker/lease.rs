@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::ids::Revision;
-use crate::records::{self, LeaderRecord, LeaseRecord, PresenceRecord, keys};
+use crate::records::{self, LeaderRecord, LeaseRecord, PresenceRecord, StealRequest, keys};
 use crate::store::{Bucket, Key, StoreError, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 
@@ -63,6 +63,10 @@ impl Worker {
             // Leading again (or trying to) since that value was written: never retire it.
             return self.leader.is_some() || self.leader_attempt.is_some();
         }
+        if let Some(victim) = keys::parse_steal(key) {
+            // A steal request still waited on.
+            return self.steal.as_ref().is_some_and(|p| p.victim == victim);
+        }
         keys::parse_split(key).is_some_and(|id| self.tenancies.contains(&id))
     }
 
@@ -74,6 +78,8 @@ impl Worker {
             records::decode::<PresenceRecord>(value).is_ok_and(|p| p.incarnation == self.me.incarnation)
         } else if *key == keys::leader() {
             records::decode::<LeaderRecord>(value).is_ok_and(|l| l.owner == self.me)
+        } else if keys::parse_steal(key).is_some() {
+            records::decode::<StealRequest>(value).is_ok_and(|r| r.thief == self.me)
         } else {
             false
         }

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use crate::config::Config;
 use crate::ids::{Epoch, OpId, Owner, Revision, SplitId};
-use crate::io::{Action, Event, Input, Outcome, WatchId};
+use crate::io::{self, Action, Event, Input, Outcome, WatchId};
 use crate::store::{StoreReply, StoreResult};
 use crate::time::Timestamp;
 use crate::view::View;
@@ -77,6 +77,10 @@ pub struct Worker {
     heartbeat_at: Option<Timestamp>,
     resync_at: Option<Timestamp>,
     last_steal_at: Option<Timestamp>,
+    /// P9: the cooperative steal this worker asked for, if any.
+    steal: Option<steal::PendingSteal>,
+    /// P9: the revision of the last steal request to this worker it answered.
+    answered_steal: Option<Revision>,
     /// P12: failed splits waiting out their claim backoff, by the record revision that
     /// showed the failure.
     backoffs: ClaimBackoffs,
@@ -136,6 +140,8 @@ impl Worker {
             heartbeat_at: None,
             resync_at: None,
             last_steal_at: None,
+            steal: None,
+            answered_steal: None,
             backoffs: ClaimBackoffs::default(),
             intake_limit: None,
             manifest_load: None,
@@ -254,6 +260,7 @@ impl Worker {
             Pending::GcList => self.on_gc_list(result),
             Pending::Cleanup => {}
             Pending::Retire { key } => self.on_retire(now, key, result),
+            Pending::StealAsk { victim } => self.on_steal_ask(victim, result),
             Pending::RetireRead { key } => self.on_retire_read(now, key, result),
             Pending::LeaseAcquire { split, sent } => self.on_lease_acquire(op, split, sent, result),
             Pending::LeaseAcquireResolve { split, sent, write } => {
@@ -283,6 +290,10 @@ impl Worker {
     /// (P13), lead (P4) and acquire (P5, P9).
     fn evaluate(&mut self, now: Timestamp) {
         if self.phase == Phase::Leaving {
+            // A leaving worker takes nothing: a steal it asked for is withdrawn.
+            if self.steal.is_some() {
+                self.end_steal(None, io::HandoverOutcome::Withdrawn);
+            }
             self.progress_leaving(now);
             return;
         }

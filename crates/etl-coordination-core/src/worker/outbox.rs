@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::ids::{OpId, Revision, SplitId};
+use crate::ids::{InstanceId, OpId, Revision, SplitId};
 use crate::io::{Action, Event, FatalError, SplitCounts, WatchId};
 use crate::records::{self, ManifestRef, PlanHead};
 use crate::store::{Bucket, Entry, Key, StoreError, StoreReply, StoreRequest, StoreResult};
@@ -62,6 +62,8 @@ pub(super) enum Pending {
     Retire { key: Key },
     /// Read a key being retired after its delete lost its swap or its answer.
     RetireRead { key: Key },
+    /// P9: create a cooperative steal request to `victim`.
+    StealAsk { victim: InstanceId },
     /// P5, P6, P9: create (or CAS over a displaced one) the lease of a split being acquired.
     LeaseAcquire { split: SplitId, sent: Timestamp },
     /// Read the lease after an in-doubt acquisition `write` sent at `sent`.

@@ -4,17 +4,55 @@
 //! lowers the sum of squared loads by `2w(load(a) - load(b) - w) > 0`, so moves stop (converge)
 //! and a split never comes back (no oscillation). With equal weights this is "at least two more
 //! splits": the +-1 balance of counts.
+//!
+//! A steal asks before it takes (when `handover_timeout` is set): the thief creates
+//! `steal.{victim}` naming the split and the victim's tenancy. The victim, if that tenancy is
+//! still running and the move still lowers the imbalance by its own exact load, stops the lane
+//! at a safe point, commits and releases the split (the drain path); the request reserves the
+//! released split for the thief, who claims it with the usual CAS. Nothing is read twice. If
+//! the owner does not release by the deadline, the thief takes the split over as a plain steal
+//! (the owner is fenced; its uncommitted tail replays). One request per victim at a time (the
+//! key is created, never overwritten): steals from one worker are serialised, so two thieves
+//! never both move load off one victim on the same stale view.
 
 use std::cmp::Ordering;
 
-use crate::ids::{InstanceId, SplitId};
-use crate::io::{AcquisitionReason, Event};
-use crate::records::SplitState;
+use crate::ids::{Epoch, InstanceId, Revision, SplitId};
+use crate::io::{AcquisitionReason, Action, Event, HandoverOutcome, StopReason};
+use crate::records::{self, SplitState, StealRequest, keys};
+use crate::store::{Bucket, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 use crate::view::effective_weight;
 
-use super::Worker;
+use super::outbox::{Pending, Written};
 use super::tenancy::Stage;
+use super::{Phase, Worker};
+
+/// A cooperative steal this worker asked for (P9).
+#[derive(Debug, Clone)]
+pub(super) struct PendingSteal {
+    pub(super) victim: InstanceId,
+    pub(super) split: SplitId,
+    /// The victim's tenancy asked to end.
+    pub(super) epoch: Epoch,
+    /// The request's revision once its create is known to have landed.
+    pub(super) rev: Option<Revision>,
+    /// When the thief takes the split over if it was not released.
+    pub(super) force_at: Timestamp,
+    pub(super) stage: StealStage,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum StealStage {
+    /// The request's create is in flight.
+    Asking,
+    /// Waiting for the owner to release the split (or for the deadline).
+    Waiting,
+    /// The owner refused (deleted the request).
+    Refused,
+    /// Claiming the split: released by its owner, or taken over (`forced`).
+    Claiming { forced: bool },
+}
 
 /// How many splits next to the ideal weight a thief looks at in each direction, skipping ones
 /// it cannot take (blocked, record not Owned): a bound, so a pick stays O(log n).
@@ -58,12 +96,207 @@ impl Worker {
         if self.tenancies.len() >= self.lane_budget() {
             return;
         }
+        if self.steal.is_some() {
+            return;
+        }
         let Some(best) = self.best_move() else { return };
         self.last_steal_at = Some(now);
         let weight = self.view.splits.get(&best.split).and_then(|sv| sv.weight).unwrap_or(0);
         let loads = (self.view.loads.get(&best.victim).copied().unwrap_or(0), self.own_load());
-        self.outbox.event(Event::Steal { split: best.split.clone(), victim: best.victim, weight, loads });
-        self.start_acquire(now, &best.split, AcquisitionReason::Stolen);
+        self.outbox.event(Event::Steal {
+            split: best.split.clone(),
+            victim: best.victim.clone(),
+            weight,
+            loads,
+        });
+        match self.cfg.tuning.handover_wait() {
+            Some(wait) => self.ask(now, best, weight, wait),
+            None => self.start_acquire(now, &best.split, AcquisitionReason::Stolen),
+        }
+    }
+
+    /// Creates the request for `best` (P9). The thief takes the split over at
+    /// `now + wait + heartbeat` if it is not released by then: the owner's lane has `wait` from
+    /// when it sees the request, so its last commit is not cut short by a takeover racing it.
+    fn ask(&mut self, now: Timestamp, best: Move, weight: u64, wait: std::time::Duration) {
+        let Some(epoch) = self.view.splits.get(&best.split).and_then(|sv| sv.lease.as_ref()).map(|l| l.epoch)
+        else {
+            return;
+        };
+        let request = StealRequest {
+            thief: self.me.clone(),
+            split: best.split.clone(),
+            epoch,
+            weight,
+            thief_load: self.own_load(),
+            write: self.outbox.next_op_id().0,
+        };
+        let key = keys::steal(&best.victim);
+        let create = StoreRequest::Create { key, value: records::encode(&request), ttl: self.ttl() };
+        self.outbox.send(Bucket::Lease, create, Pending::StealAsk { victim: best.victim.clone() });
+        self.steal = Some(PendingSteal {
+            victim: best.victim,
+            split: best.split,
+            epoch,
+            rev: None,
+            force_at: now + wait + self.cfg.tuning.heartbeat_interval(),
+            stage: StealStage::Asking,
+        });
+    }
+
+    /// The answer to a request's create: it waits for the owner; another thief's request to
+    /// the same victim (or a store that is down) ends this steal; in doubt, the watch or the
+    /// withdrawal's read back tells.
+    pub(super) fn on_steal_ask(&mut self, victim: InstanceId, result: StoreResult) {
+        let current =
+            self.steal.as_ref().is_some_and(|p| p.victim == victim && p.stage == StealStage::Asking);
+        let written = Written::of(result);
+        if !current {
+            // An abandoned request that landed after all: take it back.
+            if let Written::Applied(rev) = written {
+                self.retire(keys::steal(&victim), rev);
+            }
+            return;
+        }
+        let p = self.steal.as_mut().expect("current");
+        match written {
+            Written::Applied(rev) => {
+                p.rev = Some(rev);
+                p.stage = StealStage::Waiting;
+            }
+            Written::InDoubt => p.stage = StealStage::Waiting,
+            Written::Conflict | Written::Unavailable => self.steal = None,
+            Written::Fatal(e) => self.fatal_store(e),
+        }
+    }
+
+    /// The request to `victim` was deleted at `rev`: if it was ours (the owner refused it), the
+    /// steal is over.
+    pub(super) fn steal_request_deleted(&mut self, victim: &InstanceId, rev: Revision) {
+        if let Some(p) = self.steal.as_mut()
+            && p.victim == *victim
+            && p.stage == StealStage::Waiting
+            && p.rev.is_some_and(|r| r < rev)
+        {
+            p.stage = StealStage::Refused;
+        }
+    }
+
+    /// The thief's side of a cooperative steal, after every input (P9): claim the split once
+    /// released; take it over at the deadline; withdraw when the move no longer helps or the
+    /// split is gone; report the end and delete the request.
+    pub(super) fn progress_steal(&mut self, now: Timestamp) {
+        let Some(p) = self.steal.clone() else { return };
+        match p.stage {
+            StealStage::Asking => {}
+            StealStage::Refused => self.end_steal(None, HandoverOutcome::Refused),
+            StealStage::Waiting => {
+                let Some(sv) = self.view.splits.get(&p.split) else {
+                    return self.end_steal(None, HandoverOutcome::Withdrawn);
+                };
+                let record = sv.record.as_ref();
+                let released = sv.claim_key_set()
+                    && record.is_some_and(|r| r.state == SplitState::Unleased && r.epoch == p.epoch);
+                // The victim's tenancy, still running or being released (the record is written
+                // Unleased before the lease is deleted).
+                let in_play = record.is_some_and(|r| {
+                    r.epoch == p.epoch && matches!(r.state, SplitState::Owned | SplitState::Unleased)
+                }) && sv
+                    .lease
+                    .as_ref()
+                    .is_none_or(|l| l.owner.instance == p.victim && l.epoch == p.epoch);
+                if released && self.tenancies.len() < self.lane_budget() {
+                    let reason = self.claim_reason(&p.split);
+                    self.steal.as_mut().expect("pending").stage = StealStage::Claiming { forced: false };
+                    self.start_acquire(now, &p.split, reason);
+                } else if released || !in_play || !self.still_helps(&p) {
+                    self.end_steal(None, HandoverOutcome::Withdrawn);
+                } else if now >= p.force_at {
+                    self.steal.as_mut().expect("pending").stage = StealStage::Claiming { forced: true };
+                    self.start_acquire(now, &p.split, AcquisitionReason::Stolen);
+                }
+            }
+            StealStage::Claiming { forced } => match self.tenancies.get(&p.split) {
+                Some(h) if h.epoch > p.epoch && matches!(h.stage, Stage::Running | Stage::Starved) => {
+                    let outcome = if forced { HandoverOutcome::Forced } else { HandoverOutcome::HandedOver };
+                    self.end_steal(Some(h.epoch), outcome);
+                }
+                Some(_) => {}
+                // The claim did not happen (lost its race, the store was down).
+                None => self.end_steal(None, HandoverOutcome::Withdrawn),
+            },
+        }
+    }
+
+    /// Whether moving the split asked for still lowers the imbalance, by the view (P9).
+    fn still_helps(&self, p: &PendingSteal) -> bool {
+        let w = self.view.splits.get(&p.split).and_then(|sv| sv.weight).map_or(1, effective_weight);
+        let theirs = self.view.loads.get(&p.victim).copied().unwrap_or(0);
+        self.tenancies.len() < self.lane_budget() && theirs > self.own_load() + u128::from(w)
+    }
+
+    /// Ends the pending steal: reports it and deletes the request (read back first when its
+    /// create's answer was in doubt).
+    pub(super) fn end_steal(&mut self, to: Option<Epoch>, outcome: HandoverOutcome) {
+        let Some(p) = self.steal.take() else { return };
+        self.outbox.event(Event::Handover {
+            split: p.split.clone(),
+            victim: p.victim.clone(),
+            from: p.epoch,
+            to,
+            outcome,
+        });
+        let key = keys::steal(&p.victim);
+        match (p.rev, p.stage) {
+            // The owner deleted it already.
+            (_, StealStage::Refused) => {}
+            (Some(rev), _) => self.retire(key, rev),
+            (None, _) => {
+                let request = StoreRequest::Get { key: key.clone() };
+                self.outbox.send(Bucket::Lease, request, Pending::RetireRead { key });
+            }
+        }
+    }
+
+    /// The owner's side (P9): a request naming this worker is honoured once per revision: if
+    /// the tenancy asked for still runs and the move still lowers the imbalance by this worker's
+    /// own load, the lane is told to stop at a safe point (commit, then acknowledge) and the split
+    /// is released (a drain of one lane); otherwise the request is deleted, so the thief does not
+    /// take the split over at its deadline.
+    pub(super) fn answer_steal_request(&mut self, now: Timestamp) {
+        let Some((rev, req)) = self.view.steal_requests.get(&self.me.instance).cloned() else { return };
+        if self.answered_steal.is_some_and(|r| r >= rev) || self.phase != Phase::Running {
+            return;
+        }
+        self.answered_steal = Some(rev);
+        let honour = match self.tenancies.get(&req.split) {
+            Some(h) if h.epoch == req.epoch && matches!(h.stage, Stage::Stopping { .. }) => return,
+            Some(h) if h.epoch == req.epoch && h.stage == Stage::Running => {
+                self.own_load() > req.thief_load + u128::from(effective_weight(req.weight))
+            }
+            _ => false,
+        };
+        self.outbox.event(Event::StealAsked {
+            split: req.split.clone(),
+            thief: req.thief.instance.clone(),
+            honoured: honour,
+        });
+        if !honour {
+            let request = StoreRequest::Delete { key: keys::steal(&self.me.instance), expected: rev };
+            self.outbox.send(Bucket::Lease, request, Pending::Cleanup);
+            return;
+        }
+        let wait = self.cfg.tuning.handover_wait().unwrap_or_else(|| self.cfg.tuning.heartbeat_interval());
+        let deadline = now + wait;
+        let h = self.tenancies.get_mut(&req.split).expect("held");
+        h.stage = Stage::Stopping { deadline };
+        let epoch = h.epoch;
+        self.outbox.push(Action::StopLane {
+            split: req.split,
+            epoch,
+            reason: StopReason::Draining,
+            deadline: Some(deadline),
+        });
     }
 
     /// The move that lowers the sum of squared loads most, if any lowers it at all. Ties: the

@@ -7,6 +7,7 @@ use crate::time::Timestamp;
 
 use super::plan::PlanStage;
 use super::presence::Join;
+use super::steal::StealStage;
 use super::tenancy::Stage;
 use super::{Phase, Worker};
 
@@ -46,6 +47,8 @@ pub(super) enum Timer {
     ClaimBackoff,
     /// P4: the planner did not answer within `plan_timeout`.
     PlanTimeout,
+    /// P9: the owner of a split asked for did not release it in time: take it over.
+    StealDeadline,
 }
 
 impl Worker {
@@ -98,6 +101,11 @@ impl Worker {
         if let Some(at) = self.backoffs.next_due() {
             f(Timer::ClaimBackoff, at);
         }
+        if let Some(p) = &self.steal
+            && p.stage == StealStage::Waiting
+        {
+            f(Timer::StealDeadline, p.force_at);
+        }
         if let Some(l) = &self.leaving {
             let at = if l.deadline_passed { l.deadline + self.cfg.tuning.lease_duration } else { l.deadline };
             f(Timer::DrainDeadline, at);
@@ -143,6 +151,8 @@ impl Worker {
             // The acquisition after this input claims what is due.
             Timer::ClaimBackoff => self.backoffs.elapse(now),
             Timer::PlanTimeout => self.plan_timed_out(now),
+            // Taken over (or withdrawn) now, whether or not an acquisition follows this input.
+            Timer::StealDeadline => self.progress_steal(now),
         }
     }
 }

@@ -6,7 +6,9 @@ use std::collections::BTreeSet;
 
 use crate::ids::{Revision, SplitId};
 use crate::io::{Action, StopReason, WatchId};
-use crate::records::{self, LeaderRecord, LeaseRecord, PlanHead, PresenceRecord, SplitRecord, keys};
+use crate::records::{
+    self, LeaderRecord, LeaseRecord, PlanHead, PresenceRecord, SplitRecord, StealRequest, keys,
+};
 use crate::store::{Bucket, Entry, Key, StoreRequest, WatchEvent};
 use crate::time::Timestamp;
 
@@ -74,6 +76,7 @@ impl Worker {
                     self.view.forget_lease(&id);
                 }
                 self.view.workers.retain(|id, _| present.contains(&keys::worker(id)));
+                self.view.steal_requests.retain(|victim, _| present.contains(&keys::steal(victim)));
                 if !present.contains(&keys::leader()) {
                     self.view.leader = None;
                 }
@@ -129,6 +132,17 @@ impl Worker {
                         let newer = self.view.workers.get(&inst).is_none_or(|(r, _)| *r <= entry.revision);
                         if newer {
                             self.view.workers.insert(inst, (entry.revision, p));
+                        }
+                    })
+                } else if let Some(victim) = keys::parse_steal(&entry.key) {
+                    records::decode::<StealRequest>(&entry.value).map(|r| {
+                        let newer = self
+                            .view
+                            .steal_requests
+                            .get(&victim)
+                            .is_none_or(|(rev, _)| *rev <= entry.revision);
+                        if newer {
+                            self.view.steal_requests.insert(victim, (entry.revision, r));
                         }
                     })
                 } else if entry.key == keys::leader() {
@@ -278,6 +292,11 @@ impl Worker {
                     if self.view.workers.get(&inst).is_some_and(|(r, _)| *r < rev) {
                         self.view.workers.remove(&inst);
                     }
+                } else if let Some(victim) = keys::parse_steal(&key) {
+                    if self.view.steal_requests.get(&victim).is_some_and(|(r, _)| *r < rev) {
+                        self.view.steal_requests.remove(&victim);
+                    }
+                    self.steal_request_deleted(&victim, rev);
                 } else if key == keys::leader() {
                     self.view.leader_seen = self.view.leader_seen.max(rev);
                     if self.view.leader.as_ref().is_some_and(|(r, _)| *r < rev) {

@@ -15,7 +15,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use etl_coordination_core::records::{LeaseRecord, PlanHead, SplitRecord};
 use etl_coordination_core::{
-    AcquisitionReason, Entry, Epoch, FatalError, Outcome, Owner, PlanKind, SplitId, Timestamp, WatchEvent,
+    AcquisitionReason, Entry, Epoch, FatalError, HandoverOutcome, Outcome, Owner, PlanKind, SplitId,
+    Timestamp, WatchEvent,
 };
 use etl_coordination_memory::MemoryKv;
 
@@ -78,6 +79,13 @@ pub(crate) struct Checker {
     pub(super) last_steal: BTreeMap<Owner, Timestamp>,
     /// P9: a heartbeat interval (one steal per cycle).
     pub(super) heartbeat: Duration,
+    /// Per tenancy (split, epoch): how many records of the split its lane emitted, at most.
+    pub(super) emitted_upto: BTreeMap<(SplitId, Epoch), u64>,
+    /// Tenancies whose draining lane acknowledged with everything it emitted committed.
+    pub(super) clean_stops: BTreeSet<(SplitId, Epoch)>,
+    /// P9: tenancies (split, thief's epoch) that came from a cooperative handover, with the
+    /// victim's epoch.
+    pub(super) handed_over: BTreeMap<(SplitId, Epoch), Epoch>,
     /// Knob: how long a drain gives its lanes.
     pub(super) drain_timeout: Duration,
     /// Knobs of the data path.
@@ -145,6 +153,11 @@ pub(crate) enum Observation<'a> {
     RecordDeleted { id: &'a SplitId, writer: &'a Owner },
     /// A worker started a steal at `local` (its clock).
     Steal { who: &'a Owner, id: &'a SplitId, local: Timestamp },
+    /// A steal a worker asked for ended: the victim's tenancy `from`, the thief's `to`.
+    Handover { id: &'a SplitId, from: Epoch, to: Option<Epoch>, outcome: HandoverOutcome },
+    /// A draining lane acknowledged its stop; `clean`: everything it emitted was committed
+    /// first (no sink outage, no failed last commit).
+    LaneAcked { id: &'a SplitId, epoch: Epoch, clean: bool },
     /// A worker announced an acquisition.
     Acquired { id: &'a SplitId, epoch: Epoch, reason: AcquisitionReason, who: &'a Owner },
     // ----- leases and lanes (`leases.rs`)
@@ -297,6 +310,9 @@ impl Checker {
             final_listings: BTreeMap::new(),
             imbalance: (0, 0),
             last_steal: BTreeMap::new(),
+            emitted_upto: BTreeMap::new(),
+            clean_stops: BTreeSet::new(),
+            handed_over: BTreeMap::new(),
             heartbeat: Duration::from_secs(opts.lease_secs) / 3,
             drain_timeout: opts.drain_timeout,
             transient_budget: opts.transient_budget,
@@ -363,7 +379,8 @@ impl Checker {
                 self.on_lane_start(at, id, epoch, others, current)
             }
             O::Emitted { id, record, epoch, owner, current } => {
-                self.on_emit(at, id, record, epoch, owner, current)
+                self.on_emit(at, id, record, epoch, owner, current);
+                self.on_emit_after_handover(at, id, record, epoch);
             }
             O::LaneFailed { id, epoch } => {
                 self.failed.insert((id.clone(), epoch));
@@ -425,6 +442,16 @@ impl Checker {
                 self.fail(at, "I8", format!("event storm: more than {limit} events (a livelock)"))
             }
             O::Steal { who, id, local } => self.on_steal(at, who, id, local),
+            O::Handover { id, from, to, outcome } => {
+                if let (HandoverOutcome::HandedOver, Some(to)) = (outcome, to) {
+                    self.handed_over.insert((id.clone(), to), from);
+                }
+            }
+            O::LaneAcked { id, epoch, clean } => {
+                if clean {
+                    self.clean_stops.insert((id.clone(), epoch));
+                }
+            }
             O::Loads { workers } => self.on_loads(at, workers),
             O::Converged { workers } => self.on_converged(at, workers),
             O::BalanceWindowClosed { steals } => {

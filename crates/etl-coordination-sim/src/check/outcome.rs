@@ -3,9 +3,9 @@
 //! balance (I7) and liveness (I8).
 
 use etl_coordination_core::records::{
-    self, LeaderRecord, LeaseRecord, PlanHead, PresenceRecord, SplitRecord, SplitState, keys,
+    self, LeaderRecord, LeaseRecord, PlanHead, PresenceRecord, SplitRecord, SplitState, StealRequest, keys,
 };
-use etl_coordination_core::{Entry, FatalError, Outcome, Owner, PlanKind, SplitId, Timestamp};
+use etl_coordination_core::{Entry, Epoch, FatalError, Outcome, Owner, PlanKind, SplitId, Timestamp};
 use etl_coordination_memory::MemoryKv;
 
 use super::{Checker, WorkerLoad, manifest_ids};
@@ -16,6 +16,8 @@ impl Checker {
     pub(super) fn on_leftover_key(&mut self, at: Timestamp, entry: &Entry, written_at: Timestamp) {
         let owner = if let Some(_id) = keys::parse_split(&entry.key) {
             records::decode::<LeaseRecord>(&entry.value).ok().map(|l| l.owner)
+        } else if keys::parse_steal(&entry.key).is_some() {
+            records::decode::<StealRequest>(&entry.value).ok().map(|r| r.thief)
         } else if let Some(inst) = keys::parse_worker(&entry.key) {
             records::decode::<PresenceRecord>(&entry.value)
                 .ok()
@@ -145,6 +147,23 @@ impl Checker {
         if !expected {
             self.fail(at, "fatal", format!("{who} stopped with an unexpected fatal error: {error}"));
         }
+    }
+
+    /// P9: a cooperative handover replays nothing: a tenancy that got its split from an owner
+    /// whose lane stopped with everything committed emits no record that lane emitted.
+    pub(super) fn on_emit_after_handover(&mut self, at: Timestamp, id: &SplitId, record: u64, epoch: Epoch) {
+        let upto = self.emitted_upto.entry((id.clone(), epoch)).or_default();
+        *upto = (*upto).max(record + 1);
+        let Some(&from) = self.handed_over.get(&(id.clone(), epoch)) else { return };
+        if !self.clean_stops.contains(&(id.clone(), from)) {
+            return;
+        }
+        let before = self.emitted_upto.get(&(id.clone(), from)).copied().unwrap_or(0);
+        self.ensure(at, "P9", record >= before, || {
+            format!(
+                "split {id}: record {record} emitted again at epoch {epoch}, after a cooperative handover from epoch {from} whose lane committed the first {before} records"
+            )
+        });
     }
 
     /// P9: at most one steal per worker per heartbeat cycle (on the worker's own clock).

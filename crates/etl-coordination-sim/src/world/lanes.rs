@@ -43,6 +43,12 @@ fn le(n: u64) -> Bytes {
 impl World {
     /// The lane ended on its side (finished, failed, acknowledged a stop, told it lost the
     /// split): the core no longer runs it.
+    /// A draining lane acknowledges its stop (`clean`: with everything it emitted committed).
+    fn lane_acked(&mut self, split: &SplitId, epoch: Epoch, clean: bool) {
+        let obs = Observation::LaneAcked { id: split, epoch, clean };
+        self.checker.observe(self.now, obs, &mut self.state);
+    }
+
     pub(super) fn lane_ended(&mut self, slot: usize, split: &SplitId, epoch: Epoch) {
         if self.slots[slot].core_lanes.get(split) == Some(&epoch) {
             self.slots[slot].core_lanes.remove(split);
@@ -303,6 +309,7 @@ impl World {
         if lane.committing {
             return; // acknowledged when the commit resolves
         }
+        let clean = lane.since_commit == 0;
         if lane.since_commit > 0 && self.now >= self.slots[slot].sink_down_until {
             let lane = self.slots[slot].lanes.get_mut(&(split.clone(), epoch)).expect("lane");
             lane.committing = true;
@@ -314,6 +321,7 @@ impl World {
             // (what it emitted since is read again by the next owner: at-least-once).
             self.slots[slot].lanes.remove(&(split.clone(), epoch));
             self.lane_ended(slot, &split, epoch);
+            self.lane_acked(&split, epoch, clean);
             self.deliver(slot, Input::LaneStopped { split, epoch });
         }
     }
@@ -337,6 +345,7 @@ impl World {
                 } else if last || lane.next >= lane.total {
                     self.slots[slot].lanes.remove(&(split.clone(), epoch));
                     self.lane_ended(slot, &split, epoch);
+                    self.lane_acked(&split, epoch, true);
                     self.deliver(slot, Input::LaneStopped { split, epoch });
                 } else {
                     self.schedule(ms(self.opts.step_ms), Ev::LaneStep { slot, life, split, epoch });

@@ -113,8 +113,10 @@ impl World {
                     );
                     self.report.owned_after_convergence = loads.iter().map(|l| l.held.len() as u32).collect();
                     self.report.loads_after_convergence = loads.iter().map(|l| l.held.iter().sum()).collect();
+                    // Splits moved: handed over, or taken (a forced handover is a stolen acquisition).
                     self.report.steals_to_converge =
-                        self.report.acquisitions.get("stolen").copied().unwrap_or(0);
+                        self.report.acquisitions.get("stolen").copied().unwrap_or(0)
+                            + self.report.handovers.get("handed_over").copied().unwrap_or(0);
                     self.report.steals_after_faults = 0;
                     self.schedule(Duration::from_secs(15), Ev::Probe);
                 } else if !self.balance_window_closed {

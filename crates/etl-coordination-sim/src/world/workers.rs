@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use etl_coordination_core::records::{self, keys};
 use etl_coordination_core::{
-    AcquisitionReason, Action, Breaker, Config, Epoch, Event, Incarnation, Input, InstanceId, Outcome, Owner,
-    SplitId, StopReason, Timestamp, Worker,
+    AcquisitionReason, Action, Breaker, Config, Epoch, Event, HandoverOutcome, Incarnation, Input,
+    InstanceId, Outcome, Owner, SplitId, StopReason, Timestamp, Worker,
 };
 
 use super::lanes::Lane;
@@ -125,6 +125,7 @@ impl World {
         t.max_attempts = self.opts.max_attempts;
         t.replan_interval = Duration::from_secs(2);
         t.drain_timeout = self.opts.drain_timeout;
+        t.handover_timeout = self.opts.handover_timeout;
         t.plan_timeout = Duration::from_secs(5);
         t.claim_backoff = self.opts.claim_backoff;
         t.manifest_chunk_len = self.opts.manifest_chunk_len;
@@ -317,6 +318,13 @@ impl World {
         self.report.outcome = if complete { "complete" } else { "stalled" };
     }
 
+    /// Whether a steal now counts as one after the faults (random runs) or after convergence
+    /// (the balance scenarios): steals there mean ownership oscillates (I7).
+    fn in_balance_window(&self) -> bool {
+        let balance_window = !self.report.owned_after_convergence.is_empty() && !self.balance_window_closed;
+        (self.opts.scenario == Scenario::Random && self.safety_over) || balance_window
+    }
+
     pub(super) fn on_event(&mut self, slot: usize, e: Event) {
         match e {
             Event::JobEnded { outcome } => {
@@ -329,6 +337,7 @@ impl World {
                 self.slots[slot].declared = None;
             }
             Event::Steal { split, .. } => {
+                self.report.steals += 1;
                 let (who, local) = (self.slots[slot].owner.clone(), self.slots[slot].clock.local(self.now));
                 self.checker.observe(
                     self.now,
@@ -336,16 +345,21 @@ impl World {
                     &mut self.state,
                 );
             }
+            Event::Handover { split, from, to, outcome, .. } => {
+                *self.report.handovers.entry(outcome.label()).or_default() += 1;
+                // A forced one is counted by its acquisition (stolen).
+                if outcome == HandoverOutcome::HandedOver && self.in_balance_window() {
+                    self.report.steals_after_faults += 1;
+                }
+                let obs = Observation::Handover { id: &split, from, to, outcome };
+                self.checker.observe(self.now, obs, &mut self.state);
+            }
             Event::Acquired { split, reason, epoch } => {
                 *self.report.acquisitions.entry(reason.label()).or_default() += 1;
                 let who = self.slots[slot].owner.clone();
                 let obs = Observation::Acquired { id: &split, epoch, reason, who: &who };
                 self.checker.observe(self.now, obs, &mut self.state);
-                let balance_window =
-                    !self.report.owned_after_convergence.is_empty() && !self.balance_window_closed;
-                if reason == AcquisitionReason::Stolen
-                    && ((self.opts.scenario == Scenario::Random && self.safety_over) || balance_window)
-                {
+                if reason == AcquisitionReason::Stolen && self.in_balance_window() {
                     self.report.steals_after_faults += 1;
                 }
                 if let Some(t) = self.released_at.remove(&split) {
