@@ -292,6 +292,8 @@ pub struct Report {
     pub records_emitted: u64,
     /// Splits moved by steals after the last fault (liveness phase).
     pub steals_after_faults: u64,
+    /// Splits finished after the last fault (each changes a load, so a steal may follow).
+    pub finished_after_faults: u64,
     /// Splits planted as poison (crash or unprocessable).
     pub poison_splits: usize,
     /// Splits quarantined at the end.

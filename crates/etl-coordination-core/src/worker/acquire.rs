@@ -78,6 +78,7 @@ impl Worker {
     pub(super) fn acquire(&mut self, now: Timestamp) {
         // P9: a request to us is answered, and a steal we asked for goes on (its claim first:
         // the split it waits for is reserved for it).
+        self.forget_returned();
         self.answer_steal_request(now);
         self.progress_steal(now);
         if self.view.manifest.is_none() {

@@ -15,7 +15,9 @@ use super::tenancy::{End, Stage};
 impl Worker {
     /// P12: the source reports the split failed or unprocessable.
     pub(super) fn on_fail(&mut self, id: SplitId, epoch: Epoch, error: String, unprocessable: bool) {
-        if self.tenancies.get(&id).is_some_and(|h| h.epoch == epoch) {
+        if let Some(h) = self.tenancies.get(&id).filter(|h| h.epoch == epoch) {
+            // P9: its weight still counts as ours while it waits to be claimed again.
+            self.failed_here.insert(id.clone(), h.weight);
             self.begin_end(&id, End::Fail { error, unprocessable });
         }
     }

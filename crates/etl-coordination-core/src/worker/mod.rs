@@ -81,6 +81,10 @@ pub struct Worker {
     steal: Option<steal::PendingSteal>,
     /// P9: the revision of the last steal request to this worker it answered.
     answered_steal: Option<Revision>,
+    /// P9: splits this worker's lanes reported failed, with their weights: while one waits to
+    /// be claimed again it still counts in this worker's load (it will likely come back), so a
+    /// failing split leaving and returning does not make healthy ones move back and forth.
+    failed_here: BTreeMap<SplitId, u64>,
     /// P12: failed splits waiting out their claim backoff, by the record revision that
     /// showed the failure.
     backoffs: ClaimBackoffs,
@@ -142,6 +146,7 @@ impl Worker {
             last_steal_at: None,
             steal: None,
             answered_steal: None,
+            failed_here: BTreeMap::new(),
             backoffs: ClaimBackoffs::default(),
             intake_limit: None,
             manifest_load: None,

@@ -68,9 +68,30 @@ struct Move {
 }
 
 impl Worker {
-    /// The load this worker holds (P9): the effective weight of every tenancy it has.
+    /// The load this worker holds (P9): the effective weight of every tenancy it has, and of
+    /// the splits its lanes failed that wait to be claimed again.
     pub(super) fn own_load(&self) -> u128 {
-        self.tenancies.values().map(|h| u128::from(effective_weight(h.weight))).sum()
+        let held: u128 = self.tenancies.values().map(|h| u128::from(effective_weight(h.weight))).sum();
+        let returning: u128 = self
+            .failed_here
+            .iter()
+            .filter(|(id, _)| !self.tenancies.contains(id))
+            .map(|(_, w)| u128::from(effective_weight(*w)))
+            .sum();
+        held + returning
+    }
+
+    /// Forgets the failed splits that no longer wait to be claimed again: another worker holds
+    /// its lease, or it ended (done, quarantined, or gone from the plan).
+    pub(super) fn forget_returned(&mut self) {
+        let (view, me) = (&self.view, &self.me);
+        self.failed_here.retain(|id, _| {
+            view.splits.get(id).is_some_and(|sv| {
+                sv.weight.is_some()
+                    && sv.record.as_ref().is_some_and(|r| !r.is_terminal())
+                    && sv.lease.as_ref().is_none_or(|l| l.owner == *me)
+            })
+        });
     }
 
     /// How many lanes this worker may run: `max_in_flight`, within the embedding layer's cap.
@@ -230,9 +251,9 @@ impl Worker {
 
     /// Whether moving the split asked for still lowers the imbalance, by the view (P9).
     fn still_helps(&self, p: &PendingSteal) -> bool {
-        let w = self.view.splits.get(&p.split).and_then(|sv| sv.weight).map_or(1, effective_weight);
+        let w = self.view.splits.get(&p.split).and_then(|sv| sv.weight).unwrap_or(1);
         let theirs = self.view.loads.get(&p.victim).copied().unwrap_or(0);
-        self.tenancies.len() < self.lane_budget() && theirs > self.own_load() + u128::from(w)
+        self.tenancies.len() < self.lane_budget() && move_helps(w, theirs, self.own_load())
     }
 
     /// Ends the pending steal: reports it and deletes the request (read back first when its
@@ -272,7 +293,7 @@ impl Worker {
         let honour = match self.tenancies.get(&req.split) {
             Some(h) if h.epoch == req.epoch && matches!(h.stage, Stage::Stopping { .. }) => return,
             Some(h) if h.epoch == req.epoch && h.stage == Stage::Running => {
-                self.own_load() > req.thief_load + u128::from(effective_weight(req.weight))
+                move_helps(req.weight, self.own_load(), req.thief_load)
             }
             _ => false,
         };
@@ -350,7 +371,25 @@ impl Worker {
             .into_iter()
             .flatten()
             .map(|(w, id)| (gain(*w), id.clone()))
+            .filter(|(gain, _)| worth_moving(*gain, gap))
             // The larger gain; on a tie the smaller split id.
             .max_by(|a, b| a.0.cmp(&b.0).then_with(|| b.1.cmp(&a.1)))
     }
+}
+
+/// Whether a move of gain `w * (gap - w)` is worth its cost (P9): it must take at least about
+/// a seventh of the gap between the two loads (and leave at least as much), that is
+/// `8 w (gap - w) >= gap^2`. Every move allowed still lowers the sum of squared loads (so
+/// convergence holds), but fine-tuning a large gap with a tiny split, which a failing or
+/// finishing split undoes a moment later, is not done. With equal weights a gap of two splits
+/// still moves one (+-1 balance).
+pub(crate) fn worth_moving(gain: u128, gap: u128) -> bool {
+    gain.saturating_mul(8) >= gap.saturating_mul(gap)
+}
+
+/// P9 in one place: moving a split of weight `weight` from a worker holding `from` to one
+/// holding `to` lowers the imbalance (`from > to + w`) and is worth it ([`worth_moving`]).
+pub(crate) fn move_helps(weight: u64, from: u128, to: u128) -> bool {
+    let w = u128::from(effective_weight(weight));
+    from > to + w && worth_moving(w * (from - to - w), from - to)
 }

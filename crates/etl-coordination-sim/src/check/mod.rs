@@ -249,9 +249,9 @@ pub(crate) enum Observation<'a> {
     Converged { workers: &'a [WorkerLoad] },
     /// Steals after convergence (the balance scenario).
     BalanceWindowClosed { steals: u64 },
-    /// The run ended: steals after the faults, the number of splits, whether no outcome was
-    /// declared, and each worker's state.
-    RunEnded { steals_after_faults: u64, splits: u64, no_outcome: bool, states: &'a [String] },
+    /// The run ended: steals after the faults, the number of splits, how many finished after
+    /// the faults, whether no outcome was declared, and each worker's state.
+    RunEnded { steals_after_faults: u64, splits: u64, finished: u64, no_outcome: bool, states: &'a [String] },
 }
 
 /// What one worker holds (the weights of its splits) and how many splits it may hold (its
@@ -459,8 +459,8 @@ impl Checker {
                     self.fail(at, "I7", format!("{steals} steals after convergence: ownership oscillates"));
                 }
             }
-            O::RunEnded { steals_after_faults, splits, no_outcome, states } => {
-                self.on_run_ended(at, steals_after_faults, splits, no_outcome, states)
+            O::RunEnded { steals_after_faults, splits, finished, no_outcome, states } => {
+                self.on_run_ended(at, steals_after_faults, splits + finished, no_outcome, states)
             }
         }
     }

@@ -139,6 +139,7 @@ impl World {
         let obs = Observation::RunEnded {
             steals_after_faults: self.report.steals_after_faults,
             splits: self.splits.len() as u64,
+            finished: self.report.finished_after_faults,
             no_outcome: self.report.outcome == "none",
             states: &states,
         };

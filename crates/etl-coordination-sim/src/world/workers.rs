@@ -326,6 +326,12 @@ impl World {
     }
 
     pub(super) fn on_event(&mut self, slot: usize, e: Event) {
+        if self.trace && !matches!(e, Event::Gauges { .. }) {
+            eprintln!("{:>12} slot {slot} ({}) {e:?}", self.now.0, self.slots[slot].instance);
+        }
+        if matches!(e, Event::Finished { .. }) && self.safety_over {
+            self.report.finished_after_faults += 1;
+        }
         match e {
             Event::JobEnded { outcome } => {
                 self.declared(slot, &outcome);
