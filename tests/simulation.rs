@@ -139,6 +139,21 @@ fn scale_up_converges_to_plus_minus_one_and_steals_stop() {
 }
 
 #[test]
+fn scale_up_by_takeover_converges_too() {
+    // handover_timeout 0: steals take over at once, as before cooperative steals.
+    let opts =
+        Options { handover_timeout: std::time::Duration::ZERO, ..Options::scenario(Scenario::Balance) };
+    let r = run(1, &opts);
+    assert!(r.violation.is_none(), "{}", r.violation.unwrap());
+    let owned = &r.owned_after_convergence;
+    assert!(owned.iter().max().unwrap() - owned.iter().min().unwrap() <= 1, "{owned:?}");
+    assert_eq!(r.steals_after_faults, 0, "no steals in the window after convergence");
+    assert!((3..=6).contains(&r.steals_to_converge), "{} steals to converge", r.steals_to_converge);
+    assert!(r.handovers.is_empty(), "nothing asked: {:?}", r.handovers);
+    assert_eq!(r.outcome, "complete");
+}
+
+#[test]
 fn scale_up_balances_weight_and_steals_stop() {
     for seed in 1..=5 {
         let opts = Options::scenario(Scenario::BalanceWeighted);

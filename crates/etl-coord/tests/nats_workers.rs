@@ -75,15 +75,18 @@ fn when_the_leader_is_killed_another_worker_takes_over_with_a_new_term() {
 }
 
 #[test]
-fn scale_up_from_one_to_three_workers_converges_to_plus_minus_one() {
+fn scale_up_from_one_to_three_workers_converges_to_plus_minus_one_and_reads_no_record_twice() {
     let (tmp, data) = dataset(13, 300);
+    let expected = input_keys(&data).unwrap();
     let job = job("scale");
-    // 13 splits of one file each, slow enough not to finish during the test.
+    // 13 splits of one file each (equal weights), slow enough not to finish during the
+    // rebalance: 300 records of 40 ms, 12 s a split.
     let args = ["--record-delay-ms", "40", "--split-size", "1000", "--max-in-flight", "8"];
-    let mut a = worker(&job, "sa", &data, &tmp.path().join("sa.jsonl"), &args);
-    wait_for_records(&tmp.path().join("sa.jsonl"), 8, &mut a);
-    let b = worker(&job, "sb", &data, &tmp.path().join("sb.jsonl"), &args);
-    let c = worker(&job, "sc", &data, &tmp.path().join("sc.jsonl"), &args);
+    let sinks = ["sa", "sb", "sc"].map(|id| tmp.path().join(format!("{id}.jsonl")));
+    let mut a = worker(&job, "sa", &data, &sinks[0], &args);
+    wait_for_records(&sinks[0], 8, &mut a);
+    let b = worker(&job, "sb", &data, &sinks[1], &args);
+    let c = worker(&job, "sc", &data, &sinks[2], &args);
     // Bounded wait for convergence: fair share ceil(13/3) = 5, so 5/4/4.
     let t = Instant::now();
     let mut counts = Vec::new();
@@ -104,12 +107,23 @@ fn scale_up_from_one_to_three_workers_converges_to_plus_minus_one() {
         }
         std::thread::sleep(Duration::from_millis(250));
     }
-    for mut w in [a, b, c] {
-        let _ = w.kill();
-        let _ = w.wait();
-    }
     assert_eq!(counts.len(), 3, "{counts:?}");
     assert!(counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1, "converged to +-1: {counts:?}");
+    // The job runs to its end: every record once. The steals asked first and the owners,
+    // all live, committed and handed their splits over: nothing was read twice.
+    let mut stderr = String::new();
+    for w in [a, b, c] {
+        let out = w.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        stderr.push_str(&err);
+    }
+    let lines: usize = sinks.iter().map(|p| etl_coord::sink::JsonlSink::read(p).unwrap().len()).sum();
+    let seen = records_in(&sinks.iter().map(|p| p.as_path()).collect::<Vec<_>>());
+    assert_eq!(seen, expected, "no record lost");
+    assert_eq!(lines, expected.len(), "no record emitted twice ({} duplicates)", lines - expected.len());
+    assert!(stderr.contains("outcome=\"handed_over\""), "the rebalance went through handovers:\n{stderr}");
+    assert!(!stderr.contains("outcome=\"forced\""), "no steal had to take a split over:\n{stderr}");
 }
 
 #[test]

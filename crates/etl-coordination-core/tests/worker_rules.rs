@@ -1406,15 +1406,16 @@ fn p9_steals_the_split_whose_move_lowers_the_imbalance_most_and_then_stops() {
 
 #[test]
 fn p9_of_a_victims_splits_the_one_nearest_half_the_gap_is_stolen() {
-    // w2 holds 6 + 2; w1 holds 1: gap 7. Moving 2 gains 2 * (7 - 2) = 10, moving 6 only
-    // 6 * (7 - 6) = 6: w1 takes the 2 (loads 3 and 6), then nothing more helps.
+    // w2 holds 6 + 3 + 2 (max_in_flight 3); w1 holds 1: gap 10. Moving 6 gains 6 * (10 - 6) =
+    // 24, moving 3 gains 3 * (10 - 3) = 21 (both take enough of the gap to be worth it): w1
+    // takes the 6 (loads 5 and 7), then no move helps enough.
     let mut c2 = cfg("w2", 2);
-    c2.tuning.max_in_flight = 2;
-    let (_w2, mut r) = join_frozen(Rig::new(c2), taker("w1", 1), weighted_plan(&[6, 2, 1]));
+    c2.tuning.max_in_flight = 3;
+    let (_w2, mut r) = join_frozen(Rig::new(c2), taker("w1", 1), weighted_plan(&[6, 3, 2, 1]));
     for _ in 0..5 {
         r.advance(Duration::from_secs(1));
     }
-    assert_eq!(steals(&r), vec![("s1".into(), "w2".into(), 2, (8, 1))]);
+    assert_eq!(steals(&r), vec![("s0".into(), "w2".into(), 6, (11, 1))]);
 }
 
 #[test]
