@@ -1453,6 +1453,20 @@ fn p9_no_steal_when_every_move_would_only_shift_the_imbalance() {
 }
 
 #[test]
+fn p9_a_move_that_takes_a_tiny_part_of_the_gap_is_not_made() {
+    // w2 holds 10 + 1; w1 holds nothing: gap 11. Either move lowers the sum of squares a
+    // little (gain 10 of 121), but takes under a seventh of the gap (8 * 10 < 121): none is
+    // made (a finish or a failure would upset such fine-tuning a moment later).
+    let mut c2 = cfg("w2", 2);
+    c2.tuning.max_in_flight = 2;
+    let (_w2, mut r) = join_frozen(Rig::new(c2), taker("w1", 1), weighted_plan(&[10, 1]));
+    for _ in 0..5 {
+        r.advance(Duration::from_secs(1));
+    }
+    assert!(steals(&r).is_empty(), "{:?}", r.log);
+}
+
+#[test]
 fn p9_a_worker_without_a_free_lane_does_not_steal() {
     // w1 may run one lane and holds the light split; w2 holds 3 + 3.
     let mut c2 = cfg("w2", 2);
