@@ -61,7 +61,7 @@ pub struct Tuning {
     /// How long the owner of a split a peer asks for (a cooperative steal, P9) has to stop
     /// its lane, commit and release the split before the thief takes it over anyway (then the
     /// owner's uncommitted tail is read twice, as in a takeover). Zero: steals take over at
-    /// once, without asking. Capped at two thirds of the lease, since a request lives one lease.
+    /// once, without asking. Capped at a third of the lease, since a request lives one lease.
     pub handover_timeout: Duration,
     /// How long the leader waits for the planner before giving up on that call (an error is
     /// recorded and the planner is called again after a backoff). A planner that hangs must not
@@ -100,7 +100,7 @@ pub mod defaults {
     pub const REPLAN_INTERVAL: Duration = Duration::from_secs(60);
     /// 30 s.
     pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
-    /// 10 s (capped at two thirds of the lease).
+    /// 10 s (capped at a third of the lease).
     pub const HANDOVER_TIMEOUT: Duration = Duration::from_secs(10);
     /// 10 min.
     pub const PLAN_TIMEOUT: Duration = Duration::from_secs(600);
@@ -182,12 +182,12 @@ impl Tuning {
         doubled.min(defaults::CLAIM_BACKOFF_CAP)
     }
 
-    /// How long a thief waits for the owner to release a split it asked for (P9):
-    /// `handover_timeout`, at most two thirds of the lease (the request lives one lease, so the
-    /// owner still sees it for a heartbeat after the thief's deadline). `None`: steals take over
-    /// at once.
+    /// How long the owner of a split asked for gets to release it (P9): `handover_timeout`, at
+    /// most a third of the lease. The thief takes the split over a heartbeat after it, still a
+    /// heartbeat before its request's TTL runs out (an expiry is never taken for an answer).
+    /// `None`: steals take over at once.
     pub fn handover_wait(&self) -> Option<Duration> {
-        let cap = self.lease_duration - self.heartbeat_interval();
+        let cap = self.lease_duration - self.heartbeat_interval() * 2;
         (!self.handover_timeout.is_zero()).then(|| self.handover_timeout.min(cap))
     }
 

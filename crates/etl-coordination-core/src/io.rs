@@ -156,7 +156,8 @@ pub enum HandoverOutcome {
     Forced,
     /// The thief withdrew: the move no longer helped, or the split was gone.
     Withdrawn,
-    /// The owner refused (the move would not lower the imbalance by its own count).
+    /// The owner refused (by its own load the move would not help, or the tenancy asked for is
+    /// over, or the thief is not live).
     Refused,
 }
 

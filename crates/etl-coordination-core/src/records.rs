@@ -395,6 +395,9 @@ pub struct StealRequest {
     /// The thief's load when it asked: the victim honours the request only if its own load
     /// exceeds this by more than the split's effective weight (the move lowers the imbalance).
     pub thief_load: u128,
+    /// How long the victim's lane gets to commit, in milliseconds: the thief's wait, so the
+    /// thief's deadline (a heartbeat later) never cuts a last commit short.
+    pub wait_ms: u64,
     /// Which of the thief's requests wrote this value (its op id).
     pub write: u64,
 }

@@ -135,16 +135,16 @@ impl View {
         self.workers.len() + usize::from(!me_listed)
     }
 
-    /// Splits a peer asked for by a cooperative steal (P9): once released they are its to claim,
-    /// not anyone else's, while the request lives (one lease at most: a thief that died holds a
-    /// split back for less than a lease). A request whose thief's id is seen live under another
-    /// incarnation (it restarted) reserves nothing.
+    /// Splits a live peer asked for by a cooperative steal (P9): once released they are its to
+    /// claim, not anyone else's, while the request lives (one lease at most) and its thief's
+    /// presence shows the incarnation that asked (the presence key is in the same bucket and
+    /// written before any request, so it is seen first).
     pub fn reserved_for_others(&self) -> BTreeSet<SplitId> {
         self.steal_requests
             .values()
             .filter(|(_, r)| r.thief.instance != self.me || r.thief.incarnation != self.incarnation)
             .filter(|(_, r)| {
-                self.workers.get(&r.thief.instance).is_none_or(|(_, p)| p.incarnation == r.thief.incarnation)
+                self.workers.get(&r.thief.instance).is_some_and(|(_, p)| p.incarnation == r.thief.incarnation)
             })
             .map(|(_, r)| r.split.clone())
             .collect()

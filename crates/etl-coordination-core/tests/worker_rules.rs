@@ -1535,9 +1535,17 @@ fn ask_for(r: &mut Rig, thief: &str, split: &str, epoch: Epoch, weight: u64, thi
         epoch,
         weight,
         thief_load,
+        wait_ms: 2_000,
         write: 1,
     };
     let victim = r.w.config().instance_id.clone();
+    // The thief is live (its presence comes before its request, in the same bucket).
+    peer_put(
+        r,
+        Bucket::Lease,
+        &presence_key(thief),
+        &PresenceRecord { incarnation: Incarnation(9), held: 0, capacity: 4 },
+    );
     peer_put(r, Bucket::Lease, &keys::steal(&victim), &request)
 }
 
@@ -1554,7 +1562,7 @@ fn p9_an_owner_asked_for_a_split_commits_it_and_releases_it_without_an_attempt()
     let mut r = running_weighted(&[10, 10]);
     r.take_log();
     ask_for(&mut r, "w3", "s0", Epoch(1), 10, 0);
-    let deadline = r.now + cfg("w1", 1).tuning.handover_wait().unwrap();
+    let deadline = r.now + Duration::from_millis(1_000); // the thief's 2 s, within a third of the lease
     assert!(
         r.log.contains(&Action::StopLane {
             split: sid("s0"),

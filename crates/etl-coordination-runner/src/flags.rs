@@ -277,7 +277,7 @@ pub struct WorkerFlags {
     pub drain_timeout: Duration,
     /// How long the owner of a split a peer asks for (a rebalancing steal) has to commit and
     /// release it before the peer takes it over anyway (re-reading what the owner had not
-    /// committed). At most two thirds of the lease take effect. 0s: steals take over at once.
+    /// committed). At most a third of the lease takes effect; use one value on every worker. 0s: steals take over at once.
     #[arg(long, default_value = "10s", value_parser = parse_duration, env = "ETL_COORD_HANDOVER_TIMEOUT")]
     pub handover_timeout: Duration,
     /// How long the leader waits for the planner (listing the input) before counting the call

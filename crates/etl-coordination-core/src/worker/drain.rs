@@ -112,6 +112,7 @@ impl Worker {
                     | Pending::PresenceCreate
                     | Pending::PresenceRenew
                     | Pending::PresenceResolve
+                    | Pending::StealAsk { .. }
             )
         });
         if !settling || give_up {

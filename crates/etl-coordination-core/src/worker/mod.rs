@@ -266,6 +266,7 @@ impl Worker {
             Pending::Cleanup => {}
             Pending::Retire { key } => self.on_retire(now, key, result),
             Pending::StealAsk { victim } => self.on_steal_ask(victim, result),
+            Pending::StealRefuse { rev } => self.on_steal_refuse(rev, result),
             Pending::RetireRead { key } => self.on_retire_read(now, key, result),
             Pending::LeaseAcquire { split, sent } => self.on_lease_acquire(op, split, sent, result),
             Pending::LeaseAcquireResolve { split, sent, write } => {

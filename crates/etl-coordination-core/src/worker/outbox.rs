@@ -64,6 +64,8 @@ pub(super) enum Pending {
     RetireRead { key: Key },
     /// P9: create a cooperative steal request to `victim`.
     StealAsk { victim: InstanceId },
+    /// P9: delete a steal request to us at `rev` (a refusal).
+    StealRefuse { rev: Revision },
     /// P5, P6, P9: create (or CAS over a displaced one) the lease of a split being acquired.
     LeaseAcquire { split: SplitId, sent: Timestamp },
     /// Read the lease after an in-doubt acquisition `write` sent at `sent`.

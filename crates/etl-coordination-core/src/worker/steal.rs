@@ -20,7 +20,7 @@ use std::cmp::Ordering;
 use crate::ids::{Epoch, InstanceId, Revision, SplitId};
 use crate::io::{AcquisitionReason, Action, Event, HandoverOutcome, StopReason};
 use crate::records::{self, SplitState, StealRequest, keys};
-use crate::store::{Bucket, StoreRequest, StoreResult};
+use crate::store::{Bucket, StoreError, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 use crate::view::effective_weight;
 
@@ -37,6 +37,10 @@ pub(super) struct PendingSteal {
     pub(super) epoch: Epoch,
     /// The request's revision once its create is known to have landed.
     pub(super) rev: Option<Revision>,
+    /// The op id the request carries (`write`): a put of it seen on the watch is ours.
+    pub(super) write: u64,
+    /// A delete of the victim's request key seen while this one's revision was unknown.
+    pub(super) deleted_at: Option<Revision>,
     /// When the thief takes the split over if it was not released.
     pub(super) force_at: Timestamp,
     pub(super) stage: StealStage,
@@ -144,13 +148,15 @@ impl Worker {
         else {
             return;
         };
+        let write = self.outbox.next_op_id().0;
         let request = StealRequest {
             thief: self.me.clone(),
             split: best.split.clone(),
             epoch,
             weight,
             thief_load: self.own_load(),
-            write: self.outbox.next_op_id().0,
+            wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+            write,
         };
         let key = keys::steal(&best.victim);
         let create = StoreRequest::Create { key, value: records::encode(&request), ttl: self.ttl() };
@@ -160,6 +166,8 @@ impl Worker {
             split: best.split,
             epoch,
             rev: None,
+            write,
+            deleted_at: None,
             force_at: now + wait + self.cfg.tuning.heartbeat_interval(),
             stage: StealStage::Asking,
         });
@@ -173,14 +181,25 @@ impl Worker {
             self.steal.as_ref().is_some_and(|p| p.victim == victim && p.stage == StealStage::Asking);
         let written = Written::of(result);
         if !current {
-            // An abandoned request that landed after all: take it back.
-            if let Written::Applied(rev) = written {
-                self.retire(keys::steal(&victim), rev);
+            // An abandoned request that landed after all (or may have): take it back.
+            let key = keys::steal(&victim);
+            match written {
+                Written::Applied(rev) => self.retire(key, rev),
+                Written::InDoubt => {
+                    let request = StoreRequest::Get { key: key.clone() };
+                    self.outbox.send(Bucket::Lease, request, Pending::RetireRead { key });
+                }
+                _ => {}
             }
             return;
         }
         let p = self.steal.as_mut().expect("current");
         match written {
+            // The owner refused it before this answer arrived.
+            Written::Applied(rev) if p.deleted_at.is_some_and(|d| d > rev) => {
+                p.rev = Some(rev);
+                p.stage = StealStage::Refused;
+            }
             Written::Applied(rev) => {
                 p.rev = Some(rev);
                 p.stage = StealStage::Waiting;
@@ -191,15 +210,35 @@ impl Worker {
         }
     }
 
-    /// The request to `victim` was deleted at `rev`: if it was ours (the owner refused it), the
-    /// steal is over.
-    pub(super) fn steal_request_deleted(&mut self, victim: &InstanceId, rev: Revision) {
+    /// The request to `victim` was deleted at `rev` (`expired`: by its TTL): if it was ours and
+    /// the owner deleted it, the owner refused and the steal is over. An expiry is no answer:
+    /// the deadline, a heartbeat before the TTL, decides.
+    pub(super) fn steal_request_deleted(&mut self, victim: &InstanceId, rev: Revision, expired: bool) {
+        let Some(p) = self.steal.as_mut().filter(|p| p.victim == *victim) else { return };
+        if expired {
+            return;
+        }
+        match (p.stage, p.rev) {
+            (StealStage::Waiting, Some(r)) if r < rev => p.stage = StealStage::Refused,
+            // Ours or not, no request of ours is left to wait on.
+            (StealStage::Waiting, None) => p.stage = StealStage::Refused,
+            (StealStage::Asking, _) => p.deleted_at = p.deleted_at.max(Some(rev)),
+            _ => {}
+        }
+    }
+
+    /// A put of the victim's request key at `rev`: if it is our request, its revision is known
+    /// now (a create whose answer was in doubt, or is still on its way).
+    pub(super) fn steal_request_seen(&mut self, victim: &InstanceId, rev: Revision) {
+        let Some((seen, req)) = self.view.steal_requests.get(victim) else { return };
+        let ours = req.thief == self.me && *seen == rev;
         if let Some(p) = self.steal.as_mut()
             && p.victim == *victim
-            && p.stage == StealStage::Waiting
-            && p.rev.is_some_and(|r| r < rev)
+            && ours
+            && req.write == p.write
+            && p.rev.is_none()
         {
-            p.stage = StealStage::Refused;
+            p.rev = Some(rev);
         }
     }
 
@@ -215,22 +254,38 @@ impl Worker {
                 let Some(sv) = self.view.splits.get(&p.split) else {
                     return self.end_steal(None, HandoverOutcome::Withdrawn);
                 };
-                let record = sv.record.as_ref();
+                let record = sv.record.as_ref().filter(|r| r.epoch == p.epoch);
+                let victims_lease =
+                    sv.lease.as_ref().is_some_and(|l| l.owner.instance == p.victim && l.epoch == p.epoch);
+                let w = sv.weight.unwrap_or(1);
+                // Released to us: the owner ended the tenancy asked for gracefully and deleted its
+                // lease (its load no longer holds the split).
                 let released = sv.claim_key_set()
-                    && record.is_some_and(|r| r.state == SplitState::Unleased && r.epoch == p.epoch);
-                // The victim's tenancy, still running or being released (the record is written
-                // Unleased before the lease is deleted).
-                let in_play = record.is_some_and(|r| {
-                    r.epoch == p.epoch && matches!(r.state, SplitState::Owned | SplitState::Unleased)
-                }) && sv
-                    .lease
-                    .as_ref()
-                    .is_none_or(|l| l.owner.instance == p.victim && l.epoch == p.epoch);
-                if released && self.tenancies.len() < self.lane_budget() {
+                    && record.is_some_and(|r| {
+                        r.state == SplitState::Unleased && r.last_end == Some(records::EndReason::Released)
+                    });
+                // Being released: the record is written Unleased before the lease is deleted
+                // (and the two buckets' watches may deliver them in either order).
+                let releasing = victims_lease && record.is_some_and(|r| r.state == SplitState::Unleased);
+                let running = victims_lease && record.is_some_and(|r| r.state == SplitState::Owned);
+                let theirs = self.view.loads.get(&p.victim).copied().unwrap_or(0);
+                let free = self.tenancies.len() < self.lane_budget();
+                if released
+                    && p.rev.is_some()
+                    && free
+                    && move_helps(w, theirs + u128::from(effective_weight(w)), self.own_load())
+                {
                     let reason = self.claim_reason(&p.split);
                     self.steal.as_mut().expect("pending").stage = StealStage::Claiming { forced: false };
                     self.start_acquire(now, &p.split, reason);
-                } else if released || !in_play || !self.still_helps(&p) {
+                } else if releasing {
+                    // Wait for the lease delete (its deadline moves on: it is not taken over
+                    // while its owner is releasing it).
+                    if now >= p.force_at {
+                        let hb = self.cfg.tuning.heartbeat_interval();
+                        self.steal.as_mut().expect("pending").force_at = now + hb;
+                    }
+                } else if !running || !free || !move_helps(w, theirs, self.own_load()) {
                     self.end_steal(None, HandoverOutcome::Withdrawn);
                 } else if now >= p.force_at {
                     self.steal.as_mut().expect("pending").stage = StealStage::Claiming { forced: true };
@@ -247,13 +302,6 @@ impl Worker {
                 None => self.end_steal(None, HandoverOutcome::Withdrawn),
             },
         }
-    }
-
-    /// Whether moving the split asked for still lowers the imbalance, by the view (P9).
-    fn still_helps(&self, p: &PendingSteal) -> bool {
-        let w = self.view.splits.get(&p.split).and_then(|sv| sv.weight).unwrap_or(1);
-        let theirs = self.view.loads.get(&p.victim).copied().unwrap_or(0);
-        self.tenancies.len() < self.lane_budget() && move_helps(w, theirs, self.own_load())
     }
 
     /// Ends the pending steal: reports it and deletes the request (read back first when its
@@ -290,10 +338,22 @@ impl Worker {
             return;
         }
         self.answered_steal = Some(rev);
+        let thief_live = self
+            .view
+            .workers
+            .get(&req.thief.instance)
+            .is_some_and(|(_, p)| p.incarnation == req.thief.incarnation);
+        // A split already on its way out (another handover, a stall release) no longer counts.
+        let running_load: u128 = self
+            .tenancies
+            .values()
+            .filter(|h| !matches!(h.stage, Stage::Stopping { .. }))
+            .map(|h| u128::from(effective_weight(h.weight)))
+            .sum();
         let honour = match self.tenancies.get(&req.split) {
             Some(h) if h.epoch == req.epoch && matches!(h.stage, Stage::Stopping { .. }) => return,
             Some(h) if h.epoch == req.epoch && h.stage == Stage::Running => {
-                move_helps(req.weight, self.own_load(), req.thief_load)
+                thief_live && move_helps(req.weight, running_load, req.thief_load)
             }
             _ => false,
         };
@@ -304,11 +364,13 @@ impl Worker {
         });
         if !honour {
             let request = StoreRequest::Delete { key: keys::steal(&self.me.instance), expected: rev };
-            self.outbox.send(Bucket::Lease, request, Pending::Cleanup);
+            self.outbox.send(Bucket::Lease, request, Pending::StealRefuse { rev });
             return;
         }
-        let wait = self.cfg.tuning.handover_wait().unwrap_or_else(|| self.cfg.tuning.heartbeat_interval());
-        let deadline = now + wait;
+        // The thief's wait (so its deadline never cuts the last commit short), within a third
+        // of our lease.
+        let cap = self.cfg.tuning.lease_duration - self.cfg.tuning.heartbeat_interval() * 2;
+        let deadline = now + std::time::Duration::from_millis(req.wait_ms).min(cap);
         let h = self.tenancies.get_mut(&req.split).expect("held");
         h.stage = Stage::Stopping { deadline };
         let epoch = h.epoch;
@@ -320,6 +382,21 @@ impl Worker {
         });
     }
 
+    /// The answer to a refusal's delete: one that did not go through is answered again (else the
+    /// thief would take the split over at its deadline).
+    pub(super) fn on_steal_refuse(&mut self, rev: Revision, result: StoreResult) {
+        match result {
+            Err(StoreError::Indeterminate(_) | StoreError::Unavailable(_))
+                if self.answered_steal == Some(rev) =>
+            {
+                self.answered_steal = None;
+            }
+            Err(e) if e.is_fatal() => self.fatal_store(e),
+            // Deleted, or the key moved on (expired, the thief withdrew): answered.
+            _ => {}
+        }
+    }
+
     /// The move that lowers the sum of squared loads most, if any lowers it at all. Ties: the
     /// more loaded victim, then the smaller instance id, then the smaller split id
     /// (deterministic).
@@ -328,6 +405,10 @@ impl Worker {
         let mut best: Option<(Move, u128)> = None;
         for (victim, &load) in &self.view.loads {
             if *victim == self.me.instance || load <= mine + 1 {
+                continue;
+            }
+            // Another thief's request to it is pending: steals from one victim go one at a time.
+            if self.view.steal_requests.get(victim).is_some_and(|(_, r)| r.thief != self.me) {
                 continue;
             }
             let gap = load - mine;
@@ -359,8 +440,15 @@ impl Worker {
                 && !self.tenancies.contains(id)
                 && !self.tenancies.is_blocked(id)
                 && self.view.splits.get(id).is_some_and(|sv| {
-                    sv.lease.as_ref().is_some_and(|l| &l.owner.instance == victim)
-                        && sv.record.as_ref().is_some_and(|r| r.state == SplitState::Owned)
+                    // Lease and record name the same owner and epoch (a consistent view).
+                    sv.lease.as_ref().is_some_and(|l| {
+                        &l.owner.instance == victim
+                            && sv.record.as_ref().is_some_and(|r| {
+                                r.state == SplitState::Owned
+                                    && r.epoch == l.epoch
+                                    && r.owner.as_ref() == Some(&l.owner)
+                            })
+                    })
                 })
         };
         let split_at = (half.saturating_add(1), SplitId::floor());

@@ -152,7 +152,13 @@ impl Worker {
             Timer::ClaimBackoff => self.backoffs.elapse(now),
             Timer::PlanTimeout => self.plan_timed_out(now),
             // Taken over (or withdrawn) now, whether or not an acquisition follows this input.
-            Timer::StealDeadline => self.progress_steal(now),
+            Timer::StealDeadline => {
+                if self.phase == Phase::Running && self.presence.join == Join::Joined {
+                    self.progress_steal(now)
+                } else {
+                    self.end_steal(None, crate::io::HandoverOutcome::Withdrawn)
+                }
+            }
         }
     }
 }

@@ -9,7 +9,7 @@ use crate::io::{Action, StopReason, WatchId};
 use crate::records::{
     self, LeaderRecord, LeaseRecord, PlanHead, PresenceRecord, SplitRecord, StealRequest, keys,
 };
-use crate::store::{Bucket, Entry, Key, StoreRequest, WatchEvent};
+use crate::store::{Bucket, DeleteCause, Entry, Key, StoreRequest, WatchEvent};
 use crate::time::Timestamp;
 
 use super::outbox::Pending;
@@ -50,7 +50,7 @@ impl Worker {
         }
         match event {
             WatchEvent::Put(entry) => self.apply_put(now, watch, entry),
-            WatchEvent::Delete { key, revision, .. } => self.apply_delete(watch, key, revision),
+            WatchEvent::Delete { key, revision, cause } => self.apply_delete(watch, key, revision, cause),
             WatchEvent::SnapshotComplete => {}
         }
     }
@@ -205,6 +205,8 @@ impl Worker {
                     self.fence_on_lease(&id);
                 } else if keys::parse_worker(&key).as_ref() == Some(&self.me.instance) {
                     self.check_own_presence(now, rev);
+                } else if let Some(victim) = keys::parse_steal(&key) {
+                    self.steal_request_seen(&victim, rev);
                 } else if key == keys::leader()
                     && self.leader.as_ref().is_some_and(|l| l.rev < rev)
                     && self.view.leader.as_ref().is_some_and(|(_, l)| l.owner != self.me)
@@ -275,7 +277,7 @@ impl Worker {
     }
 
     /// A delete or expiry seen on a watch: out of the view, then the fencing triggers (P7).
-    fn apply_delete(&mut self, watch: WatchId, key: Key, rev: Revision) {
+    fn apply_delete(&mut self, watch: WatchId, key: Key, rev: Revision, cause: DeleteCause) {
         match watch {
             WatchId::Leases => {
                 if let Some(id) = keys::parse_split(&key) {
@@ -296,7 +298,7 @@ impl Worker {
                     if self.view.steal_requests.get(&victim).is_some_and(|(r, _)| *r < rev) {
                         self.view.steal_requests.remove(&victim);
                     }
-                    self.steal_request_deleted(&victim, rev);
+                    self.steal_request_deleted(&victim, rev, cause == DeleteCause::Expired);
                 } else if key == keys::leader() {
                     self.view.leader_seen = self.view.leader_seen.max(rev);
                     if self.view.leader.as_ref().is_some_and(|(r, _)| *r < rev) {
