@@ -81,7 +81,16 @@ fn scale_up_from_one_to_three_workers_converges_to_plus_minus_one_and_reads_no_r
     let job = job("scale");
     // 13 splits of one file each (equal weights), slow enough not to finish during the
     // rebalance: 300 records of 40 ms, 12 s a split.
-    let args = ["--record-delay-ms", "40", "--split-size", "1000", "--max-in-flight", "8"];
+    let args = [
+        "--record-delay-ms",
+        "40",
+        "--split-size",
+        "1000",
+        "--max-in-flight",
+        "8",
+        "--handover-timeout",
+        "10s",
+    ];
     let sinks = ["sa", "sb", "sc"].map(|id| tmp.path().join(format!("{id}.jsonl")));
     let mut a = worker(&job, "sa", &data, &sinks[0], &args);
     wait_for_records(&sinks[0], 8, &mut a);

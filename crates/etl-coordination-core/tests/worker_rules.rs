@@ -1366,6 +1366,13 @@ fn taker(name: &str, incarnation: u64) -> Config {
     c
 }
 
+/// A worker whose steals ask first (`handover_timeout` 10 s).
+fn asker(name: &str, incarnation: u64) -> Config {
+    let mut c = cfg(name, incarnation);
+    c.tuning.handover_timeout = Duration::from_secs(10);
+    c
+}
+
 /// `first` starts alone on `plan` and claims what it may; `second` then joins the same store
 /// while `first` stays frozen in it (its leases live): returns `second`'s rig after its start.
 fn join_frozen(mut first: Rig, second: Config, plan: Plan) -> (Rig, Rig) {
@@ -1615,13 +1622,13 @@ fn p9_a_thief_asks_first_and_takes_over_only_at_the_deadline() {
     // w2 (frozen) holds 10 + 10; w1 holds 1 and asks for one of the tens.
     let mut c2 = cfg("w2", 2);
     c2.tuning.max_in_flight = 2;
-    let (_w2, mut r) = join_frozen(Rig::new(c2), cfg("w1", 1), weighted_plan(&[10, 10, 1]));
+    let (_w2, mut r) = join_frozen(Rig::new(c2), asker("w1", 1), weighted_plan(&[10, 10, 1]));
     let request: records::StealRequest =
         records::decode(&r.kv.get(Bucket::Lease, "steal.w2").expect("a request to w2").value).unwrap();
     assert_eq!((request.split.as_str(), request.epoch, request.thief_load), ("s0", Epoch(1), 1));
     assert!(!acquisitions(&r).iter().any(|(_, why)| *why == AcquisitionReason::Stolen), "nothing taken yet");
     // The owner never answers: at the deadline (the wait and a heartbeat) the thief takes over.
-    let tuning = cfg("w1", 1).tuning;
+    let tuning = asker("w1", 1).tuning;
     let wait = tuning.handover_wait().unwrap() + tuning.heartbeat_interval();
     r.advance(wait - Duration::from_millis(100));
     assert!(!acquisitions(&r).iter().any(|(_, why)| *why == AcquisitionReason::Stolen));
@@ -1638,7 +1645,7 @@ fn p9_a_thief_asks_first_and_takes_over_only_at_the_deadline() {
 fn p9_a_thief_withdraws_when_the_split_is_gone_and_claims_it_when_released() {
     let mut c2 = cfg("w2", 2);
     c2.tuning.max_in_flight = 2;
-    let (_w2, mut r) = join_frozen(Rig::new(c2), cfg("w1", 1), weighted_plan(&[10, 10, 1]));
+    let (_w2, mut r) = join_frozen(Rig::new(c2), asker("w1", 1), weighted_plan(&[10, 10, 1]));
     assert!(r.kv.get(Bucket::Lease, "steal.w2").is_some());
     // The owner finishes s0 meanwhile: the request no longer has a point.
     let mut done = r.kv.record("s0");

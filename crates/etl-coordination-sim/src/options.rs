@@ -234,7 +234,7 @@ impl Options {
             planner_faults: false,
             slow_stop: false,
             drain_timeout: Duration::from_secs(2),
-            handover_timeout: etl_coordination_core::defaults::HANDOVER_TIMEOUT,
+            handover_timeout: Duration::from_secs(10),
             stay_after_end: false,
             foreign_writes: false,
             claim_backoff: Duration::from_secs(1),
