@@ -139,6 +139,24 @@ fn scale_up_converges_to_plus_minus_one_and_steals_stop() {
 }
 
 #[test]
+fn scale_up_from_one_worker_holding_every_split_shares_them_all() {
+    // max_in_flight 16: the first worker holds all 13 splits of weight 1 before the newcomers
+    // join, so nothing is left to claim and every split a newcomer gets is moved by a steal
+    // whose split is a small part of the gap (1 of 13). Balance is 5/4/4: 8 moves at least.
+    let opts = Options { max_in_flight: 16, ..Options::scenario(Scenario::Balance) };
+    let r = run(1, &opts);
+    assert!(r.violation.is_none(), "{}", r.violation.unwrap());
+    let owned = &r.owned_after_convergence;
+    assert_eq!(owned.iter().sum::<u32>(), 13, "every split owned: {owned:?}");
+    assert!(owned.iter().max().unwrap() - owned.iter().min().unwrap() <= 1, "{owned:?}");
+    assert_eq!(r.steals_after_faults, 0, "no steals in the window after convergence");
+    assert!((8..=12).contains(&r.steals_to_converge), "{} steals to converge", r.steals_to_converge);
+    assert_eq!(r.handovers.get("forced"), None, "{:?}", r.handovers);
+    assert_eq!(r.records_emitted, r.records_total, "a cooperative scale-out replays no record");
+    assert_eq!(r.outcome, "complete");
+}
+
+#[test]
 fn scale_up_by_takeover_converges_too() {
     // handover_timeout 0: steals take over at once, as before cooperative steals.
     let opts =

@@ -459,25 +459,16 @@ impl Worker {
             .into_iter()
             .flatten()
             .map(|(w, id)| (gain(*w), id.clone()))
-            .filter(|(gain, _)| worth_moving(*gain, gap))
             // The larger gain; on a tie the smaller split id.
             .max_by(|a, b| a.0.cmp(&b.0).then_with(|| b.1.cmp(&a.1)))
     }
 }
 
-/// Whether a move of gain `w * (gap - w)` is worth its cost (P9): it must take at least about
-/// a seventh of the gap between the two loads (and leave at least as much), that is
-/// `8 w (gap - w) >= gap^2`. Every move allowed still lowers the sum of squared loads (so
-/// convergence holds), but fine-tuning a large gap with a tiny split, which a failing or
-/// finishing split undoes a moment later, is not done. With equal weights a gap of two splits
-/// still moves one (+-1 balance).
-pub(crate) fn worth_moving(gain: u128, gap: u128) -> bool {
-    gain.saturating_mul(8) >= gap.saturating_mul(gap)
-}
-
 /// P9 in one place: moving a split of weight `weight` from a worker holding `from` to one
-/// holding `to` lowers the imbalance (`from > to + w`) and is worth it ([`worth_moving`]).
+/// holding `to` lowers the imbalance: `from > to + w`, so both loads end strictly between the
+/// two they were (the sum of squared loads drops by `2w(from - to - w)`). No threshold on the
+/// gain: a worker holding many light splits beside an idle peer must share them, however
+/// small a part of the gap each one is.
 pub(crate) fn move_helps(weight: u64, from: u128, to: u128) -> bool {
-    let w = u128::from(effective_weight(weight));
-    from > to + w && worth_moving(w * (from - to - w), from - to)
+    from > to + u128::from(effective_weight(weight))
 }

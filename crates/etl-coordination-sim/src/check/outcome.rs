@@ -236,8 +236,7 @@ impl Checker {
 }
 
 /// A move P9 makes: a split of weight `w` from worker `from` to worker `to`, which has a free
-/// lane, while `load(from) > load(to) + w` (it lowers the sum of squared loads) and
-/// `8 w (gap - w) >= gap^2` (it is worth its cost).
+/// lane, while `load(from) > load(to) + w` (it lowers the sum of squared loads).
 #[derive(Debug)]
 pub(super) struct Move {
     from: usize,
@@ -266,9 +265,8 @@ pub(super) fn improving_move(workers: &[WorkerLoad]) -> Option<Move> {
             let (la, lb) = (load(a), load(b));
             for &w in &a.held {
                 let w128 = u128::from(w.max(1));
-                // P9: the move lowers the imbalance and takes a seventh of the gap at least.
-                let gap = la.saturating_sub(lb);
-                if la > lb + w128 && (w128 * (gap - w128)).saturating_mul(8) >= gap.saturating_mul(gap) {
+                // P9: the move lowers the imbalance.
+                if la > lb + w128 {
                     let gain = w128 * (la - lb - w128);
                     if best.as_ref().is_none_or(|m| gain > m.gain) {
                         best = Some(Move { from, to, weight: w, gain });
