@@ -14,9 +14,9 @@ pub fn target_dir() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
 }
 
-/// A loopback port nobody listens on right now.
+/// A loopback port nobody listens on right now, never handed out twice by this process.
 pub fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(etl_coordination_testkit::free_port())
 }
 
 /// Waits (at most 20 s) until something accepts connections on the loopback `port`.
