@@ -113,16 +113,34 @@ pub async fn t4_balance(run: &mut Run, t: &Target) -> Result<()> {
     writeln!(run.doc, "### T4 balance after scaling out (24 splits)\n")?;
     writeln!(
         run.doc,
-        "| step | seconds to balance | acquisitions | of which steals | fewest moves | target |\n|---|---|---|---|---|---|"
+        "| steals | step | seconds to balance | acquisitions | of which steals | fewest moves | records emitted twice | target |\n|---|---|---|---|---|---|---|---|"
     )?;
-    for (step, secs, acquired, steals, moves) in bounded("T4", run.limit, scenarios::balance(t)).await? {
-        let verdict = if acquired <= moves { "met" } else { "**missed**" };
-        writeln!(
-            run.doc,
-            "| {step} workers | {secs:.2} | {acquired} | {steals} | {moves} | {verdict} (acquisitions <= moves) |"
-        )?;
+    // Cooperative (the owner stops its lane, commits and hands the split over: nothing is
+    // read twice) against takeover (the thief claims at once: the tail since the owner's last
+    // commit, up to one commit interval of records, is read again).
+    for (mode, handover) in
+        [("asking first (10 s)", Duration::from_secs(10)), ("taking over", Duration::ZERO)]
+    {
+        for s in bounded("T4", run.limit, scenarios::balance(t, handover)).await? {
+            let cooperative = !handover.is_zero();
+            // Takeover: each move may re-read one commit interval of its lane (1 s at 500/s) and
+            // the round trip of the commit that fenced the owner.
+            let bound = if cooperative { 0 } else { s.acquired as u64 * 550 };
+            let met = s.acquired <= s.moves && s.emitted_twice <= bound;
+            let verdict = if met { "met" } else { "**missed**" };
+            writeln!(
+                run.doc,
+                "| {mode} | {} workers | {:.2} | {} | {} | {} | {} | {verdict} (acquisitions <= moves, twice <= {bound}) |",
+                s.step, s.secs, s.acquired, s.steals, s.moves, s.emitted_twice
+            )?;
+        }
     }
-    run.doc.push('\n');
+    writeln!(
+        run.doc,
+        "\nRecords emitted twice: every write of every worker less the distinct records, counted a commit \
+         interval after the step balanced (a lane that took a split over re-reads at most that much). \
+         Asking first, the target is none; taking over, at most one commit interval and its round trip (550 records) per split moved.\n"
+    )?;
     Ok(())
 }
 

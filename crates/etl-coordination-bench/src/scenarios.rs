@@ -168,15 +168,26 @@ pub async fn reclaim(t: &Target, lease: Duration, reps: usize) -> Result<Vec<Vec
 /// T4: one worker holds 24 splits; 3 join, then 4 more. Per step: seconds until every worker
 /// holds its fair share, the acquisitions it took (and how many were steals), and the fewest
 /// moves that balance needs.
-pub async fn balance(t: &Target) -> Result<Vec<(String, f64, usize, usize, usize)>> {
+pub async fn balance(t: &Target, handover: Duration) -> Result<Vec<Step>> {
     let splits = 24;
-    let mut job = Job::new(&t.url, t.replicas, "t4", endless(splits));
+    let mut job = Job::new(&t.url, t.replicas, "t4", endless(splits).tracked());
     job.max_in_flight = splits as u32;
+    job.handover = handover;
     let mut workers = vec![job.start("w0").await?];
     until_balanced(&job.work.log, &balanced(&ids(1), splits), Duration::from_millis(300)).await?;
+    // Records emitted twice so far: every write of every worker, less the distinct ones. Lanes
+    // keep writing meanwhile (a write counts, then joins the set): the set is read first, so
+    // the count read after it is never below it; a write in flight can still make a reading
+    // high by a few, hence the saturating differences.
+    let twice = |workers: &[Worker]| {
+        let distinct = job.work.distinct_emitted();
+        let all: u64 = workers.iter().map(|w| w.records.0.load(std::sync::atomic::Ordering::Relaxed)).sum();
+        all.saturating_sub(distinct)
+    };
     let mut out = Vec::new();
     for n in [4, 8] {
         let before = workers.len();
+        let dup0 = twice(&workers);
         let t0 = Instant::now();
         for id in &ids(n)[before..] {
             workers.push(job.start(id).await?);
@@ -187,10 +198,37 @@ pub async fn balance(t: &Target) -> Result<Vec<(String, f64, usize, usize, usize
         let done = opened.iter().map(|o| o.at).max().unwrap_or(t0);
         let steals = opened.iter().filter(|o| o.reason == Some(AcquisitionReason::Stolen)).count();
         let moves = splits - splits / n * before;
-        out.push((format!("{before} -> {n}"), (done - t0).as_secs_f64(), opened.len(), steals, moves));
+        // A lane that took a split over re-reads at most one commit interval from where the
+        // previous owner last committed, at the records' own pace: counted once that has had
+        // time to happen.
+        tokio::time::sleep(job.cadence.interval + Duration::from_millis(500)).await;
+        let emitted_twice = twice(&workers).saturating_sub(dup0);
+        out.push(Step {
+            step: format!("{before} -> {n}"),
+            secs: (done - t0).as_secs_f64(),
+            acquired: opened.len(),
+            steals,
+            moves,
+            emitted_twice,
+        });
     }
     stop_all(&workers).await;
     Ok(out)
+}
+
+/// One scale-out step of T4.
+pub struct Step {
+    pub step: String,
+    /// Seconds from the first new worker's start to the last lane opened.
+    pub secs: f64,
+    /// Lanes opened in the step.
+    pub acquired: usize,
+    /// Of which by a steal.
+    pub steals: usize,
+    /// The fewest moves that balance the step.
+    pub moves: usize,
+    /// Records emitted twice in the step.
+    pub emitted_twice: u64,
 }
 
 /// T5: three workers hold 4 splits each, committing every second. Per worker and second, over

@@ -334,6 +334,8 @@ pub struct Job {
     pub lease: Duration,
     pub max_in_flight: u32,
     pub cadence: CommitCadence,
+    /// `Tuning::handover_timeout`: 0 (the default) takes steals over at once.
+    pub handover: Duration,
 }
 
 /// A running worker of a [`Job`].
@@ -361,6 +363,7 @@ impl Job {
             lease: Duration::from_secs(3),
             max_in_flight: 8,
             cadence: CommitCadence::new(1_000, Duration::from_secs(1)),
+            handover: Duration::ZERO,
         }
     }
 
@@ -378,6 +381,7 @@ impl Job {
         config.instance_id = Some(InstanceId::new(id)?);
         config.tuning.lease_duration = self.lease;
         config.tuning.max_in_flight = self.max_in_flight;
+        config.tuning.handover_timeout = self.handover;
         config.tuning.drain_timeout = Duration::from_secs(5);
         let records = Count(Arc::default(), self.work.seen.is_some().then(|| self.work.clone()));
         let handle = Pipeline::new(stores, self.work.clone(), records.clone())
