@@ -185,6 +185,12 @@ impl Worker {
         self.tenancies.iter().map(|(id, h)| (id, h.epoch))
     }
 
+    /// The splits this worker's lanes failed that wait to be claimed again: P9 counts them in
+    /// its load (they usually come back to it).
+    pub fn returning(&self) -> impl Iterator<Item = &SplitId> {
+        self.failed_here.keys().filter(|id| !self.tenancies.contains(id))
+    }
+
     /// Feeds one input at time `now`; returns the actions to execute, in order.
     pub fn handle(&mut self, now: Timestamp, input: Input) -> Vec<Action> {
         if self.phase == Phase::Stopped {

@@ -260,6 +260,9 @@ pub(crate) enum Observation<'a> {
 pub(crate) struct WorkerLoad {
     pub(crate) held: Vec<u64>,
     pub(crate) cap: u32,
+    /// The weights of splits its lanes failed that wait to be claimed again: in its load (P9),
+    /// not in its lanes.
+    pub(crate) returning: Vec<u64>,
 }
 
 /// The lease origin a split record write waiting at a stuck stream leader is judged by (the

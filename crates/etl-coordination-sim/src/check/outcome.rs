@@ -255,14 +255,17 @@ impl std::fmt::Display for Move {
 
 /// The move that helps most, if any helps (P9's rule, judged on what workers hold).
 pub(super) fn improving_move(workers: &[WorkerLoad]) -> Option<Move> {
-    let load = |w: &WorkerLoad| w.held.iter().map(|&x| u128::from(x.max(1))).sum::<u128>();
+    // P9: a thief counts in its own load the splits its lanes failed that wait to be claimed
+    // again; a peer's load, as any thief sees it (its leases), does not hold them.
+    let held = |w: &WorkerLoad| w.held.iter().map(|&x| u128::from(x.max(1))).sum::<u128>();
+    let own = |w: &WorkerLoad| held(w) + w.returning.iter().map(|&x| u128::from(x.max(1))).sum::<u128>();
     let mut best: Option<Move> = None;
     for (from, a) in workers.iter().enumerate() {
         for (to, b) in workers.iter().enumerate() {
             if from == to || b.held.len() as u32 >= b.cap {
                 continue;
             }
-            let (la, lb) = (load(a), load(b));
+            let (la, lb) = (held(a), own(b));
             for &w in &a.held {
                 let w128 = u128::from(w.max(1));
                 // P9: the move lowers the imbalance.

@@ -64,7 +64,9 @@ impl World {
                 let held = self.held_weights(c);
                 let open = !matches!(s.breaker.state(), etl_coordination_core::BreakerState::Closed);
                 let cap = if open { held.len() as u32 } else { s.max_in_flight };
-                loads.push(WorkerLoad { held, cap });
+                let returning =
+                    c.returning().map(|id| self.splits[self.split_index[id]].weight.max(1)).collect();
+                loads.push(WorkerLoad { held, cap, returning });
             }
         }
         self.checker.observe(self.now, Observation::Loads { workers: &loads }, &mut self.state);
@@ -104,6 +106,7 @@ impl World {
                         .map(|s| WorkerLoad {
                             held: s.core.as_ref().map_or_else(Vec::new, |c| self.held_weights(c)),
                             cap: s.max_in_flight,
+                            returning: Vec::new(),
                         })
                         .collect();
                     self.checker.observe(
