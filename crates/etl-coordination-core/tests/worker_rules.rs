@@ -338,9 +338,13 @@ fn p3_a_renewing_twin_is_fatal_and_says_what_to_do() {
 
 #[test]
 fn p3_a_restarted_instance_reclaims_its_splits_at_once_consuming_an_attempt() {
-    // The first incarnation claims everything, then dies without releasing.
+    // The first incarnation claims everything, commits progress on s1 and s2, then dies
+    // without releasing.
     let mut r = running(3);
     assert_eq!(r.started().len(), 3);
+    for s in ["s1", "s2"] {
+        r.feed(Input::Commit { split: sid(s), epoch: Epoch(1), progress: Bytes::from_static(b"p1") });
+    }
     let old_kv = std::mem::take(&mut r.kv);
     // The new incarnation finds the old presence, waits, takes it over, and reclaims.
     let mut r2 = Rig::new(cfg("w1", 2));
@@ -362,6 +366,41 @@ fn p3_a_restarted_instance_reclaims_its_splits_at_once_consuming_an_attempt() {
         .collect();
     assert_eq!(reasons, vec![AcquisitionReason::Reclaimed; 3]);
     assert_eq!(r2.kv.record("s0").attempts, 1, "a crash consumes an attempt (P12)");
+    assert_eq!(r2.kv.record("s1").attempts, 0, "unless the tenancy progressed");
+}
+
+#[test]
+fn p12_a_restarted_instance_tries_its_suspects_one_at_a_time() {
+    // The first incarnation claims three splits and dies before any commit: each reclaim
+    // charges an attempt, so each would start a suspect's trial. One trial at a time: if one of
+    // them crashes the process again, the others are not charged beside it.
+    let mut r = running(3);
+    assert_eq!(r.started().len(), 3);
+    let old_kv = std::mem::take(&mut r.kv);
+    let mut r2 = Rig::new(cfg("w1", 2));
+    r2.kv = old_kv;
+    r2.kv.watches.clear();
+    r2.feed(Input::Start);
+    r2.advance(Duration::from_millis(1500));
+    let started = r2.started();
+    assert_eq!(started.len(), 1, "one trial: {started:?}");
+    let first = started[0].0.clone();
+    assert_eq!(r2.kv.record(first.as_str()).attempts, 1);
+    // It progresses: the trial is over, the next suspect is tried.
+    r2.feed(Input::Commit { split: first.clone(), epoch: Epoch(2), progress: Bytes::from_static(b"p1") });
+    r2.advance(Duration::from_millis(100));
+    let started = r2.started();
+    assert_eq!(started.len(), 2, "{started:?}");
+    // The second never progresses: after a lease it counts as tried, and the last one starts.
+    let tried = |r: &Rig| r.started().into_iter().map(|(s, _)| s).collect::<std::collections::BTreeSet<_>>();
+    r2.advance(Duration::from_millis(1500));
+    assert_eq!(tried(&r2).len(), 2, "still on trial");
+    r2.advance(cfg("w1", 2).tuning.lease_duration);
+    assert_eq!(tried(&r2).len(), 3, "{:?}", r2.started());
+    // None was charged twice.
+    for s in ["s0", "s1", "s2"] {
+        assert!(r2.kv.record(s).attempts <= 1, "{s}: {:?}", r2.kv.record(s));
+    }
 }
 
 #[test]
@@ -1641,6 +1680,44 @@ fn p9_a_thief_asks_first_and_takes_over_only_at_the_deadline() {
         Event::Handover { outcome: HandoverOutcome::Forced, from: Epoch(1), to: Some(Epoch(2)), .. }
     )));
     assert!(r.kv.get(Bucket::Lease, "steal.w2").is_none(), "the request is deleted once the steal ends");
+}
+
+#[test]
+fn p9_a_thief_takes_over_at_once_when_the_owner_asked_has_restarted_or_is_gone() {
+    // w2 (frozen) holds 10 + 10; w1 asks for s0. w2 crashes and restarts (its presence names
+    // another incarnation): nobody will answer, and waiting would let the restarted w2 reclaim
+    // s0 first, charged an attempt. The thief takes over at once, long before its deadline.
+    let mut c2 = cfg("w2", 2);
+    c2.tuning.max_in_flight = 2;
+    let (_w2, mut r) = join_frozen(Rig::new(c2), asker("w1", 1), weighted_plan(&[10, 10, 1]));
+    assert!(r.kv.get(Bucket::Lease, "steal.w2").is_some(), "asked first");
+    r.advance(Duration::from_millis(100));
+    assert!(!acquisitions(&r).iter().any(|(_, why)| *why == AcquisitionReason::Stolen), "the owner is live");
+    let restarted = PresenceRecord { incarnation: Incarnation(77), held: 0, capacity: 2 };
+    peer_put(&mut r, Bucket::Lease, &presence_key("w2"), &restarted);
+    r.advance(Duration::from_millis(10));
+    assert!(acquisitions(&r).contains(&("s0".into(), AcquisitionReason::Stolen)), "{:?}", acquisitions(&r));
+    assert!(r.events().iter().any(|e| matches!(
+        e,
+        Event::Handover { outcome: HandoverOutcome::Forced, from: Epoch(1), to: Some(Epoch(2)), .. }
+    )));
+    assert_eq!(r.kv.record("s0").attempts, 0, "a steal is charged no attempt");
+
+    // Same with the owner's presence gone (expired, deleted), not replaced.
+    let mut c2 = cfg("w2", 2);
+    c2.tuning.max_in_flight = 2;
+    let (_w2, mut r) = join_frozen(Rig::new(c2), asker("w1", 1), weighted_plan(&[10, 10, 1]));
+    assert!(r.kv.get(Bucket::Lease, "steal.w2").is_some(), "asked first");
+    let presence = r.kv.get(Bucket::Lease, "worker.w2").expect("w2 is present");
+    let (result, events) = r
+        .kv
+        .apply(Bucket::Lease, &StoreRequest::Delete { key: presence_key("w2"), expected: presence.revision });
+    result.unwrap();
+    for (watch, event) in events {
+        r.feed(Input::Watch { watch, event });
+    }
+    r.advance(Duration::from_millis(10));
+    assert!(acquisitions(&r).contains(&("s0".into(), AcquisitionReason::Stolen)), "{:?}", acquisitions(&r));
 }
 
 #[test]

@@ -86,15 +86,28 @@ impl Worker {
         }
         self.forget_stale_backoffs();
         let max = self.cfg.tuning.max_in_flight as usize;
+        // P12: one suspect's trial at a time (see `on_trial`); a suspect this worker may not try
+        // now is not there for it to take, as a split waiting out its backoff.
+        let mut trying = self.on_trial(now);
+        let mut deferred = Vec::new();
         // P3: reclaim what our previous incarnation held, at once, up to capacity.
-        let reclaim: Vec<SplitId> = self
-            .view
-            .old_incarnation
-            .iter()
-            .filter(|id| !self.tenancies.contains(id) && !self.tenancies.is_blocked(id))
-            .take(max.saturating_sub(self.tenancies.len()))
-            .cloned()
-            .collect();
+        let mut reclaim = Vec::new();
+        for id in &self.view.old_incarnation {
+            if reclaim.len() + self.tenancies.len() >= max {
+                break;
+            }
+            if self.tenancies.contains(id) || self.tenancies.is_blocked(id) {
+                continue;
+            }
+            if self.would_try(id, AcquisitionReason::Reclaimed) {
+                if trying {
+                    deferred.push(id.clone());
+                    continue;
+                }
+                trying = true;
+            }
+            reclaim.push(id.clone());
+        }
         for id in reclaim {
             self.start_acquire(now, &id, AcquisitionReason::Reclaimed);
         }
@@ -112,6 +125,13 @@ impl Worker {
             if self.backoffs.waiting(now, id, &self.view.splits[id], &self.cfg.tuning, &self.me.instance) {
                 continue;
             }
+            if self.would_try(id, self.claim_reason(id)) {
+                if trying {
+                    deferred.push(id.clone());
+                    continue;
+                }
+                trying = true;
+            }
             picks.push(id.clone());
             want -= 1;
         }
@@ -126,7 +146,10 @@ impl Worker {
         // rather than wait beside a loaded one. A worker at its share of the count steals too:
         // balance is by weight (P9).
         let nothing_unclaimed = self.view.claimable.iter().all(|(_, id)| {
-            self.tenancies.contains(id) || self.backoffs.is_waiting(id) || reserved.contains(id)
+            self.tenancies.contains(id)
+                || self.backoffs.is_waiting(id)
+                || reserved.contains(id)
+                || deferred.contains(id)
         });
         if nothing_unclaimed {
             self.maybe_steal(now);

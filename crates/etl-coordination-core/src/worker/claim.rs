@@ -32,6 +32,43 @@ impl Worker {
         }
     }
 
+    /// P12: whether taking a split whose record is `base` for `reason` charges the previous
+    /// tenancy an attempt: it ended without a release (poison evidence), unless it was this very
+    /// process (a starved lease of our own).
+    fn charges(&self, base: &SplitRecord, reason: AcquisitionReason) -> bool {
+        match reason {
+            AcquisitionReason::Expired => base.owner.as_ref() != Some(&self.me),
+            AcquisitionReason::Reclaimed => true,
+            _ => false,
+        }
+    }
+
+    /// P12: whether the split would be a suspect once taken for `reason`: failures no progress
+    /// explained are behind it (its attempts after the claim are not 0).
+    fn is_suspect(&self, base: &SplitRecord, reason: AcquisitionReason) -> bool {
+        base.attempts > 0 || (self.charges(base, reason) && !base.progressed)
+    }
+
+    /// P12: whether taking `id` for `reason` would start a suspect's trial.
+    pub(super) fn would_try(&self, id: &SplitId, reason: AcquisitionReason) -> bool {
+        self.view
+            .splits
+            .get(id)
+            .and_then(|sv| sv.record.as_ref())
+            .is_some_and(|base| self.is_suspect(base, reason))
+    }
+
+    /// P12: whether a suspect's trial runs here: a tenancy of a split with failures behind it
+    /// that has neither progressed nor lasted a lease yet. One at a time per worker, so that when
+    /// a split crashes its process, the other tenancies the crash charges are ones that had no
+    /// failure behind them: a crash loop quarantines the split that causes it, not the healthy
+    /// ones that happened to be claimed beside it on every restart.
+    pub(super) fn on_trial(&self, now: Timestamp) -> bool {
+        self.tenancies
+            .values()
+            .any(|h| h.acquisition.trial_until.is_some_and(|t| now < t) && !h.written.record.progressed)
+    }
+
     /// Starts an acquisition (P5, P6, P9): the lease first (create; or CAS over the dead
     /// incarnation's lease for a reclaim, over the victim's for a steal), then the fenced record
     /// CAS. A steal is only planned on a consistent view (lease and record name the same owner
@@ -71,13 +108,8 @@ impl Worker {
             (Some(_), _) | (None, AcquisitionReason::Stolen) => return,
             (None, _) => StoreRequest::Create { key, value, ttl: self.ttl() },
         };
-        // The previous tenancy ended without a release: poison evidence (P12), unless it was this
-        // very process (a starved lease of our own).
-        let consumes_attempt = match reason {
-            AcquisitionReason::Expired => base.owner.as_ref() != Some(&self.me),
-            AcquisitionReason::Reclaimed => true,
-            _ => false,
-        };
+        let consumes_attempt = self.charges(&base, reason);
+        let trial = self.is_suspect(&base, reason);
         self.tenancies.insert(
             id.clone(),
             Held {
@@ -87,6 +119,7 @@ impl Worker {
                 acquisition: Acquisition {
                     reason,
                     consumes_attempt,
+                    trial_until: trial.then(|| now + self.cfg.tuning.lease_duration),
                     resuming: false,
                     desc_misses: 0,
                     desc_first_miss: None,

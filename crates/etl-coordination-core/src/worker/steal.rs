@@ -124,7 +124,7 @@ impl Worker {
         if self.steal.is_some() {
             return;
         }
-        let Some(best) = self.best_move() else { return };
+        let Some(best) = self.best_move(self.on_trial(now)) else { return };
         self.last_steal_at = Some(now);
         let weight = self.view.splits.get(&best.split).and_then(|sv| sv.weight).unwrap_or(0);
         let loads = (self.view.loads.get(&best.victim).copied().unwrap_or(0), self.own_load());
@@ -268,6 +268,14 @@ impl Worker {
                 // (and the two buckets' watches may deliver them in either order).
                 let releasing = victims_lease && record.is_some_and(|r| r.state == SplitState::Unleased);
                 let running = victims_lease && record.is_some_and(|r| r.state == SplitState::Owned);
+                // The process asked is gone (its presence expired, or a restart wrote another
+                // incarnation's): nobody will answer, so waiting for the deadline only lets the
+                // restarted incarnation reclaim the split first, a reclaim charged an attempt
+                // (P12) each time a crash loop comes round. Take it over now, as with handovers
+                // off (a takeover is safe whatever the view: the lease CAS fences it).
+                let owner_gone = sv.lease.as_ref().is_some_and(|l| {
+                    self.view.workers.get(&p.victim).is_none_or(|(_, w)| w.incarnation != l.owner.incarnation)
+                });
                 let theirs = self.view.loads.get(&p.victim).copied().unwrap_or(0);
                 let free = self.tenancies.len() < self.lane_budget();
                 if released
@@ -287,7 +295,7 @@ impl Worker {
                     }
                 } else if !running || !free || !move_helps(w, theirs, self.own_load()) {
                     self.end_steal(None, HandoverOutcome::Withdrawn);
-                } else if now >= p.force_at {
+                } else if now >= p.force_at || owner_gone {
                     self.steal.as_mut().expect("pending").stage = StealStage::Claiming { forced: true };
                     self.start_acquire(now, &p.split, AcquisitionReason::Stolen);
                 }
@@ -400,7 +408,7 @@ impl Worker {
     /// The move that lowers the sum of squared loads most, if any lowers it at all. Ties: the
     /// more loaded victim, then the smaller instance id, then the smaller split id
     /// (deterministic).
-    fn best_move(&self) -> Option<Move> {
+    fn best_move(&self, on_trial: bool) -> Option<Move> {
         let mine = self.own_load();
         let mut best: Option<(Move, u128)> = None;
         for (victim, &load) in &self.view.loads {
@@ -412,7 +420,7 @@ impl Worker {
                 continue;
             }
             let gap = load - mine;
-            let Some((gain, split)) = self.best_split_of(victim, gap) else { continue };
+            let Some((gain, split)) = self.best_split_of(victim, gap, on_trial) else { continue };
             let better = match &best {
                 None => true,
                 Some((b, b_load)) => match gain.cmp(&b.gain) {
@@ -432,7 +440,7 @@ impl Worker {
     /// exceeds ours by `gap`: the gain `w * (gap - w)` peaks at `w = gap / 2`, so the best
     /// candidates are the nearest weights on either side of it; weights of `gap` or more would
     /// not lower the imbalance.
-    fn best_split_of(&self, victim: &InstanceId, gap: u128) -> Option<(u128, SplitId)> {
+    fn best_split_of(&self, victim: &InstanceId, gap: u128, on_trial: bool) -> Option<(u128, SplitId)> {
         let held = self.view.held_by.get(victim)?;
         let half = u64::try_from(gap / 2).unwrap_or(u64::MAX);
         let takeable = |(w, id): &&(u64, SplitId)| {
@@ -440,13 +448,15 @@ impl Worker {
                 && !self.tenancies.contains(id)
                 && !self.tenancies.is_blocked(id)
                 && self.view.splits.get(id).is_some_and(|sv| {
-                    // Lease and record name the same owner and epoch (a consistent view).
+                    // Lease and record name the same owner and epoch (a consistent view); a
+                    // suspect only when no trial runs here (P12).
                     sv.lease.as_ref().is_some_and(|l| {
                         &l.owner.instance == victim
                             && sv.record.as_ref().is_some_and(|r| {
                                 r.state == SplitState::Owned
                                     && r.epoch == l.epoch
                                     && r.owner.as_ref() == Some(&l.owner)
+                                    && !(on_trial && r.attempts > 0)
                             })
                     })
                 })

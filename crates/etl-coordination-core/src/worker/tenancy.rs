@@ -40,6 +40,10 @@ pub(super) struct Acquisition {
     pub(super) reason: AcquisitionReason,
     /// Whether the claim charges an attempt for the previous tenancy (P12).
     pub(super) consumes_attempt: bool,
+    /// P12: the split has unexplained failures behind it (attempts after this claim), and this
+    /// tenancy is its trial until then, unless it progresses first: while a trial runs, the
+    /// worker starts no other (see `Worker::on_trial`).
+    pub(super) trial_until: Option<Timestamp>,
     /// A starved tenancy resuming under a new epoch (P11): no attempt, no acquisition event.
     pub(super) resuming: bool,
     /// Reads that found no descriptor (possibly from a lagging replica), and when the first
