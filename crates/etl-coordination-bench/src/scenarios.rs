@@ -8,7 +8,7 @@ use etl_coordination_driver::{AcquisitionReason, JobOutcome};
 use tokio::time::Instant;
 
 use crate::peers::{PgJob, Static};
-use crate::world::{Job, OpCounts, Work, Worker, until, until_balanced};
+use crate::world::{Job, OpCounts, Work, Worker, until, until_balanced, until_quiet};
 
 /// Where a scenario runs: a NATS URL (one server or a cluster) and the stream replicas.
 #[derive(Clone, Debug)]
@@ -198,6 +198,8 @@ pub async fn balance(t: &Target, handover: Duration) -> Result<Vec<Step>> {
         let done = opened.iter().map(|o| o.at).max().unwrap_or(t0);
         let steals = opened.iter().filter(|o| o.reason == Some(AcquisitionReason::Stolen)).count();
         let moves = splits - splits / n * before;
+        let counts = job.work.log.load();
+        let imbalance = counts.values().max().unwrap_or(&0) - counts.values().min().unwrap_or(&0);
         // A lane that took a split over re-reads at most one commit interval from where the
         // previous owner last committed, at the records' own pace: counted once that has had
         // time to happen.
@@ -210,10 +212,58 @@ pub async fn balance(t: &Target, handover: Duration) -> Result<Vec<Step>> {
             steals,
             moves,
             emitted_twice,
+            imbalance,
         });
     }
     stop_all(&workers).await;
     Ok(out)
+}
+
+/// T4, skewed: 24 endless splits whose weights span two orders of magnitude (1 to 100,
+/// geometric); one worker holds them all, three join, every steal asks first. Balanced by the
+/// weights the plan reports (`by_weight`), or by count (the plan reports none): the true weight
+/// each worker holds once steals have stopped.
+pub async fn skewed(t: &Target, by_weight: bool) -> Result<Skewed> {
+    let splits = 24;
+    let weights: Vec<u64> =
+        (0..splits).map(|i| 100f64.powf(i as f64 / (splits - 1) as f64).round() as u64).collect();
+    let heaviest = weights.iter().copied().max().unwrap_or(0);
+    let total = weights.iter().sum();
+    let mut job = Job::new(&t.url, t.replicas, "t4w", endless(splits).weighted(weights, by_weight));
+    job.max_in_flight = splits as u32;
+    job.handover = Duration::from_secs(10);
+    let mut workers = vec![job.start("w0").await?];
+    until_quiet(&job.work.log, splits, Duration::from_millis(300)).await?;
+    let t0 = Instant::now();
+    for id in &ids(4)[1..] {
+        workers.push(job.start(id).await?);
+    }
+    // P9 moves at most one split per worker per heartbeat (1 s here) and a handover takes up to
+    // its wait (1 s: a third of the lease) and a heartbeat: 5 s without a lane opened is done.
+    until_quiet(&job.work.log, splits, Duration::from_secs(5)).await?;
+    let weight = job.work.weight_of();
+    let mut loads: BTreeMap<String, u64> = ids(4).into_iter().map(|id| (id, 0)).collect();
+    for (split, worker) in job.work.log.holders() {
+        *loads.entry(worker).or_default() += weight[&split];
+    }
+    let opened: Vec<_> = job.work.log.all().into_iter().filter(|o| o.at > t0).collect();
+    let secs = opened.iter().map(|o| o.at).max().map_or(0.0, |at| (at - t0).as_secs_f64());
+    stop_all(&workers).await;
+    Ok(Skewed { loads, heaviest, total, moves: opened.len(), secs })
+}
+
+/// What T4's skewed plan measured.
+pub struct Skewed {
+    /// The true weight each worker held after the last move.
+    pub loads: BTreeMap<String, u64>,
+    /// The heaviest split's weight.
+    pub heaviest: u64,
+    /// Every split's weight together.
+    pub total: u64,
+    /// Lanes opened after the three joined.
+    pub moves: usize,
+    /// Seconds from the first join to the last lane opened.
+    pub secs: f64,
 }
 
 /// One scale-out step of T4.
@@ -229,6 +279,8 @@ pub struct Step {
     pub moves: usize,
     /// Records emitted twice in the step.
     pub emitted_twice: u64,
+    /// Most splits held less fewest, after balance (equal weights: the weight imbalance).
+    pub imbalance: usize,
 }
 
 /// T5: three workers hold 4 splits each, committing every second. Per worker and second, over

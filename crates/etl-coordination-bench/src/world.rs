@@ -78,6 +78,11 @@ pub struct Work {
     pub last_record: Arc<Mutex<Option<Instant>>>,
     /// Every (split, record) emitted, when tracked (see [`Work::tracked`]).
     pub seen: Option<Seen>,
+    /// Each split's weight (plan order), when skewed (see [`Work::weighted`]); 1 each otherwise.
+    pub weights: Option<Arc<Vec<u64>>>,
+    /// Whether the plan reports `weights` to the planner's consumers (else weight 1 each: the
+    /// balance a planner that reports no weight gets, by split count).
+    pub report_weights: bool,
 }
 
 impl Work {
@@ -90,6 +95,26 @@ impl Work {
             paced: Arc::default(),
             last_record: Arc::default(),
             seen: None,
+            weights: None,
+            report_weights: false,
+        }
+    }
+
+    /// The same work with split `i` weighing `weights[i]`, reported in the plan when `report` (a
+    /// planner that knows sizes) or not (every split weighs 1 to the protocol: balance by count).
+    pub fn weighted(mut self, weights: Vec<u64>, report: bool) -> Work {
+        assert_eq!(weights.len(), self.splits, "a weight per split");
+        self.weights = Some(Arc::new(weights));
+        self.report_weights = report;
+        self
+    }
+
+    /// The true weight of each split, by id (1 each when the work is not skewed).
+    pub fn weight_of(&self) -> BTreeMap<String, u64> {
+        let ids = self.ids();
+        match &self.weights {
+            Some(w) => ids.into_iter().zip(w.iter().copied()).collect(),
+            None => ids.into_iter().map(|id| (id, 1)).collect(),
         }
     }
 
@@ -165,12 +190,14 @@ impl Planner for Work {
     }
 
     async fn plan(&self) -> Result<Plan, PlanError> {
+        let weights = self.weight_of();
         let splits = self
             .ids()
             .into_iter()
             .map(|id| {
+                let weight = if self.report_weights { weights[&id] } else { 1 };
                 let id = SplitId::new(id).expect("valid id");
-                PlannedSplit::new(id, Bytes::copy_from_slice(&self.records.to_le_bytes()), 1)
+                PlannedSplit::new(id, Bytes::copy_from_slice(&self.records.to_le_bytes()), weight)
             })
             .collect();
         Ok(Plan::new(PlanKind::Final, splits))
@@ -334,7 +361,8 @@ pub struct Job {
     pub lease: Duration,
     pub max_in_flight: u32,
     pub cadence: CommitCadence,
-    /// `Tuning::handover_timeout`: 0 (the default) takes steals over at once.
+    /// `Tuning::handover_timeout`: 0 takes steals over at once (10 s is the default; each
+    /// measurement sets it).
     pub handover: Duration,
 }
 
@@ -363,7 +391,7 @@ impl Job {
             lease: Duration::from_secs(3),
             max_in_flight: 8,
             cadence: CommitCadence::new(1_000, Duration::from_secs(1)),
-            handover: Duration::ZERO,
+            handover: etl_coordination_core::defaults::HANDOVER_TIMEOUT,
         }
     }
 
@@ -402,6 +430,26 @@ pub async fn until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) 
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     Ok(())
+}
+
+/// Waits until every split of the job has a holder and no lane opened for `quiet` (a fleet
+/// whose steals have stopped).
+pub async fn until_quiet(log: &Log, splits: usize, quiet: Duration) -> Result<()> {
+    let mut stable_since: Option<(Instant, usize)> = None;
+    until("a fleet that stopped moving splits", Duration::from_secs(180), || {
+        let n = log.len();
+        if log.distinct() < splits {
+            return false;
+        }
+        match stable_since {
+            Some((t, m)) if m == n => t.elapsed() >= quiet,
+            _ => {
+                stable_since = Some((Instant::now(), n));
+                false
+            }
+        }
+    })
+    .await
 }
 
 /// Waits until the current holders of the job's splits are `want` (worker -> splits), and no

@@ -100,10 +100,9 @@ pub mod defaults {
     pub const REPLAN_INTERVAL: Duration = Duration::from_secs(60);
     /// 30 s.
     pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
-    /// 0: off (steals take over at once) until cooperative steals stop raising collateral
-    /// quarantines beside crash-looping owners (docs/DESIGN.md, issue 29); 10 s is the value to
-    /// try.
-    pub const HANDOVER_TIMEOUT: Duration = Duration::ZERO;
+    /// 10 s: a steal asks first (0 takes over at once); at most a third of the lease takes
+    /// effect.
+    pub const HANDOVER_TIMEOUT: Duration = Duration::from_secs(10);
     /// 10 min.
     pub const PLAN_TIMEOUT: Duration = Duration::from_secs(600);
     /// 15 s (then 30 s, 60 s, ...: three failures of a split with 4 attempts span 105 s).

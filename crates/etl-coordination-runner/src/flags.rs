@@ -278,8 +278,8 @@ pub struct WorkerFlags {
     /// How long the owner of a split a peer asks for (a rebalancing steal) has to commit and
     /// release it before the peer takes it over anyway (re-reading what the owner had not
     /// committed). At most a third of the lease takes effect; use one value on every worker.
-    /// 0s (the default for now): steals take over at once; 10s asks first.
-    #[arg(long, default_value = "0s", value_parser = parse_duration, env = "ETL_COORD_HANDOVER_TIMEOUT")]
+    /// 0s: steals take over at once.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, env = "ETL_COORD_HANDOVER_TIMEOUT")]
     pub handover_timeout: Duration,
     /// How long the leader waits for the planner (listing the input) before counting the call
     /// as failed and retrying it after a backoff.
