@@ -1,7 +1,7 @@
 //! The acquisition cycle (P3, P5, P9): reclaim what our previous incarnation held, claim up to
 //! the fair share in claim order, and steal when nothing is left to claim.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::Tuning;
 use crate::ids::{InstanceId, Revision, SplitId};
@@ -88,28 +88,31 @@ impl Worker {
         let max = self.cfg.tuning.max_in_flight as usize;
         // P12: one suspect's trial at a time (see `on_trial`); a suspect this worker may not try
         // now is not there for it to take, as a split waiting out its backoff.
-        let mut trying = self.on_trial(now);
-        let mut deferred = Vec::new();
+        // A steal waiting for its split counts as a trial when that split is a suspect.
+        let stealing_suspect = self.steal.as_ref().is_some_and(|p| {
+            self.view.splits.get(&p.split).and_then(|sv| sv.record.as_ref()).is_some_and(|r| r.attempts > 0)
+        });
+        let mut trying = stealing_suspect || self.on_trial(now);
+        let mut deferred = BTreeSet::new();
         // P3: reclaim what our previous incarnation held, at once, up to capacity.
-        let mut reclaim = Vec::new();
-        for id in &self.view.old_incarnation {
-            if reclaim.len() + self.tenancies.len() >= max {
+        let reclaim: Vec<(SplitId, bool)> = self
+            .view
+            .old_incarnation
+            .iter()
+            .filter(|id| !self.tenancies.contains(id) && !self.tenancies.is_blocked(id))
+            .map(|id| (id.clone(), self.would_try(id, AcquisitionReason::Reclaimed)))
+            .collect();
+        for (id, suspect) in reclaim {
+            if self.tenancies.len() >= max {
                 break;
             }
-            if self.tenancies.contains(id) || self.tenancies.is_blocked(id) {
+            if suspect && trying {
+                deferred.insert(id);
                 continue;
             }
-            if self.would_try(id, AcquisitionReason::Reclaimed) {
-                if trying {
-                    deferred.push(id.clone());
-                    continue;
-                }
-                trying = true;
-            }
-            reclaim.push(id.clone());
-        }
-        for id in reclaim {
             self.start_acquire(now, &id, AcquisitionReason::Reclaimed);
+            // (A reclaim that could not start is no trial.)
+            trying |= suspect && self.tenancies.contains(&id);
         }
         let reserved = self.view.reserved_for_others();
         let target = self.fair_target();
@@ -127,7 +130,7 @@ impl Worker {
             }
             if self.would_try(id, self.claim_reason(id)) {
                 if trying {
-                    deferred.push(id.clone());
+                    deferred.insert(id.clone());
                     continue;
                 }
                 trying = true;

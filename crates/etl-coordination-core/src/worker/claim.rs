@@ -58,15 +58,16 @@ impl Worker {
             .is_some_and(|base| self.is_suspect(base, reason))
     }
 
-    /// P12: whether a suspect's trial runs here: a tenancy of a split with failures behind it
-    /// that has neither progressed nor lasted a lease yet. One at a time per worker, so that when
-    /// a split crashes its process, the other tenancies the crash charges are ones that had no
-    /// failure behind them: a crash loop quarantines the split that causes it, not the healthy
-    /// ones that happened to be claimed beside it on every restart.
+    /// P12: whether a suspect's trial runs here: a tenancy of a split with failures behind it,
+    /// from its acquisition until it progresses or its lane has run for a lease. One at a time per
+    /// worker, so that when a split crashes its process, the other tenancies the crash charges
+    /// are ones that had no failure behind them: a crash loop quarantines the split that causes
+    /// it, not the healthy ones that happened to be claimed beside it on every restart.
     pub(super) fn on_trial(&self, now: Timestamp) -> bool {
-        self.tenancies
-            .values()
-            .any(|h| h.acquisition.trial_until.is_some_and(|t| now < t) && !h.written.record.progressed)
+        self.tenancies.values().any(|h| {
+            let a = &h.acquisition;
+            a.suspect && !h.written.record.progressed && a.trial_until.is_none_or(|t| now < t)
+        })
     }
 
     /// Starts an acquisition (P5, P6, P9): the lease first (create; or CAS over the dead
@@ -119,7 +120,8 @@ impl Worker {
                 acquisition: Acquisition {
                     reason,
                     consumes_attempt,
-                    trial_until: trial.then(|| now + self.cfg.tuning.lease_duration),
+                    suspect: trial,
+                    trial_until: None,
                     resuming: false,
                     desc_misses: 0,
                     desc_first_miss: None,

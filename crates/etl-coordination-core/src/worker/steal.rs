@@ -269,16 +269,17 @@ impl Worker {
                 let releasing = victims_lease && record.is_some_and(|r| r.state == SplitState::Unleased);
                 let running = victims_lease && record.is_some_and(|r| r.state == SplitState::Owned);
                 // The process asked is gone (its presence expired, or a restart wrote another
-                // incarnation's): nobody will answer, so waiting for the deadline only lets the
-                // restarted incarnation reclaim the split first, a reclaim charged an attempt
-                // (P12) each time a crash loop comes round. Take it over now, as with handovers
-                // off (a takeover is safe whatever the view: the lease CAS fences it).
-                let owner_gone = sv.lease.as_ref().is_some_and(|l| {
-                    self.view.workers.get(&p.victim).is_none_or(|(_, w)| w.incarnation != l.owner.incarnation)
-                });
+                // incarnation's): nobody will answer. Its split is left to the reclaim or the
+                // expiry, which charge the crash an attempt and are tried apart (P12); a steal
+                // would move it uncharged.
+                let owner_gone = sv.lease.as_ref().is_some_and(|l| !self.owner_live(&l.owner));
+                // A trial runs here meanwhile: a suspect is not taken beside it (P12).
+                let trial_clash = w_attempts(sv) > 0 && self.on_trial(now);
                 let theirs = self.view.loads.get(&p.victim).copied().unwrap_or(0);
                 let free = self.tenancies.len() < self.lane_budget();
-                if released
+                if owner_gone || trial_clash {
+                    self.end_steal(None, HandoverOutcome::Withdrawn);
+                } else if released
                     && p.rev.is_some()
                     && free
                     && move_helps(w, theirs + u128::from(effective_weight(w)), self.own_load())
@@ -295,7 +296,7 @@ impl Worker {
                     }
                 } else if !running || !free || !move_helps(w, theirs, self.own_load()) {
                     self.end_steal(None, HandoverOutcome::Withdrawn);
-                } else if now >= p.force_at || owner_gone {
+                } else if now >= p.force_at {
                     self.steal.as_mut().expect("pending").stage = StealStage::Claiming { forced: true };
                     self.start_acquire(now, &p.split, AcquisitionReason::Stolen);
                 }
@@ -405,6 +406,12 @@ impl Worker {
         }
     }
 
+    /// Whether `owner`'s process is live as far as this worker sees: its presence names that
+    /// incarnation (a crashed process's presence expires; a restart writes another's).
+    fn owner_live(&self, owner: &crate::ids::Owner) -> bool {
+        self.view.workers.get(&owner.instance).is_some_and(|(_, p)| p.incarnation == owner.incarnation)
+    }
+
     /// The move that lowers the sum of squared loads most, if any lowers it at all. Ties: the
     /// more loaded victim, then the smaller instance id, then the smaller split id
     /// (deterministic).
@@ -449,9 +456,11 @@ impl Worker {
                 && !self.tenancies.is_blocked(id)
                 && self.view.splits.get(id).is_some_and(|sv| {
                     // Lease and record name the same owner and epoch (a consistent view); a
-                    // suspect only when no trial runs here (P12).
+                    // suspect only when no trial runs here, and never from a dead owner (its
+                    // reclaim or expiry charges the crash, P12).
                     sv.lease.as_ref().is_some_and(|l| {
                         &l.owner.instance == victim
+                            && self.owner_live(&l.owner)
                             && sv.record.as_ref().is_some_and(|r| {
                                 r.state == SplitState::Owned
                                     && r.epoch == l.epoch
@@ -472,6 +481,11 @@ impl Worker {
             // The larger gain; on a tie the smaller split id.
             .max_by(|a, b| a.0.cmp(&b.0).then_with(|| b.1.cmp(&a.1)))
     }
+}
+
+/// The record's attempts (0 without a record).
+fn w_attempts(sv: &crate::view::SplitView) -> u32 {
+    sv.record.as_ref().map_or(0, |r| r.attempts)
 }
 
 /// P9 in one place: moving a split of weight `weight` from a worker holding `from` to one

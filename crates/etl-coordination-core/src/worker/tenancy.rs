@@ -40,9 +40,11 @@ pub(super) struct Acquisition {
     pub(super) reason: AcquisitionReason,
     /// Whether the claim charges an attempt for the previous tenancy (P12).
     pub(super) consumes_attempt: bool,
-    /// P12: the split has unexplained failures behind it (attempts after this claim), and this
-    /// tenancy is its trial until then, unless it progresses first: while a trial runs, the
-    /// worker starts no other (see `Worker::on_trial`).
+    /// P12: the split has unexplained failures behind it (its attempts after this claim are
+    /// not 0): this tenancy is its trial (see `Worker::on_trial`).
+    pub(super) suspect: bool,
+    /// When the trial ends if the tenancy has not progressed by then: a lease after its lane
+    /// first started (`None` until it starts).
     pub(super) trial_until: Option<Timestamp>,
     /// A starved tenancy resuming under a new epoch (P11): no attempt, no acquisition event.
     pub(super) resuming: bool,
@@ -322,6 +324,9 @@ impl Worker {
             return;
         }
         h.stage = Stage::Running;
+        if h.acquisition.suspect && h.acquisition.trial_until.is_none() {
+            h.acquisition.trial_until = Some(now + self.cfg.tuning.lease_duration);
+        }
         let action = Action::StartLane {
             split: id.clone(),
             epoch: h.epoch,
