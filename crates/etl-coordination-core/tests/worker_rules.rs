@@ -314,6 +314,56 @@ fn p3_a_dead_predecessor_is_taken_over_after_one_heartbeat_without_renewal() {
     );
 }
 
+/// Whether `req` is about `worker.w1`.
+fn presence_of_w1(req: &StoreRequest) -> bool {
+    match req {
+        StoreRequest::Create { key, .. }
+        | StoreRequest::CompareAndSwap { key, .. }
+        | StoreRequest::Get { key }
+        | StoreRequest::Delete { key, .. } => key.as_str() == "worker.w1",
+        _ => false,
+    }
+}
+
+#[test]
+fn p7_a_presence_announced_again_without_an_answer_is_announced_again_at_the_next_heartbeat() {
+    // Found by seed 4,922,940: the presence expired, the create announcing it again got no
+    // answer, the read to resolve it failed too, and the worker never renewed again: it ran on
+    // for minutes unseen by its peers (who then never balanced against it).
+    let mut r = running(1);
+    r.auto = false;
+    let heartbeat = cfg("w1", 1).tuning.heartbeat_interval();
+    let presence_op =
+        |r: &Rig| r.pending.iter().position(|(_, _, req)| presence_of_w1(req)).expect("a presence request");
+    r.advance(heartbeat);
+    // The renewal finds the key gone (expired meanwhile): resolved by a read, then created again.
+    let entry = r.kv.get(Bucket::Lease, "worker.w1").unwrap();
+    r.kv.apply(Bucket::Lease, &StoreRequest::Delete { key: presence_key("w1"), expected: entry.revision })
+        .0
+        .unwrap();
+    let i = presence_op(&r);
+    r.apply_and_answer(i, None);
+    let i = presence_op(&r);
+    assert!(matches!(r.pending[i].2, StoreRequest::Get { .. }), "{:?}", r.pending[i]);
+    r.apply_and_answer(i, None);
+    let i = presence_op(&r);
+    assert!(matches!(r.pending[i].2, StoreRequest::Create { .. }), "{:?}", r.pending[i]);
+    // No answer to the create (it did not land), and the read that would resolve it fails.
+    let (op, _, _) = r.pending.remove(i);
+    r.answer(op, Err(StoreError::Indeterminate("no answer".into())));
+    let i = presence_op(&r);
+    let (op, _, req) = r.pending.remove(i);
+    assert!(matches!(req, StoreRequest::Get { .. }), "{req:?}");
+    r.answer(op, Err(StoreError::Unavailable("no answer".into())));
+    assert!(r.pending.iter().all(|(_, _, req)| !presence_of_w1(req)), "{:?}", r.pending);
+    // The next heartbeat announces it again.
+    r.advance(heartbeat);
+    let i = presence_op(&r);
+    assert!(matches!(r.pending[i].2, StoreRequest::Create { .. }), "{:?}", r.pending[i]);
+    r.apply_and_answer(i, None);
+    assert!(r.kv.get(Bucket::Lease, "worker.w1").is_some(), "present again");
+}
+
 #[test]
 fn p3_a_renewing_twin_is_fatal_and_says_what_to_do() {
     let (mut w, op) = observe_predecessor();

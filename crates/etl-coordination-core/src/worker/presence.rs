@@ -222,10 +222,19 @@ impl Worker {
 
     /// P7: renew our presence (part of every heartbeat).
     pub(super) fn renew_presence(&mut self) {
-        let Some(rev) = self.presence.rev else { return };
         if self.presence.renewing.is_some() || self.presence.retired {
             return;
         }
+        let Some(rev) = self.presence.rev else {
+            // Our key was found gone and announcing it again got no answer (and no read since
+            // told whether it landed): announce again. Without it the worker runs on unseen by
+            // its peers (fair shares, and steals, which leave a dead owner's splits alone).
+            if self.presence.join == Join::Joined {
+                let op = self.outbox.send(Bucket::Lease, self.presence_create(), Pending::PresenceCreate);
+                self.presence.renewing = Some(op);
+            }
+            return;
+        };
         let request = self.presence_cas(rev);
         let op = self.outbox.send(Bucket::Lease, request, Pending::PresenceRenew);
         self.presence.renewing = Some(op);
