@@ -1733,6 +1733,28 @@ fn p9_a_thief_asks_first_and_takes_over_only_at_the_deadline() {
 }
 
 #[test]
+fn p12_no_steal_takes_a_split_from_an_owner_whose_process_is_gone() {
+    // w2 holds three splits (load 9) and restarted: its presence names another incarnation,
+    // its old leases live on until the new one reclaims them (charged, P12). w1 (load 1, taking
+    // over at once) would steal s3 from a live w2; from a dead incarnation it takes nothing.
+    let mut c2 = cfg("w2", 2);
+    c2.tuning.max_in_flight = 3;
+    let mut first = Rig::new(c2);
+    first.plan = Some(plan(4, PlanKind::Final));
+    first.feed(Input::Start);
+    assert_eq!(first.started().len(), 3);
+    let restarted = PresenceRecord { incarnation: Incarnation(77), held: 0, capacity: 3 };
+    first.kv.put(Bucket::Lease, &presence_key("w2"), &restarted);
+    let mut r = Rig::new(taker("w1", 1));
+    r.expire = false;
+    r.kv = std::mem::take(&mut first.kv);
+    r.kv.watches.clear();
+    r.feed(Input::Start);
+    r.advance(cfg("w1", 1).tuning.heartbeat_interval() * 3);
+    assert_eq!(acquisitions(&r), vec![("s0".into(), AcquisitionReason::Create)], "nothing stolen");
+}
+
+#[test]
 fn p9_a_thief_withdraws_at_once_when_the_owner_asked_has_restarted_or_is_gone() {
     // w2 (frozen) holds 10 + 10; w1 asks for s0. w2 crashes and restarts (its presence names
     // another incarnation): nobody will answer. The thief does not wait for its deadline, and
