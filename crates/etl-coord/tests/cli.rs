@@ -103,6 +103,8 @@ fn a_standalone_worker_processes_everything_into_its_sink() {
     let seen: BTreeSet<String> = lines.iter().map(|l| l.record.clone()).collect();
     assert_eq!(seen, expected, "every input record in the sink");
     assert!(lines.iter().all(|l| l.instance == "solo" && l.epoch >= 1));
+    // The default handover timeout (10 s) is above a third of this 3 s lease: said at start.
+    assert!(err.contains("handover timeout capped") && err.contains("effective=1s"), "{err}");
 }
 
 /// Issue 27's first report: 30,000 small objects of a Spark-shaped prefix (with its commit

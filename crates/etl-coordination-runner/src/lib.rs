@@ -135,6 +135,15 @@ impl WorkerFlags {
     {
         let stores = open_stores(&self.store).await?;
         let config = self.driver_config()?;
+        let t = &config.tuning;
+        if let Some(wait) = t.handover_wait().filter(|w| *w < t.handover_timeout) {
+            tracing::info!(
+                handover_timeout = ?t.handover_timeout,
+                effective = ?wait,
+                lease_duration = ?t.lease_duration,
+                "handover timeout capped at a third of the lease: an owner asked for a split gets this long to hand it over"
+            );
+        }
         let metrics = etl_coordination_metrics::install_prometheus()?;
         let handle = pipeline(stores, config).start()?;
         let ready = Arc::new(AtomicBool::new(true));
