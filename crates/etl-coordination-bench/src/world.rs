@@ -435,19 +435,8 @@ pub async fn until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) 
 /// Waits until every split of the job has a holder and no lane opened for `quiet` (a fleet
 /// whose steals have stopped).
 pub async fn until_quiet(log: &Log, splits: usize, quiet: Duration) -> Result<()> {
-    let mut stable_since: Option<(Instant, usize)> = None;
-    until("a fleet that stopped moving splits", Duration::from_secs(180), || {
-        let n = log.len();
-        if log.distinct() < splits {
-            return false;
-        }
-        match stable_since {
-            Some((t, m)) if m == n => t.elapsed() >= quiet,
-            _ => {
-                stable_since = Some((Instant::now(), n));
-                false
-            }
-        }
+    until_settled("a fleet that stopped moving splits", Duration::from_secs(180), log, quiet, |log| {
+        log.distinct() >= splits
     })
     .await
 }
@@ -455,10 +444,21 @@ pub async fn until_quiet(log: &Log, splits: usize, quiet: Duration) -> Result<()
 /// Waits until the current holders of the job's splits are `want` (worker -> splits), and no
 /// lane opened for `quiet`.
 pub async fn until_balanced(log: &Log, want: &BTreeMap<String, usize>, quiet: Duration) -> Result<()> {
+    until_settled("a balanced fleet", Duration::from_secs(120), log, quiet, |log| &log.load() == want).await
+}
+
+/// Waits (at most `limit`) until `ready` holds and no lane opened for `quiet` since it began to.
+async fn until_settled(
+    what: &str,
+    limit: Duration,
+    log: &Log,
+    quiet: Duration,
+    ready: impl Fn(&Log) -> bool,
+) -> Result<()> {
     let mut stable_since: Option<(Instant, usize)> = None;
-    until("a balanced fleet", Duration::from_secs(120), || {
-        let (load, n) = (log.load(), log.len());
-        if &load != want {
+    until(what, limit, || {
+        let n = log.len();
+        if !ready(log) {
             stable_since = None;
             return false;
         }
