@@ -126,21 +126,29 @@ pub async fn t4_balance(run: &mut Run, t: &Target) -> Result<()> {
             // Takeover: each move may re-read one commit interval of its lane (1 s at 500/s) and
             // the round trip of the commit that fenced the owner.
             let bound = if cooperative { 0 } else { s.acquired as u64 * 550 };
-            let met = s.acquired <= s.moves && s.emitted_twice <= bound && s.imbalance <= 1;
+            let met = s.emitted_twice <= bound && s.imbalance <= 1;
             let verdict = if met { "met" } else { "**missed**" };
+            // A split moved twice is no miss (nothing is read twice for it), but it is shown.
+            let extra = match s.acquired.saturating_sub(s.moves) {
+                0 => String::new(),
+                n => format!("; {n} more than the fewest"),
+            };
             writeln!(
                 run.doc,
-                "| {mode} | {} workers | {:.2} | {} | {} | {} | {} | {} | {verdict} (acquisitions <= moves, twice <= {bound}, imbalance <= 1 split) |",
+                "| {mode} | {} workers | {:.2} | {} | {} | {} | {} | {} | {verdict} (twice <= {bound}, imbalance <= 1 split{extra}) |",
                 s.step, s.secs, s.acquired, s.steals, s.moves, s.emitted_twice, s.imbalance
             )?;
         }
     }
     writeln!(
         run.doc,
-        "\nRecords emitted twice: every write of every worker less the distinct records, counted a commit \
-         interval after the step balanced (a lane that took a split over re-reads at most that much). \
+        "\nRecords emitted twice: every write of a record written before, counted as the sinks write (exact) \
+         a commit interval after the step balanced (a lane that took a split over re-reads at most that much). \
          Asking first, the target is none; taking over, at most one commit interval and its round trip (550 records) per split moved. \
-         \"Of which steals\" counts lanes opened as `Stolen`: a split handed over arrives `Released`.\n"
+         \"Of which steals\" counts lanes opened as `Stolen`: a split handed over arrives `Released`, and so does \
+         most of those taken over (the fenced owner's release of the record lands before the thief's claim). \
+         Acquisitions above the fewest moves are splits moved twice: pairwise steals let a thief whose turns at the \
+         loaded worker come first go one split past the share it ends at (docs/DESIGN.md, issue 29).\n"
     )?;
     writeln!(
         run.doc,

@@ -175,19 +175,10 @@ pub async fn balance(t: &Target, handover: Duration) -> Result<Vec<Step>> {
     job.handover = handover;
     let mut workers = vec![job.start("w0").await?];
     until_balanced(&job.work.log, &balanced(&ids(1), splits), Duration::from_millis(300)).await?;
-    // Records emitted twice so far: every write of every worker, less the distinct ones. Lanes
-    // keep writing meanwhile (a write counts, then joins the set): the set is read first, so
-    // the count read after it is never below it; a write in flight can still make a reading
-    // high by a few, hence the saturating differences.
-    let twice = |workers: &[Worker]| {
-        let distinct = job.work.distinct_emitted();
-        let all: u64 = workers.iter().map(|w| w.records.0.load(std::sync::atomic::Ordering::Relaxed)).sum();
-        all.saturating_sub(distinct)
-    };
     let mut out = Vec::new();
     for n in [4, 8] {
         let before = workers.len();
-        let dup0 = twice(&workers);
+        let dup0 = job.work.repeats();
         let t0 = Instant::now();
         for id in &ids(n)[before..] {
             workers.push(job.start(id).await?);
@@ -204,7 +195,7 @@ pub async fn balance(t: &Target, handover: Duration) -> Result<Vec<Step>> {
         // previous owner last committed, at the records' own pace: counted once that has had
         // time to happen.
         tokio::time::sleep(job.cadence.interval + Duration::from_millis(500)).await;
-        let emitted_twice = twice(&workers).saturating_sub(dup0);
+        let emitted_twice = job.work.repeats() - dup0;
         out.push(Step {
             step: format!("{before} -> {n}"),
             secs: (done - t0).as_secs_f64(),

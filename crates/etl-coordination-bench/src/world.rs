@@ -61,8 +61,8 @@ impl Log {
     }
 }
 
-/// Every (split, record) a tracked run emitted.
-pub type Seen = Arc<Mutex<std::collections::HashSet<(String, u64)>>>;
+/// Every (split, record) a tracked run emitted, and how many emissions repeated one.
+pub type Seen = Arc<Mutex<(std::collections::HashSet<(String, u64)>, u64)>>;
 
 /// `splits` splits of `records` records; each record costs `cost` of waiting (an I/O-bound
 /// source: every system compared gets the same cost model, see [`WorkReader`]).
@@ -128,13 +128,22 @@ impl Work {
     /// A sink (ours or a peer's) emitted `record` of `split`.
     pub fn emitted(&self, split: &str, record: u64) {
         if let Some(seen) = &self.seen {
-            seen.lock().unwrap().insert((split.to_owned(), record));
+            let mut seen = seen.lock().unwrap();
+            if !seen.0.insert((split.to_owned(), record)) {
+                seen.1 += 1;
+            }
         }
     }
 
     /// Distinct records emitted so far (tracked work only).
     pub fn distinct_emitted(&self) -> u64 {
-        self.seen.as_ref().map_or(0, |s| s.lock().unwrap().len() as u64)
+        self.seen.as_ref().map_or(0, |s| s.lock().unwrap().0.len() as u64)
+    }
+
+    /// Emissions of a record emitted before (tracked work only): exact while lanes write, as
+    /// they are counted under the lock that records first emissions.
+    pub fn repeats(&self) -> u64 {
+        self.seen.as_ref().map_or(0, |s| s.lock().unwrap().1)
     }
 
     /// The split ids of this work, in plan order.

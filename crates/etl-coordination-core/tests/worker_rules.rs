@@ -1604,6 +1604,57 @@ fn p9_at_most_one_steal_per_heartbeat_cycle() {
 }
 
 #[test]
+fn p9_a_thief_waits_for_the_best_victim_busy_with_another_request_rather_than_take_less() {
+    // w3 holds eight splits of weight 1, w2 three (its budget), w1 the last one. w1's best move
+    // is from w3 (gap 7), but w9's request to w3 is pending: w1 waits for it to end rather than
+    // take from w2 (gap 2), which is below its share itself and would steal the split back.
+    let mut c3 = cfg("w3", 3);
+    c3.tuning.max_in_flight = 8;
+    let mut c2 = taker("w2", 2);
+    c2.tuning.max_in_flight = 3;
+    let (_w3, mut w2) = join_frozen(Rig::new(c3), c2, weighted_plan(&[1; 12]));
+    assert_eq!(w2.w.held().count(), 3);
+    let request = records::StealRequest {
+        thief: Owner { instance: id("w9"), incarnation: Incarnation(9) },
+        split: sid("s0"),
+        epoch: Epoch(1),
+        weight: 1,
+        thief_load: 0,
+        wait_ms: 2_000,
+        write: 1,
+    };
+    w2.kv.put(
+        Bucket::Lease,
+        &presence_key("w9"),
+        &PresenceRecord { incarnation: Incarnation(9), held: 0, capacity: 4 },
+    );
+    w2.kv.put(Bucket::Lease, &keys::steal(&id("w3")), &request);
+    let mut r = Rig::new(taker("w1", 1));
+    r.expire = false;
+    r.kv = std::mem::take(&mut w2.kv);
+    r.kv.watches.clear();
+    r.feed(Input::Start);
+    assert_eq!(r.w.held().count(), 1, "{:?}", acquisitions(&r));
+    let heartbeat = cfg("w1", 1).tuning.heartbeat_interval();
+    r.advance(heartbeat * 3);
+    assert!(steals(&r).is_empty(), "nothing taken from w2 while w3 is busy: {:?}", steals(&r));
+    // The request ends: w1 takes its best move at once.
+    let pending = r.kv.get(Bucket::Lease, "steal.w3").expect("w9's request");
+    let (result, events) = r.kv.apply(
+        Bucket::Lease,
+        &StoreRequest::Delete { key: keys::steal(&id("w3")), expected: pending.revision },
+    );
+    result.unwrap();
+    for (watch, event) in events {
+        r.feed(Input::Watch { watch, event });
+    }
+    r.advance(Duration::from_millis(10));
+    let stolen = steals(&r);
+    assert_eq!(stolen.len(), 1, "{stolen:?}");
+    assert_eq!((stolen[0].1.as_str(), stolen[0].3), ("w3", (8, 1)));
+}
+
+#[test]
 fn p5_a_small_pods_unused_share_goes_to_the_others() {
     // w2 may run one lane; w1 eight. Six splits: ceil(6 / 2) = 3 would leave two unclaimed
     // while w1 has free lanes; filled by capacity, w1's share is 5.

@@ -415,32 +415,36 @@ impl Worker {
     /// The move that lowers the sum of squared loads most, if any lowers it at all. Ties: the
     /// more loaded victim, then the smaller instance id, then the smaller split id
     /// (deterministic).
+    ///
+    /// None while that move's victim answers another thief's request (steals from one victim go
+    /// one at a time): the thief waits for it rather than take a lesser move from another peer.
+    /// Taking it would move a split off a peer that is itself still below the share it ends at
+    /// (three workers joining one: the one that missed a turn at the loaded worker took from a
+    /// fellow joiner, which then stole once more), so the split moves twice. The request ends
+    /// within its deadline, and then the best move is taken.
     fn best_move(&self, on_trial: bool) -> Option<Move> {
         let mine = self.own_load();
-        let mut best: Option<(Move, u128)> = None;
+        let mut best: Option<(Move, u128, bool)> = None;
         for (victim, &load) in &self.view.loads {
             if *victim == self.me.instance || load <= mine + 1 {
                 continue;
             }
-            // Another thief's request to it is pending: steals from one victim go one at a time.
-            if self.view.steal_requests.get(victim).is_some_and(|(_, r)| r.thief != self.me) {
-                continue;
-            }
+            let busy = self.view.steal_requests.get(victim).is_some_and(|(_, r)| r.thief != self.me);
             let gap = load - mine;
             let Some((gain, split)) = self.best_split_of(victim, gap, on_trial) else { continue };
             let better = match &best {
                 None => true,
-                Some((b, b_load)) => match gain.cmp(&b.gain) {
+                Some((b, b_load, _)) => match gain.cmp(&b.gain) {
                     Ordering::Greater => true,
                     Ordering::Less => false,
                     Ordering::Equal => load > *b_load || (load == *b_load && *victim < b.victim),
                 },
             };
             if better {
-                best = Some((Move { gain, victim: victim.clone(), split }, load));
+                best = Some((Move { gain, victim: victim.clone(), split }, load, busy));
             }
         }
-        best.map(|(m, _)| m)
+        best.filter(|(_, _, busy)| !busy).map(|(m, _, _)| m)
     }
 
     /// Among the splits `victim` holds, the one whose move helps most when the victim's load
