@@ -256,6 +256,19 @@ mod tests {
     }
 
     #[test]
+    fn steals_ask_first_by_default_within_a_third_of_the_lease() {
+        // Cooperative steals are the default (issue 29): 10 s, all of it on the default 30 s
+        // lease; on a 3 s lease the owner gets a third of it (1 s), and 0 turns asking off.
+        let mut c = cfg();
+        assert_eq!(c.tuning.handover_timeout, Duration::from_secs(10));
+        assert_eq!(c.tuning.handover_wait(), Some(Duration::from_secs(10)));
+        c.tuning.lease_duration = Duration::from_secs(3);
+        assert_eq!(c.tuning.handover_wait(), Some(Duration::from_secs(1)));
+        c.tuning.handover_timeout = Duration::ZERO;
+        assert_eq!(c.tuning.handover_wait(), None);
+    }
+
+    #[test]
     fn sub_second_leases_are_rejected_naming_the_field() {
         let mut c = cfg();
         c.tuning.lease_duration = Duration::from_millis(1500);

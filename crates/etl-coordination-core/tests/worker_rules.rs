@@ -454,6 +454,159 @@ fn p12_a_restarted_instance_tries_its_suspects_one_at_a_time() {
 }
 
 #[test]
+fn p12_a_suspects_trial_lasts_a_lease_from_its_lanes_start_not_from_its_claim() {
+    // As above, three suspects reclaimed one at a time. The second one's claim is slow: its
+    // writes wait 2 s for answers. Its trial runs a lease from when its lane starts, so a claim
+    // that took long does not eat into the time the split gets to show it is healthy.
+    let mut r = running(3);
+    let old_kv = std::mem::take(&mut r.kv);
+    let mut r2 = Rig::new(cfg("w1", 2));
+    // The old incarnation's leases stay until reclaimed, however slow the reclaim.
+    r2.expire = false;
+    r2.kv = old_kv;
+    r2.kv.watches.clear();
+    r2.feed(Input::Start);
+    r2.advance(Duration::from_millis(1500));
+    let first = r2.started()[0].0.clone();
+    r2.auto = false;
+    r2.feed(Input::Commit { split: first, epoch: Epoch(2), progress: Bytes::from_static(b"p1") });
+    assert_eq!(r2.pending.len(), 1, "the commit: {:?}", r2.pending);
+    // The commit lands (the first trial is over) and the next reclaim begins.
+    r2.apply_and_answer(0, None);
+    assert!(!r2.pending.is_empty(), "the second reclaim's lease write");
+    r2.advance(Duration::from_millis(1000));
+    let tried = |r: &Rig| r.started().into_iter().map(|(s, _)| s).collect::<std::collections::BTreeSet<_>>();
+    assert_eq!(tried(&r2).len(), 1, "the second claim waits for its answers");
+    r2.auto = true;
+    while !r2.pending.is_empty() {
+        r2.apply_and_answer(0, None);
+    }
+    assert_eq!(tried(&r2).len(), 2, "{:?}", r2.started());
+    let lane_start = r2.now;
+    let lease = cfg("w1", 2).tuning.lease_duration;
+    // A lease after the claim began (1 s before the lane started) the trial still runs; a lease
+    // after the lane's start it is over, and the last suspect starts. (Time moves in steps of
+    // a tenth of a heartbeat, so renewals go out as they would.)
+    let step = |r: &mut Rig, d: Duration| {
+        let until = r.now + d;
+        while r.now < until {
+            r.advance(Duration::from_millis(100));
+        }
+    };
+    step(&mut r2, lease - Duration::from_millis(500));
+    let since = r2.now.saturating_since(lane_start);
+    assert_eq!(tried(&r2).len(), 2, "still on trial {since:?} after the lane started: {:?}", r2.started());
+    step(&mut r2, Duration::from_millis(600));
+    assert_eq!(tried(&r2).len(), 3, "{:?}", r2.started());
+    assert_eq!(r2.started().len(), 3, "no lane stopped or resumed: {:?}", r2.started());
+}
+
+#[test]
+fn p12_a_pending_steal_of_a_suspect_counts_as_its_trial() {
+    // w2 (frozen) holds s0 and s1 (weight 10 each) and s2 (1); s1 is a suspect (attempts 1, no
+    // progress since). w1 (asking first) claims s3 and asks for s1 (gap 20: the split of weight
+    // nearest 10 from below, the highest id first). While it waits, w2's lane fails s2: a suspect free to claim. One trial
+    // at a time: w1 does not claim s2 beside the steal of a suspect.
+    let mut c2 = cfg("w2", 2);
+    c2.tuning.max_in_flight = 3;
+    let mut first = Rig::new(c2);
+    first.plan = Some(weighted_plan(&[10, 10, 1, 1]));
+    first.feed(Input::Start);
+    let held: Vec<String> = first.started().into_iter().map(|(s, _)| s.to_string()).collect();
+    assert_eq!(held, ["s0", "s1", "s2"]);
+    let mut suspect = first.kv.record("s1");
+    suspect.attempts = 1;
+    first.kv.put(Bucket::State, &keys::split(&sid("s1")), &suspect);
+    let mut c1 = asker("w1", 1);
+    c1.tuning.claim_backoff = Duration::ZERO;
+    let mut r = Rig::new(c1);
+    r.expire = false;
+    r.kv = std::mem::take(&mut first.kv);
+    r.kv.watches.clear();
+    r.feed(Input::Start);
+    assert_eq!(acquisitions(&r), vec![("s3".into(), AcquisitionReason::Create)]);
+    let asked: records::StealRequest =
+        records::decode(&r.kv.get(Bucket::Lease, "steal.w2").expect("asked first").value).unwrap();
+    assert_eq!(asked.split, sid("s1"));
+    // w2 fails s2 (its record first, then its lease).
+    let failed = SplitRecord {
+        owner: None,
+        state: SplitState::Unleased,
+        attempts: 1,
+        last_end: Some(records::EndReason::Failed),
+        ..r.kv.record("s2")
+    };
+    peer_put(&mut r, Bucket::State, &keys::split(&sid("s2")), &failed);
+    let lease = r.kv.get(Bucket::Lease, "split.s2").expect("w2's lease");
+    let (result, events) = r.kv.apply(
+        Bucket::Lease,
+        &StoreRequest::Delete { key: keys::split(&sid("s2")), expected: lease.revision },
+    );
+    result.unwrap();
+    for (watch, event) in events {
+        r.feed(Input::Watch { watch, event });
+    }
+    r.advance(Duration::from_millis(100));
+    assert_eq!(acquisitions(&r).len(), 1, "no second suspect beside the steal: {:?}", acquisitions(&r));
+    assert!(r.kv.get(Bucket::Lease, "steal.w2").is_some(), "the steal still waits");
+    // The steal ends (w2 refuses: it deletes the request): s2 may be tried now.
+    let pending = r.kv.get(Bucket::Lease, "steal.w2").unwrap();
+    let (result, events) = r.kv.apply(
+        Bucket::Lease,
+        &StoreRequest::Delete { key: keys::steal(&id("w2")), expected: pending.revision },
+    );
+    result.unwrap();
+    for (watch, event) in events {
+        r.feed(Input::Watch { watch, event });
+    }
+    r.advance(Duration::from_millis(100));
+    assert_eq!(
+        acquisitions(&r),
+        vec![("s3".into(), AcquisitionReason::Create), ("s2".into(), AcquisitionReason::Released)]
+    );
+}
+
+#[test]
+fn p12_a_thief_withdraws_when_the_split_it_waits_for_turns_out_a_suspect_while_a_trial_runs() {
+    // w1 asks w2 for one of its splits, no suspect as far as it sees, and meanwhile tries the
+    // suspect s2 it claimed. Then the asked split's record shows attempts behind it (w1's view of it was behind): taking
+    // it would be a second trial beside the first, so w1 withdraws.
+    let mut c2 = cfg("w2", 2);
+    c2.tuning.max_in_flight = 2;
+    let mut first = Rig::new(c2);
+    first.plan = Some(weighted_plan(&[10, 10, 1]));
+    first.feed(Input::Start);
+    let held: Vec<String> = first.started().into_iter().map(|(s, _)| s.to_string()).collect();
+    assert_eq!(held, ["s0", "s1"]);
+    let mut tried = first.kv.record("s2");
+    tried.attempts = 1;
+    tried.last_end = Some(records::EndReason::Failed);
+    first.kv.put(Bucket::State, &keys::split(&sid("s2")), &tried);
+    let mut c1 = asker("w1", 1);
+    c1.tuning.claim_backoff = Duration::ZERO;
+    let mut r = Rig::new(c1);
+    r.expire = false;
+    r.kv = std::mem::take(&mut first.kv);
+    r.kv.watches.clear();
+    r.feed(Input::Start);
+    assert_eq!(acquisitions(&r), vec![("s2".into(), AcquisitionReason::Create)]);
+    let asked: records::StealRequest =
+        records::decode(&r.kv.get(Bucket::Lease, "steal.w2").expect("asked").value).unwrap();
+    assert_eq!(r.kv.record(asked.split.as_str()).attempts, 0, "asked for a split that is no suspect");
+    assert!(!r.events().iter().any(|e| matches!(e, Event::Handover { .. })));
+    let mut seen_late = r.kv.record(asked.split.as_str());
+    seen_late.attempts = 1;
+    peer_put(&mut r, Bucket::State, &keys::split(&asked.split), &seen_late);
+    r.advance(Duration::from_millis(10));
+    assert!(
+        r.events().iter().any(|e| matches!(e, Event::Handover { outcome: HandoverOutcome::Withdrawn, .. })),
+        "{:?}",
+        r.events()
+    );
+    assert!(r.kv.get(Bucket::Lease, "steal.w2").is_none(), "withdrawn: deleted");
+}
+
+#[test]
 fn p4_the_first_leader_bumps_the_term_then_plans_and_publishes() {
     let mut r = running(2);
     let head: records::PlanHead =
