@@ -1702,6 +1702,21 @@ fn p9_no_steal_when_every_move_would_only_shift_the_imbalance() {
 }
 
 #[test]
+fn p9_no_steal_when_a_move_would_only_swap_the_two_loads() {
+    // w2 holds two splits of weight 1, w1 the third: 2 against 1. Moving one would leave 1
+    // against 2, the same imbalance the other way round (`from > to + w` is false at equality):
+    // such a move would be undone by the next one, for ever.
+    let mut c2 = cfg("w2", 2);
+    c2.tuning.max_in_flight = 2;
+    let (_w2, mut r) = join_frozen(Rig::new(c2), taker("w1", 1), weighted_plan(&[1, 1, 1]));
+    for _ in 0..5 {
+        r.advance(Duration::from_secs(1));
+    }
+    assert!(steals(&r).is_empty(), "{:?}", steals(&r));
+    assert_eq!(r.w.held().count(), 1);
+}
+
+#[test]
 fn p9_an_idle_worker_takes_from_a_peer_holding_many_light_splits() {
     // w2 holds eight splits of weight 1; w1 holds nothing: gap 8, and each split is an eighth
     // of it. Every move with `load(a) > load(b) + w` is made, however small a part of the gap
@@ -1896,8 +1911,9 @@ fn p9_an_owner_asked_for_a_split_commits_it_and_releases_it_without_an_attempt()
 fn p9_an_owner_refuses_a_request_that_would_not_lower_the_imbalance_or_names_an_old_tenancy() {
     let mut r = running_weighted(&[10, 10]);
     r.take_log();
-    // 20 against 15 + 10: the move would not help by the owner's own load.
-    let rev = ask_for(&mut r, "w3", "s0", Epoch(1), 10, 15);
+    // 20 against 10 + 10: by the owner's own load the move would only swap the two loads (20
+    // and 10 become 10 and 20: `from > to + w` is false at equality), so it would not help.
+    let rev = ask_for(&mut r, "w3", "s0", Epoch(1), 10, 10);
     assert!(r.events().contains(&Event::StealAsked { split: sid("s0"), thief: id("w3"), honoured: false }));
     assert!(
         store_requests(&r.log).is_empty() || r.kv.get(Bucket::Lease, "steal.w1").is_none(),
@@ -2012,6 +2028,42 @@ fn p9_a_thief_withdraws_at_once_when_the_owner_asked_has_restarted_or_is_gone() 
         "{:?}",
         acquisitions(&r)
     );
+}
+
+#[test]
+fn p9_a_thief_withdraws_when_the_move_stops_helping_before_the_owner_answers() {
+    // w2 (frozen: it never answers) holds 10 + 10; w1 holds 1 and asks for one of the 10s
+    // (20 > 1 + 10). The other 10 finishes meanwhile: w2 holds 10, and moving it would leave
+    // 0 against 11. w1 withdraws at once rather than take the split over at its deadline.
+    let mut c2 = cfg("w2", 2);
+    c2.tuning.max_in_flight = 2;
+    let (_w2, mut r) = join_frozen(Rig::new(c2), asker("w1", 1), weighted_plan(&[10, 10, 1]));
+    let asked: records::StealRequest =
+        records::decode(&r.kv.get(Bucket::Lease, "steal.w2").expect("asked first").value).unwrap();
+    let other = if asked.split.as_str() == "s0" { "s1" } else { "s0" };
+    let mut done = r.kv.record(other);
+    done.state = SplitState::Done;
+    done.owner = None;
+    peer_put(&mut r, Bucket::State, &keys::split(&sid(other)), &done);
+    let lease = r.kv.get(Bucket::Lease, &format!("split.{other}")).expect("w2's lease");
+    let (result, events) = r.kv.apply(
+        Bucket::Lease,
+        &StoreRequest::Delete { key: keys::split(&sid(other)), expected: lease.revision },
+    );
+    result.unwrap();
+    for (watch, event) in events {
+        r.feed(Input::Watch { watch, event });
+    }
+    r.advance(Duration::from_millis(10));
+    assert!(
+        r.events().iter().any(|e| matches!(e, Event::Handover { outcome: HandoverOutcome::Withdrawn, .. })),
+        "{:?}",
+        r.events()
+    );
+    assert!(r.kv.get(Bucket::Lease, "steal.w2").is_none(), "withdrawn: deleted");
+    // Past the deadline, nothing is taken over.
+    r.advance(asker("w1", 1).tuning.heartbeat_interval() * 3);
+    assert!(!acquisitions(&r).iter().any(|(s, _)| *s == asked.split.as_str()), "{:?}", acquisitions(&r));
 }
 
 #[test]

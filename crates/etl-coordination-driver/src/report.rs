@@ -32,6 +32,7 @@ impl JobReport {
         match e {
             Event::Acquired { reason, .. } => self.metrics.acquisition(reason.label()),
             Event::Handover { outcome, .. } => self.metrics.steal(outcome.label()),
+            Event::StealAsked { honoured, .. } => self.metrics.steal_request(*honoured),
             Event::Revoked { reason, .. } => {
                 if let Some(label) = reason.revocation_label() {
                     self.metrics.revocation(label);

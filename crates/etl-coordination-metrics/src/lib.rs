@@ -81,9 +81,11 @@ pub mod names {
     pub const BREAKER_TRIPS_TOTAL: &str = "etl_coordination_breaker_trips_total";
     /// Counter: cooperative steals this worker asked for, by how they ended (`outcome` label).
     pub const STEALS_TOTAL: &str = "etl_coordination_steals_total";
+    /// Counter: peers' requests for one of this worker's splits, by its answer (`answer` label).
+    pub const STEAL_REQUESTS_TOTAL: &str = "etl_coordination_steal_requests_total";
 
     /// Every family.
-    pub const ALL: [&str; 18] = [
+    pub const ALL: [&str; 19] = [
         SPLITS_OWNED,
         LIVE_WORKERS,
         LEADER,
@@ -102,6 +104,7 @@ pub mod names {
         BREAKER_OPEN,
         BREAKER_TRIPS_TOTAL,
         STEALS_TOTAL,
+        STEAL_REQUESTS_TOTAL,
     ];
 }
 
@@ -112,6 +115,10 @@ pub const ACQUISITION_REASONS: [&str; 5] = ["create", "released", "expired", "re
 /// owner's uncommitted tail replays), `withdrawn` (no longer helped), `refused` (the owner's own
 /// load said no).
 pub const STEAL_OUTCOMES: [&str; 4] = ["handed_over", "forced", "withdrawn", "refused"];
+/// How this worker answered peers' steal requests (label values of `steal_requests_total`):
+/// `honoured` (the lane was told to commit and hand the split over) or `refused` (by this
+/// worker's own load the move would not help, or the tenancy asked for was over).
+pub const STEAL_ANSWERS: [&str; 2] = ["honoured", "refused"];
 /// Revocation reasons (label values of `revocations_total`).
 pub const REVOCATION_REASONS: [&str; 2] = ["fenced", "starved"];
 /// Write outcomes (label values of `writes_total`).
@@ -230,6 +237,11 @@ pub fn describe() {
         Unit::Count,
         "Cooperative steals this worker asked for, by outcome: handed_over, forced, withdrawn, refused."
     );
+    describe_counter!(
+        names::STEAL_REQUESTS_TOTAL,
+        Unit::Count,
+        "Peers' requests for one of this worker's splits, by answer: honoured, refused."
+    );
 }
 
 /// Typed metric handles of one worker.
@@ -262,6 +274,9 @@ impl Metrics {
         }
         for outcome in STEAL_OUTCOMES {
             counter!(names::STEALS_TOTAL, "coordination_job" => m.job.clone(), "coordination_instance" => m.instance.clone(), "outcome" => outcome).increment(0);
+        }
+        for answer in STEAL_ANSWERS {
+            counter!(names::STEAL_REQUESTS_TOTAL, "coordination_job" => m.job.clone(), "coordination_instance" => m.instance.clone(), "answer" => answer).increment(0);
         }
         for reason in REVOCATION_REASONS {
             counter!(names::REVOCATIONS_TOTAL, "coordination_job" => m.job.clone(), "coordination_instance" => m.instance.clone(), "reason" => reason).increment(0);
@@ -297,6 +312,12 @@ impl Metrics {
     /// `steals_total{outcome}`.
     pub fn steal(&self, outcome: &'static str) {
         counter!(names::STEALS_TOTAL, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone(), "outcome" => outcome).increment(1);
+    }
+
+    /// `steal_requests_total{answer}`.
+    pub fn steal_request(&self, honoured: bool) {
+        let answer = if honoured { "honoured" } else { "refused" };
+        counter!(names::STEAL_REQUESTS_TOTAL, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone(), "answer" => answer).increment(1);
     }
 
     /// `revocations_total{reason}`.
@@ -440,6 +461,8 @@ mod tests {
         m.record_skipped();
         m.breaker_open(true);
         m.breaker_trip();
+        m.steal("handed_over");
+        m.steal_request(true);
         let text = handle.render();
         for family in names::ALL {
             assert!(text.contains(&format!("# HELP {family}")), "{family} has help text:\n{text}");
@@ -471,6 +494,10 @@ mod tests {
             r#"etl_coordination_records_skipped_total{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
             r#"etl_coordination_breaker_open{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
             r#"etl_coordination_breaker_trips_total{coordination_job="backfill",coordination_instance="pod-1"} 1"#,
+            r#"etl_coordination_steals_total{coordination_job="backfill",coordination_instance="pod-1",outcome="handed_over"} 1"#,
+            r#"etl_coordination_steals_total{coordination_job="backfill",coordination_instance="pod-1",outcome="forced"} 0"#,
+            r#"etl_coordination_steal_requests_total{coordination_job="backfill",coordination_instance="pod-1",answer="honoured"} 1"#,
+            r#"etl_coordination_steal_requests_total{coordination_job="backfill",coordination_instance="pod-1",answer="refused"} 0"#,
         ];
         for line in expect {
             assert!(text.contains(line), "missing {line:?} in:\n{text}");
