@@ -1823,6 +1823,42 @@ fn p9_a_thief_waits_for_the_best_victim_busy_with_another_request_rather_than_ta
 }
 
 #[test]
+fn p9_of_two_equally_good_victims_a_thief_asks_the_one_no_other_thief_is_asking() {
+    // w2 and w3 hold four splits of weight 1 each; w1 holds none: the same move from either.
+    // w9 is asking w2 already (w2 wins the tie otherwise: the smaller id). w1 does not wait
+    // for that request: it takes the equally good move from w3.
+    let mut c3 = cfg("w3", 3);
+    c3.tuning.max_in_flight = 4;
+    let mut c2 = taker("w2", 2);
+    c2.tuning.max_in_flight = 4;
+    let (_w3, mut w2) = join_frozen(Rig::new(c3), c2, weighted_plan(&[1; 8]));
+    assert_eq!(w2.w.held().count(), 4);
+    let request = records::StealRequest {
+        thief: Owner { instance: id("w9"), incarnation: Incarnation(9) },
+        split: sid("s7"),
+        epoch: Epoch(1),
+        weight: 1,
+        thief_load: 0,
+        wait_ms: 2_000,
+        write: 1,
+    };
+    w2.kv.put(
+        Bucket::Lease,
+        &presence_key("w9"),
+        &PresenceRecord { incarnation: Incarnation(9), held: 0, capacity: 4 },
+    );
+    w2.kv.put(Bucket::Lease, &keys::steal(&id("w2")), &request);
+    let mut r = Rig::new(taker("w1", 1));
+    r.expire = false;
+    r.kv = std::mem::take(&mut w2.kv);
+    r.kv.watches.clear();
+    r.feed(Input::Start);
+    let stolen = steals(&r);
+    assert_eq!(stolen.len(), 1, "{stolen:?}");
+    assert_eq!((stolen[0].1.as_str(), stolen[0].3), ("w3", (4, 0)));
+}
+
+#[test]
 fn p5_a_small_pods_unused_share_goes_to_the_others() {
     // w2 may run one lane; w1 eight. Six splits: ceil(6 / 2) = 3 would leave two unclaimed
     // while w1 has free lanes; filled by capacity, w1's share is 5.

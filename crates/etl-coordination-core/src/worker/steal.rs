@@ -412,9 +412,9 @@ impl Worker {
         self.view.workers.get(&owner.instance).is_some_and(|(_, p)| p.incarnation == owner.incarnation)
     }
 
-    /// The move that lowers the sum of squared loads most, if any lowers it at all. Ties: the
-    /// more loaded victim, then the smaller instance id, then the smaller split id
-    /// (deterministic).
+    /// The move that lowers the sum of squared loads most, if any lowers it at all. Ties between
+    /// victims: one no other thief is asking, then the more loaded one, then the smaller
+    /// instance id; within a victim, see `best_split_of` (deterministic).
     ///
     /// None while that move's victim answers another thief's request (steals from one victim go
     /// one at a time): the thief waits for it rather than take a lesser move from another peer.
@@ -434,7 +434,8 @@ impl Worker {
             let Some((gain, split)) = self.best_split_of(victim, gap, on_trial) else { continue };
             let better = match &best {
                 None => true,
-                Some((b, b_load, _)) => match gain.cmp(&b.gain) {
+                // On a tie, a victim free to ask first: an equally good move is not waited for.
+                Some((b, b_load, b_busy)) => match gain.cmp(&b.gain).then(b_busy.cmp(&busy)) {
                     Ordering::Greater => true,
                     Ordering::Less => false,
                     Ordering::Equal => load > *b_load || (load == *b_load && *victim < b.victim),
@@ -450,7 +451,8 @@ impl Worker {
     /// Among the splits `victim` holds, the one whose move helps most when the victim's load
     /// exceeds ours by `gap`: the gain `w * (gap - w)` peaks at `w = gap / 2`, so the best
     /// candidates are the nearest weights on either side of it; weights of `gap` or more would
-    /// not lower the imbalance.
+    /// not lower the imbalance. Among splits of one weight, the probe nearest that point is
+    /// taken: below it the highest split id, above it the lowest.
     fn best_split_of(&self, victim: &InstanceId, gap: u128, on_trial: bool) -> Option<(u128, SplitId)> {
         let held = self.view.held_by.get(victim)?;
         let half = u64::try_from(gap / 2).unwrap_or(u64::MAX);
