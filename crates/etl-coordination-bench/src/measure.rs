@@ -145,6 +145,8 @@ pub async fn t4_balance(run: &mut Run, t: &Target) -> Result<()> {
         "\nRecords emitted twice: every write of a record written before, counted as the sinks write (exact) \
          a commit interval after the step balanced (a lane that took a split over re-reads at most that much). \
          Asking first, the target is none; taking over, at most one commit interval and its round trip (550 records) per split moved. \
+         Taking over is also what a forced transfer does once an owner has not answered within the handover timeout \
+         (the thief claims under a new epoch, the owner is fenced at its next commit), so its bound is the forced path's. \
          \"Of which steals\" counts lanes opened as `Stolen`: a split handed over arrives `Released`, and so do \
          most of those taken over (the fenced owner's release of the record lands before the thief's claim). \
          Acquisitions above the fewest moves are splits moved twice: pairwise steals let a thief whose turns at the \
