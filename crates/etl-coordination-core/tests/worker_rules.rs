@@ -537,28 +537,12 @@ fn p12_a_pending_steal_of_a_suspect_counts_as_its_trial() {
         ..r.kv.record("s2")
     };
     peer_put(&mut r, Bucket::State, &keys::split(&sid("s2")), &failed);
-    let lease = r.kv.get(Bucket::Lease, "split.s2").expect("w2's lease");
-    let (result, events) = r.kv.apply(
-        Bucket::Lease,
-        &StoreRequest::Delete { key: keys::split(&sid("s2")), expected: lease.revision },
-    );
-    result.unwrap();
-    for (watch, event) in events {
-        r.feed(Input::Watch { watch, event });
-    }
+    peer_delete(&mut r, Bucket::Lease, &keys::split(&sid("s2")));
     r.advance(Duration::from_millis(100));
     assert_eq!(acquisitions(&r).len(), 1, "no second suspect beside the steal: {:?}", acquisitions(&r));
     assert!(r.kv.get(Bucket::Lease, "steal.w2").is_some(), "the steal still waits");
     // The steal ends (w2 refuses: it deletes the request): s2 may be tried now.
-    let pending = r.kv.get(Bucket::Lease, "steal.w2").unwrap();
-    let (result, events) = r.kv.apply(
-        Bucket::Lease,
-        &StoreRequest::Delete { key: keys::steal(&id("w2")), expected: pending.revision },
-    );
-    result.unwrap();
-    for (watch, event) in events {
-        r.feed(Input::Watch { watch, event });
-    }
+    peer_delete(&mut r, Bucket::Lease, &keys::steal(&id("w2")));
     r.advance(Duration::from_millis(100));
     assert_eq!(
         acquisitions(&r),
@@ -1771,17 +1755,17 @@ fn p9_at_most_one_steal_per_heartbeat_cycle() {
     assert_eq!(r.w.held().count(), 3);
 }
 
-#[test]
-fn p9_a_thief_waits_for_the_best_victim_busy_with_another_request_rather_than_take_less() {
-    // w3 holds eight splits of weight 1, w2 three (its budget), w1 the last one. w1's best move
-    // is from w3 (gap 7), but w9's request to w3 is pending: w1 waits for it to end rather than
-    // take from w2 (gap 2), which is below its share itself and would steal the split back.
+/// w3 (frozen, `budget3` lanes) and w2 (frozen, `budget2` lanes) share `splits` splits of
+/// weight 1; w9 (live, holding nothing) has a request pending at `victim`; then w1, taking over
+/// at once, joins: its rig after its start.
+fn join_beside_a_request(budget3: u32, budget2: u32, splits: usize, victim: &str) -> Rig {
     let mut c3 = cfg("w3", 3);
-    c3.tuning.max_in_flight = 8;
+    c3.tuning.max_in_flight = budget3;
     let mut c2 = taker("w2", 2);
-    c2.tuning.max_in_flight = 3;
-    let (_w3, mut w2) = join_frozen(Rig::new(c3), c2, weighted_plan(&[1; 12]));
-    assert_eq!(w2.w.held().count(), 3);
+    c2.tuning.max_in_flight = budget2;
+    let (_w3, mut w2) = join_frozen(Rig::new(c3), c2, weighted_plan(&vec![1; splits]));
+    assert_eq!(w2.w.held().count(), budget2 as usize);
+    // (Which split it names does not matter to w1: the victim's key is taken.)
     let request = records::StealRequest {
         thief: Owner { instance: id("w9"), incarnation: Incarnation(9) },
         split: sid("s0"),
@@ -1796,26 +1780,27 @@ fn p9_a_thief_waits_for_the_best_victim_busy_with_another_request_rather_than_ta
         &presence_key("w9"),
         &PresenceRecord { incarnation: Incarnation(9), held: 0, capacity: 4 },
     );
-    w2.kv.put(Bucket::Lease, &keys::steal(&id("w3")), &request);
+    w2.kv.put(Bucket::Lease, &keys::steal(&id(victim)), &request);
     let mut r = Rig::new(taker("w1", 1));
     r.expire = false;
     r.kv = std::mem::take(&mut w2.kv);
     r.kv.watches.clear();
     r.feed(Input::Start);
+    r
+}
+
+#[test]
+fn p9_a_thief_waits_for_the_best_victim_busy_with_another_request_rather_than_take_less() {
+    // w3 holds eight splits of weight 1, w2 three (its budget), w1 the last one. w1's best move
+    // is from w3 (gap 7), but w9's request to w3 is pending: w1 waits for it to end rather than
+    // take from w2 (gap 2), which is below its share itself and would steal the split back.
+    let mut r = join_beside_a_request(8, 3, 12, "w3");
     assert_eq!(r.w.held().count(), 1, "{:?}", acquisitions(&r));
     let heartbeat = cfg("w1", 1).tuning.heartbeat_interval();
     r.advance(heartbeat * 3);
     assert!(steals(&r).is_empty(), "nothing taken from w2 while w3 is busy: {:?}", steals(&r));
     // The request ends: w1 takes its best move at once.
-    let pending = r.kv.get(Bucket::Lease, "steal.w3").expect("w9's request");
-    let (result, events) = r.kv.apply(
-        Bucket::Lease,
-        &StoreRequest::Delete { key: keys::steal(&id("w3")), expected: pending.revision },
-    );
-    result.unwrap();
-    for (watch, event) in events {
-        r.feed(Input::Watch { watch, event });
-    }
+    peer_delete(&mut r, Bucket::Lease, &keys::steal(&id("w3")));
     r.advance(Duration::from_millis(10));
     let stolen = steals(&r);
     assert_eq!(stolen.len(), 1, "{stolen:?}");
@@ -1827,32 +1812,7 @@ fn p9_of_two_equally_good_victims_a_thief_asks_the_one_no_other_thief_is_asking(
     // w2 and w3 hold four splits of weight 1 each; w1 holds none: the same move from either.
     // w9 is asking w2 already (w2 wins the tie otherwise: the smaller id). w1 does not wait
     // for that request: it takes the equally good move from w3.
-    let mut c3 = cfg("w3", 3);
-    c3.tuning.max_in_flight = 4;
-    let mut c2 = taker("w2", 2);
-    c2.tuning.max_in_flight = 4;
-    let (_w3, mut w2) = join_frozen(Rig::new(c3), c2, weighted_plan(&[1; 8]));
-    assert_eq!(w2.w.held().count(), 4);
-    let request = records::StealRequest {
-        thief: Owner { instance: id("w9"), incarnation: Incarnation(9) },
-        split: sid("s7"),
-        epoch: Epoch(1),
-        weight: 1,
-        thief_load: 0,
-        wait_ms: 2_000,
-        write: 1,
-    };
-    w2.kv.put(
-        Bucket::Lease,
-        &presence_key("w9"),
-        &PresenceRecord { incarnation: Incarnation(9), held: 0, capacity: 4 },
-    );
-    w2.kv.put(Bucket::Lease, &keys::steal(&id("w2")), &request);
-    let mut r = Rig::new(taker("w1", 1));
-    r.expire = false;
-    r.kv = std::mem::take(&mut w2.kv);
-    r.kv.watches.clear();
-    r.feed(Input::Start);
+    let r = join_beside_a_request(4, 4, 8, "w2");
     let stolen = steals(&r);
     assert_eq!(stolen.len(), 1, "{stolen:?}");
     assert_eq!((stolen[0].1.as_str(), stolen[0].3), ("w3", (4, 0)));
@@ -1868,6 +1828,18 @@ fn p5_a_small_pods_unused_share_goes_to_the_others() {
     c1.tuning.max_in_flight = 8;
     let (_w2, r) = join_frozen(Rig::new(c2), c1, weighted_plan(&[1; 6]));
     assert_eq!(r.w.held().count(), 5, "{:?}", acquisitions(&r));
+}
+
+/// Deletes `key` from `r`'s store as a peer (or the store) would, at its current revision, and
+/// delivers the delete on the worker's watches.
+fn peer_delete(r: &mut Rig, bucket: Bucket, key: &Key) {
+    let entry = r.kv.get(bucket, key.as_str()).unwrap_or_else(|| panic!("{key} is in the store"));
+    let (result, events) =
+        r.kv.apply(bucket, &StoreRequest::Delete { key: key.clone(), expected: entry.revision });
+    result.unwrap();
+    for (watch, event) in events {
+        r.feed(Input::Watch { watch, event });
+    }
 }
 
 /// Writes a peer's value into `r`'s store and delivers it on the lease watch, as a peer's write
@@ -2081,15 +2053,7 @@ fn p9_a_thief_withdraws_when_the_move_stops_helping_before_the_owner_answers() {
     done.state = SplitState::Done;
     done.owner = None;
     peer_put(&mut r, Bucket::State, &keys::split(&sid(other)), &done);
-    let lease = r.kv.get(Bucket::Lease, &format!("split.{other}")).expect("w2's lease");
-    let (result, events) = r.kv.apply(
-        Bucket::Lease,
-        &StoreRequest::Delete { key: keys::split(&sid(other)), expected: lease.revision },
-    );
-    result.unwrap();
-    for (watch, event) in events {
-        r.feed(Input::Watch { watch, event });
-    }
+    peer_delete(&mut r, Bucket::Lease, &keys::split(&sid(other)));
     r.advance(Duration::from_millis(10));
     assert!(
         r.events().iter().any(|e| matches!(e, Event::Handover { outcome: HandoverOutcome::Withdrawn, .. })),
