@@ -501,32 +501,39 @@ fn p12_a_suspects_trial_lasts_a_lease_from_its_lanes_start_not_from_its_claim() 
     assert_eq!(r2.started().len(), 3, "no lane stopped or resumed: {:?}", r2.started());
 }
 
+/// w2 started alone on splits of `weights`, running `budget` lanes (then frozen in the store).
+fn frozen_holder(budget: u32, weights: &[u64]) -> Rig {
+    let mut c2 = cfg("w2", 2);
+    c2.tuning.max_in_flight = budget;
+    let mut first = Rig::new(c2);
+    first.plan = Some(weighted_plan(weights));
+    first.feed(Input::Start);
+    first
+}
+
+/// w1, asking first and with no claim backoff (a failed split is claimable at once), joins
+/// `first`'s store while `first` stays frozen in it: its rig after its start.
+fn join_asking_without_backoff(first: &mut Rig) -> Rig {
+    let mut c1 = asker("w1", 1);
+    c1.tuning.claim_backoff = Duration::ZERO;
+    join_store(first, c1)
+}
+
 #[test]
 fn p12_a_pending_steal_of_a_suspect_counts_as_its_trial() {
     // w2 (frozen) holds s0 and s1 (weight 10 each) and s2 (1); s1 is a suspect (attempts 1, no
     // progress since). w1 (asking first) claims s3 and asks for s1 (gap 20: the split of weight
     // nearest 10 from below, the highest id first). While it waits, w2's lane fails s2: a suspect free to claim. One trial
     // at a time: w1 does not claim s2 beside the steal of a suspect.
-    let mut c2 = cfg("w2", 2);
-    c2.tuning.max_in_flight = 3;
-    let mut first = Rig::new(c2);
-    first.plan = Some(weighted_plan(&[10, 10, 1, 1]));
-    first.feed(Input::Start);
+    let mut first = frozen_holder(3, &[10, 10, 1, 1]);
     let held: Vec<String> = first.started().into_iter().map(|(s, _)| s.to_string()).collect();
     assert_eq!(held, ["s0", "s1", "s2"]);
     let mut suspect = first.kv.record("s1");
     suspect.attempts = 1;
     first.kv.put(Bucket::State, &keys::split(&sid("s1")), &suspect);
-    let mut c1 = asker("w1", 1);
-    c1.tuning.claim_backoff = Duration::ZERO;
-    let mut r = Rig::new(c1);
-    r.expire = false;
-    r.kv = std::mem::take(&mut first.kv);
-    r.kv.watches.clear();
-    r.feed(Input::Start);
+    let mut r = join_asking_without_backoff(&mut first);
     assert_eq!(acquisitions(&r), vec![("s3".into(), AcquisitionReason::Create)]);
-    let asked: records::StealRequest =
-        records::decode(&r.kv.get(Bucket::Lease, "steal.w2").expect("asked first").value).unwrap();
+    let asked: records::StealRequest = request_to(&mut r, "w2", "asked first");
     assert_eq!(asked.split, sid("s1"));
     // w2 fails s2 (its record first, then its lease).
     let failed = SplitRecord {
@@ -555,39 +562,23 @@ fn p12_a_thief_withdraws_when_the_split_it_waits_for_turns_out_a_suspect_while_a
     // w1 asks w2 for one of its splits, no suspect as far as it sees, and meanwhile tries the
     // suspect s2 it claimed. Then the asked split's record shows attempts behind it (w1's view of it was behind): taking
     // it would be a second trial beside the first, so w1 withdraws.
-    let mut c2 = cfg("w2", 2);
-    c2.tuning.max_in_flight = 2;
-    let mut first = Rig::new(c2);
-    first.plan = Some(weighted_plan(&[10, 10, 1]));
-    first.feed(Input::Start);
+    let mut first = frozen_holder(2, &[10, 10, 1]);
     let held: Vec<String> = first.started().into_iter().map(|(s, _)| s.to_string()).collect();
     assert_eq!(held, ["s0", "s1"]);
     let mut tried = first.kv.record("s2");
     tried.attempts = 1;
     tried.last_end = Some(records::EndReason::Failed);
     first.kv.put(Bucket::State, &keys::split(&sid("s2")), &tried);
-    let mut c1 = asker("w1", 1);
-    c1.tuning.claim_backoff = Duration::ZERO;
-    let mut r = Rig::new(c1);
-    r.expire = false;
-    r.kv = std::mem::take(&mut first.kv);
-    r.kv.watches.clear();
-    r.feed(Input::Start);
+    let mut r = join_asking_without_backoff(&mut first);
     assert_eq!(acquisitions(&r), vec![("s2".into(), AcquisitionReason::Create)]);
-    let asked: records::StealRequest =
-        records::decode(&r.kv.get(Bucket::Lease, "steal.w2").expect("asked").value).unwrap();
+    let asked: records::StealRequest = request_to(&mut r, "w2", "asked");
     assert_eq!(r.kv.record(asked.split.as_str()).attempts, 0, "asked for a split that is no suspect");
     assert!(!r.events().iter().any(|e| matches!(e, Event::Handover { .. })));
     let mut seen_late = r.kv.record(asked.split.as_str());
     seen_late.attempts = 1;
     peer_put(&mut r, Bucket::State, &keys::split(&asked.split), &seen_late);
     r.advance(Duration::from_millis(10));
-    assert!(
-        r.events().iter().any(|e| matches!(e, Event::Handover { outcome: HandoverOutcome::Withdrawn, .. })),
-        "{:?}",
-        r.events()
-    );
-    assert!(r.kv.get(Bucket::Lease, "steal.w2").is_none(), "withdrawn: deleted");
+    assert_withdrawn_from(&mut r, "w2");
 }
 
 #[test]
@@ -1604,12 +1595,19 @@ fn asker(name: &str, incarnation: u64) -> Config {
 fn join_frozen(mut first: Rig, second: Config, plan: Plan) -> (Rig, Rig) {
     first.plan = Some(plan);
     first.feed(Input::Start);
-    let mut r = Rig::new(second);
+    let r = join_store(&mut first, second);
+    (first, r)
+}
+
+/// A worker of `cfg` starts on `first`'s store (taken from it), where `first`'s peers stay
+/// frozen (nothing expires): its rig after its start.
+fn join_store(first: &mut Rig, cfg: Config) -> Rig {
+    let mut r = Rig::new(cfg);
     r.expire = false;
     r.kv = std::mem::take(&mut first.kv);
     r.kv.watches.clear();
     r.feed(Input::Start);
-    (first, r)
+    r
 }
 
 #[test]
@@ -1781,12 +1779,7 @@ fn join_beside_a_request(budget3: u32, budget2: u32, splits: usize, victim: &str
         &PresenceRecord { incarnation: Incarnation(9), held: 0, capacity: 4 },
     );
     w2.kv.put(Bucket::Lease, &keys::steal(&id(victim)), &request);
-    let mut r = Rig::new(taker("w1", 1));
-    r.expire = false;
-    r.kv = std::mem::take(&mut w2.kv);
-    r.kv.watches.clear();
-    r.feed(Input::Start);
-    r
+    join_store(&mut w2, taker("w1", 1))
 }
 
 #[test]
@@ -1936,14 +1929,34 @@ fn p9_an_owner_refuses_a_request_that_would_not_lower_the_imbalance_or_names_an_
     assert!(!r.log.iter().any(|a| matches!(a, Action::StopLane { .. })), "{:?}", r.log);
 }
 
+/// w2 (frozen, two lanes) holds two splits of weight 10; w1, asking first, joins and claims
+/// the split of weight 1: its rig after its start (it has asked w2 for one of the tens).
+fn asking_beside_two_tens() -> Rig {
+    let mut c2 = cfg("w2", 2);
+    c2.tuning.max_in_flight = 2;
+    let (_w2, r) = join_frozen(Rig::new(c2), asker("w1", 1), weighted_plan(&[10, 10, 1]));
+    r
+}
+
+/// The thief reported its steal from `victim` withdrawn and deleted its request.
+fn assert_withdrawn_from(r: &mut Rig, victim: &str) {
+    let events = r.events();
+    let withdrawn = |e: &Event| matches!(e, Event::Handover { outcome: HandoverOutcome::Withdrawn, .. });
+    assert!(events.iter().any(withdrawn), "{events:?}");
+    assert!(r.kv.get(Bucket::Lease, &format!("steal.{victim}")).is_none(), "withdrawn: deleted");
+}
+
+/// The steal request pending at `victim` (`what` says why it must be there).
+fn request_to(r: &mut Rig, victim: &str, what: &str) -> records::StealRequest {
+    let entry = r.kv.get(Bucket::Lease, &format!("steal.{victim}")).expect(what);
+    records::decode(&entry.value).unwrap()
+}
+
 #[test]
 fn p9_a_thief_asks_first_and_takes_over_only_at_the_deadline() {
     // w2 (frozen) holds 10 + 10; w1 holds 1 and asks for one of the tens.
-    let mut c2 = cfg("w2", 2);
-    c2.tuning.max_in_flight = 2;
-    let (_w2, mut r) = join_frozen(Rig::new(c2), asker("w1", 1), weighted_plan(&[10, 10, 1]));
-    let request: records::StealRequest =
-        records::decode(&r.kv.get(Bucket::Lease, "steal.w2").expect("a request to w2").value).unwrap();
+    let mut r = asking_beside_two_tens();
+    let request: records::StealRequest = request_to(&mut r, "w2", "a request to w2");
     assert_eq!((request.split.as_str(), request.epoch, request.thief_load), ("s0", Epoch(1), 1));
     assert!(!acquisitions(&r).iter().any(|(_, why)| *why == AcquisitionReason::Stolen), "nothing taken yet");
     // The owner never answers: at the deadline (the wait and a heartbeat) the thief takes over.
@@ -1988,21 +2001,14 @@ fn p9_a_thief_withdraws_at_once_when_the_owner_asked_has_restarted_or_is_gone() 
     // another incarnation): nobody will answer. The thief does not wait for its deadline, and
     // does not take the split over uncharged either: the restarted w2's reclaim (or the lease's
     // expiry) charges the crash an attempt (P12).
-    let mut c2 = cfg("w2", 2);
-    c2.tuning.max_in_flight = 2;
-    let (_w2, mut r) = join_frozen(Rig::new(c2), asker("w1", 1), weighted_plan(&[10, 10, 1]));
+    let mut r = asking_beside_two_tens();
     assert!(r.kv.get(Bucket::Lease, "steal.w2").is_some(), "asked first");
     r.advance(Duration::from_millis(100));
     assert!(!r.events().iter().any(|e| matches!(e, Event::Handover { .. })), "the owner is live");
     let restarted = PresenceRecord { incarnation: Incarnation(77), held: 0, capacity: 2 };
     peer_put(&mut r, Bucket::Lease, &presence_key("w2"), &restarted);
     r.advance(Duration::from_millis(10));
-    assert!(
-        r.events().iter().any(|e| matches!(e, Event::Handover { outcome: HandoverOutcome::Withdrawn, .. })),
-        "{:?}",
-        r.events()
-    );
-    assert!(r.kv.get(Bucket::Lease, "steal.w2").is_none(), "withdrawn: deleted");
+    assert_withdrawn_from(&mut r, "w2");
     // Nor is any other split of the dead incarnation stolen: its leases are left to the reclaim.
     r.advance(asker("w1", 1).tuning.heartbeat_interval() * 2);
     assert!(
@@ -2013,9 +2019,7 @@ fn p9_a_thief_withdraws_at_once_when_the_owner_asked_has_restarted_or_is_gone() 
     assert!(r.kv.get(Bucket::Lease, "steal.w2").is_none(), "nothing asked of a dead process");
 
     // Same with the owner's presence gone (expired, deleted), not replaced.
-    let mut c2 = cfg("w2", 2);
-    c2.tuning.max_in_flight = 2;
-    let (_w2, mut r) = join_frozen(Rig::new(c2), asker("w1", 1), weighted_plan(&[10, 10, 1]));
+    let mut r = asking_beside_two_tens();
     assert!(r.kv.get(Bucket::Lease, "steal.w2").is_some(), "asked first");
     let presence = r.kv.get(Bucket::Lease, "worker.w2").expect("w2 is present");
     let (result, events) = r
@@ -2043,11 +2047,8 @@ fn p9_a_thief_withdraws_when_the_move_stops_helping_before_the_owner_answers() {
     // w2 (frozen: it never answers) holds 10 + 10; w1 holds 1 and asks for one of the 10s
     // (20 > 1 + 10). The other 10 finishes meanwhile: w2 holds 10, and moving it would leave
     // 0 against 11. w1 withdraws at once rather than take the split over at its deadline.
-    let mut c2 = cfg("w2", 2);
-    c2.tuning.max_in_flight = 2;
-    let (_w2, mut r) = join_frozen(Rig::new(c2), asker("w1", 1), weighted_plan(&[10, 10, 1]));
-    let asked: records::StealRequest =
-        records::decode(&r.kv.get(Bucket::Lease, "steal.w2").expect("asked first").value).unwrap();
+    let mut r = asking_beside_two_tens();
+    let asked: records::StealRequest = request_to(&mut r, "w2", "asked first");
     let other = if asked.split.as_str() == "s0" { "s1" } else { "s0" };
     let mut done = r.kv.record(other);
     done.state = SplitState::Done;
@@ -2055,12 +2056,7 @@ fn p9_a_thief_withdraws_when_the_move_stops_helping_before_the_owner_answers() {
     peer_put(&mut r, Bucket::State, &keys::split(&sid(other)), &done);
     peer_delete(&mut r, Bucket::Lease, &keys::split(&sid(other)));
     r.advance(Duration::from_millis(10));
-    assert!(
-        r.events().iter().any(|e| matches!(e, Event::Handover { outcome: HandoverOutcome::Withdrawn, .. })),
-        "{:?}",
-        r.events()
-    );
-    assert!(r.kv.get(Bucket::Lease, "steal.w2").is_none(), "withdrawn: deleted");
+    assert_withdrawn_from(&mut r, "w2");
     // Past the deadline, nothing is taken over.
     r.advance(asker("w1", 1).tuning.heartbeat_interval() * 3);
     assert!(!acquisitions(&r).iter().any(|(s, _)| *s == asked.split.as_str()), "{:?}", acquisitions(&r));
@@ -2068,9 +2064,7 @@ fn p9_a_thief_withdraws_when_the_move_stops_helping_before_the_owner_answers() {
 
 #[test]
 fn p9_a_thief_withdraws_when_the_split_is_gone_and_claims_it_when_released() {
-    let mut c2 = cfg("w2", 2);
-    c2.tuning.max_in_flight = 2;
-    let (_w2, mut r) = join_frozen(Rig::new(c2), asker("w1", 1), weighted_plan(&[10, 10, 1]));
+    let mut r = asking_beside_two_tens();
     assert!(r.kv.get(Bucket::Lease, "steal.w2").is_some());
     // The owner finishes s0 meanwhile: the request no longer has a point.
     let mut done = r.kv.record("s0");
@@ -2084,8 +2078,7 @@ fn p9_a_thief_withdraws_when_the_split_is_gone_and_claims_it_when_released() {
     // A heartbeat later w1 asks again (s1); the owner releases it: w1 claims it, no attempt.
     r.take_log();
     r.advance(cfg("w1", 1).tuning.heartbeat_interval());
-    let request: records::StealRequest =
-        records::decode(&r.kv.get(Bucket::Lease, "steal.w2").expect("asked again").value).unwrap();
+    let request: records::StealRequest = request_to(&mut r, "w2", "asked again");
     assert_eq!(request.split.as_str(), "s1");
     let mut released = r.kv.record("s1");
     released.state = SplitState::Unleased;
