@@ -2536,6 +2536,78 @@ fn p12_a_late_claim_of_an_earlier_acquisition_of_ours_is_released_not_adopted() 
     assert!(r.started().is_empty(), "{:?}", r.log);
 }
 
+/// Until the claim CAS of `split.s0` is sent (held back), then the lease erased by expiry as
+/// NATS can do it after an acknowledged create (P7): the tenancy is revoked with the claim in
+/// flight. Returns the claim.
+fn claim_in_flight_when_the_lease_expires() -> (Rig, OpId, StoreRequest) {
+    let mut r = starting_by_hand(1);
+    let (op, req) = until_request(&mut r, is_claim);
+    lease_of_s0_expires(&mut r);
+    (r, op, req)
+}
+
+/// The lease of `split.s0` is erased by expiry, and the worker sees it.
+fn lease_of_s0_expires(r: &mut Rig) {
+    let lease = r.kv.get(Bucket::Lease, "split.s0").expect("our lease");
+    let delete = StoreRequest::Delete { key: lease.key.clone(), expected: lease.revision };
+    r.kv.apply(Bucket::Lease, &delete).0.unwrap();
+    let revision = Revision(lease.revision.0 + 1);
+    let event = WatchEvent::Delete { key: lease.key, revision, cause: DeleteCause::Expired };
+    r.feed(Input::Watch { watch: WatchId::Leases, event });
+}
+
+/// Whether `actions` release the record of `s0` by a CAS against `landed`, the revision our
+/// orphaned claim wrote: owner cleared, no attempt charged (its next claimer, whoever it is,
+/// re-bases on a release and charges nothing).
+fn releases_orphan(actions: &[Action], landed: Revision) -> bool {
+    store_requests(actions).iter().any(|(b, q)| {
+        *b == Bucket::State
+            && matches!(q, StoreRequest::CompareAndSwap { key, expected, value, .. }
+                if key.as_str() == "split.s0" && *expected == landed
+                    && records::decode::<SplitRecord>(value).is_ok_and(|v| v.state == SplitState::Unleased && v.owner.is_none() && v.attempts == 0 && v.epoch == Epoch(1)))
+    })
+}
+
+/// The revision of the record of `s0` in the store.
+fn record_rev(r: &mut Rig) -> Revision {
+    r.kv.get(Bucket::State, "split.s0").expect("a record").revision
+}
+
+#[test]
+fn p12_a_claim_that_lands_after_its_lease_expired_is_released_so_its_next_claimer_charges_nothing() {
+    let (mut r, op, req) = claim_in_flight_when_the_lease_expires();
+    // The claim lands after all: the record names us at epoch 1, with no lease behind it.
+    let a = r.answer_applied(op, Bucket::State, &req);
+    let landed = record_rev(&mut r);
+    assert!(releases_orphan(&a, landed), "the orphaned claim was not released: {a:?}");
+    assert!(r.started().is_empty(), "a lane started without a lease: {:?}", r.log);
+}
+
+#[test]
+fn p12_an_orphaned_claim_in_doubt_is_read_and_released_if_it_landed() {
+    let (mut r, op, req) = claim_in_flight_when_the_lease_expires();
+    // It lands, but its answer is lost: the worker reads the record to find out.
+    r.kv.apply(Bucket::State, &req).0.unwrap();
+    let landed = record_rev(&mut r);
+    let a = r.answer(op, Err(StoreError::Indeterminate("no answer".into())));
+    let a = r.apply(op_of(&a, 0));
+    assert!(releases_orphan(&a, landed), "{a:?}");
+}
+
+#[test]
+fn p12_a_claim_in_doubt_whose_read_comes_back_after_its_lease_expired_is_released() {
+    let mut r = starting_by_hand(1);
+    let (op, req) = until_request(&mut r, is_claim);
+    r.kv.apply(Bucket::State, &req).0.unwrap();
+    let landed = record_rev(&mut r);
+    let a = r.answer(op, Err(StoreError::Indeterminate("no answer".into())));
+    let read = op_of(&a, 0);
+    // The lease expires while the read resolving the claim is in flight.
+    lease_of_s0_expires(&mut r);
+    let a = r.apply(read);
+    assert!(releases_orphan(&a, landed), "{a:?}");
+}
+
 #[test]
 fn p4_a_delayed_head_write_is_not_sent_after_the_worker_stepped_down() {
     let mut r = starting_by_hand(1);

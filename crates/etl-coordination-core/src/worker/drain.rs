@@ -72,7 +72,8 @@ impl Worker {
     }
 
     /// Once nothing is held: delete presence and leadership, then finish once every delete and
-    /// every lease-bucket write still in flight is settled (or a lease after the deadline).
+    /// every lease-bucket write or orphaned claim still in flight is settled (or a lease after
+    /// the deadline).
     pub(super) fn progress_leaving(&mut self, now: Timestamp) {
         let Some(l) = &self.leaving else { return };
         if !self.tenancies.is_empty() {
@@ -113,6 +114,8 @@ impl Worker {
                     | Pending::PresenceRenew
                     | Pending::PresenceResolve
                     | Pending::StealAsk { .. }
+                    | Pending::OrphanClaim(_)
+                    | Pending::OrphanClaimRead(_)
             )
         });
         if !settling || give_up {

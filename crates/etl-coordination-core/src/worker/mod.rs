@@ -285,6 +285,8 @@ impl Worker {
             Pending::LeaseDelete { split } => self.on_lease_delete(now, op, split, result),
             Pending::RecordClaim { split } => self.on_record_claim(now, op, split, result),
             Pending::RecordClaimRead { split } => self.on_record_claim_read(now, op, split, result),
+            Pending::OrphanClaim(orphan) => self.on_orphan_claim(orphan, result),
+            Pending::OrphanClaimRead(orphan) => self.on_orphan_claim_read(now, orphan, result),
             Pending::DescRead { split } => self.on_desc_read(now, op, split, result),
             Pending::RecordCommit { split } => self.on_record_commit(op, split, result),
             Pending::RecordCommitRead { split } => self.on_record_commit_read(op, split, result),

@@ -13,6 +13,7 @@ use crate::time::Timestamp;
 
 use bytes::Bytes;
 
+use super::tenancy::ClaimOrphan;
 use super::{Phase, Worker};
 
 /// What an in-flight store request is for: the table [`Worker::on_store_result`] dispatches
@@ -81,6 +82,12 @@ pub(super) enum Pending {
     RecordClaim { split: SplitId },
     /// P5: read the record after the claim CAS lost or was in doubt.
     RecordClaimRead { split: SplitId },
+    /// P5, P12: a claim CAS still in flight when its tenancy was revoked: if it lands, the
+    /// record is released.
+    OrphanClaim(ClaimOrphan),
+    /// P5, P12: read the record after an orphaned claim was in doubt (or while the read
+    /// resolving it was in flight): released if the claim landed.
+    OrphanClaimRead(ClaimOrphan),
     /// Read the descriptor before starting a lane.
     DescRead { split: SplitId },
     /// P8: a progress (or terminal) commit.
@@ -241,6 +248,16 @@ impl Outbox {
     /// What the answer to `op` is for, taken out of the table (`None`: not ours, or forgotten).
     pub(super) fn answered(&mut self, op: OpId) -> Option<Pending> {
         self.pending.remove(&op)
+    }
+
+    /// Gives a request in flight another purpose: `f` maps what its answer was for to what it
+    /// is for now (`None`: unchanged).
+    pub(super) fn repurpose(&mut self, op: OpId, f: impl FnOnce(&Pending) -> Option<Pending>) {
+        if let Some(p) = self.pending.get_mut(&op)
+            && let Some(new) = f(p)
+        {
+            *p = new;
+        }
     }
 
     /// Forgets a request in flight: its answer, when it comes, is ignored.

@@ -13,6 +13,7 @@ use crate::time::Timestamp;
 
 use super::Worker;
 use super::outbox::{Pending, Written};
+use super::resolve::RecordRead;
 
 /// One split this worker holds, is acquiring, or is ending. What belongs to one concern is
 /// grouped: how the tenancy was (re)acquired, our last write to the record, our lease, how it
@@ -176,6 +177,16 @@ impl std::ops::IndexMut<&SplitId> for Tenancies {
     }
 }
 
+/// A claim whose tenancy was revoked while it was in flight (see [`Worker::orphan_claim`]).
+#[derive(Debug, Clone)]
+pub(super) struct ClaimOrphan {
+    split: SplitId,
+    /// The revision the claim CAS expected (a read older than it lags).
+    base: Revision,
+    /// The record the claim wrote.
+    record: SplitRecord,
+}
+
 /// Where a tenancy is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Stage {
@@ -243,7 +254,7 @@ impl Worker {
         if lane_running {
             self.outbox.push(Action::StopLane { split: id.clone(), epoch: h.epoch, reason, deadline: None });
         }
-        if let Some(c) = h.commit {
+        if let Some(c) = &h.commit {
             self.outbox.forget(c.op);
             self.outbox.push(Action::CommitDone {
                 split: id.clone(),
@@ -258,6 +269,11 @@ impl Worker {
             // write does nothing if someone else moved the record; a claimer racing it re-bases
             // on the release and charges no attempt (P12: an outage is no evidence of poison).
             self.release_if_unmoved(id, h.written.rev, &h.written.record);
+        }
+        if h.stage == Stage::WritingRecord
+            && let Some(op) = h.op
+        {
+            self.orphan_claim(id, op, &h);
         }
         self.tenancies.block(id.clone());
         // If the lease still names us after all (a renewal landed just before the fence), give
@@ -404,5 +420,52 @@ impl Worker {
     ) {
         self.tenancies[id].op = None;
         self.outbox.retry_later(now, bucket, request, pending);
+    }
+}
+
+impl Worker {
+    /// P5, P12: the tenancy of `id` was revoked (its lease expired or was taken) while its claim
+    /// CAS, or the read resolving it, was in flight as `op`. The claim may still land, leaving the
+    /// record owned by us at an epoch whose lease is gone; its next claimer would then charge an
+    /// attempt for a tenancy that never ran (seed 5,284,442 quarantined a healthy split so). The
+    /// request's answer now goes to [`Worker::on_orphan_claim`], which releases what landed.
+    pub(super) fn orphan_claim(&mut self, id: &SplitId, op: OpId, h: &Held) {
+        let orphan = ClaimOrphan { split: id.clone(), base: h.written.rev, record: h.written.record.clone() };
+        self.outbox.repurpose(op, |p| match p {
+            Pending::RecordClaim { .. } => Some(Pending::OrphanClaim(orphan)),
+            Pending::RecordClaimRead { .. } => Some(Pending::OrphanClaimRead(orphan)),
+            _ => None,
+        });
+    }
+
+    /// An orphaned claim was answered: if it landed, release the record by a CAS against the
+    /// claim's revision (which does nothing if someone moved it since); if in doubt, read.
+    /// Nothing landed otherwise.
+    pub(super) fn on_orphan_claim(&mut self, orphan: ClaimOrphan, result: StoreResult) {
+        match Written::of(result) {
+            Written::Applied(rev) => self.release_if_unmoved(&orphan.split, rev, &orphan.record),
+            Written::InDoubt => self.read_orphan(orphan),
+            Written::Conflict | Written::Unavailable | Written::Fatal(_) => {}
+        }
+    }
+
+    fn read_orphan(&mut self, orphan: ClaimOrphan) {
+        let request = StoreRequest::Get { key: keys::split(&orphan.split) };
+        self.outbox.send(Bucket::State, request, Pending::OrphanClaimRead(orphan));
+    }
+
+    /// The record after an orphaned claim in doubt: released if it holds the claim. A read
+    /// that decides nothing is repeated after the backoff. Best effort: a claim that lands after
+    /// a read showed it absent stays (its next claimer charges an attempt, as for any tenancy
+    /// that ended without a release).
+    pub(super) fn on_orphan_claim_read(&mut self, now: Timestamp, orphan: ClaimOrphan, result: StoreResult) {
+        match RecordRead::of(result, orphan.base, Some(&orphan.record)) {
+            RecordRead::Landed(rev) => self.release_if_unmoved(&orphan.split, rev, &orphan.record),
+            RecordRead::Lagging | RecordRead::Unavailable => {
+                let request = StoreRequest::Get { key: keys::split(&orphan.split) };
+                self.outbox.retry_later(now, Bucket::State, request, Pending::OrphanClaimRead(orphan));
+            }
+            RecordRead::Other(..) | RecordRead::Gone => {}
+        }
     }
 }
