@@ -54,6 +54,10 @@ enum Command {
     /// protocol after an upgrade (docs/UPGRADES.md).
     #[command(after_help = AFTER_HELP)]
     Job(cmd::job::JobArgs),
+    /// List the jobs a NATS account holds: each job's buckets, whether a worker has started
+    /// it, and what its state bucket holds. Reads only.
+    #[command(after_help = AFTER_HELP)]
+    Jobs(cmd::jobs::JobsArgs),
     /// Print the NATS permissions a job's clients need, to paste into the server's
     /// authorization block (or JSON).
     NatsPermissions(cmd::nats::NatsPermissionsArgs),
@@ -72,6 +76,7 @@ fn validate(cli: &Cli) {
         Command::Status(a) => a.validate(),
         Command::Requeue(a) => a.validate(),
         Command::Job(a) => a.validate(),
+        Command::Jobs(a) => a.validate(),
         Command::NatsBuckets(a) => a.validate(),
         Command::NatsPermissions(_) => Ok(()),
     };
@@ -126,6 +131,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::NatsBuckets(a) => cmd::nats::buckets(a).await,
         Command::Requeue(a) => cmd::requeue::run(a).await,
         Command::Job(a) => cmd::job::run(a).await,
+        Command::Jobs(a) => cmd::jobs::run(a).await,
     }
 }
 

@@ -209,6 +209,10 @@ fn one_job_s_credentials_cannot_read_or_change_another_job() {
         assert_eq!(code, Some(1), "{args:?}: {err}");
         assert!(err.contains("denied user \"etl-ja\"") && err.contains("jb"), "{args:?}: {err}");
     }
+    // Nor list the jobs: that reads every stream of the account.
+    let (code, err) = refused(a.command().args(["jobs", "--store", &a.url]));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("denied user \"etl-ja\"") && err.contains("listing jobs"), "{err}");
     // The set-up user of one job cannot create or read another's buckets either.
     let setup = s.as_user("setup-ja");
     let (code, err) = refused(setup.command().args(["nats-buckets", "--job", "jb", "--store", &setup.url]));
@@ -227,7 +231,10 @@ fn missing_or_wrong_credentials_and_a_missing_ca_are_refused_saying_what_to_give
         c.args(["status", "--job", "jc", "--store", &nats.url]);
         c
     };
-    assert!(run(&mut status(&ok)).status.success());
+    // With its credentials it gets as far as the job's buckets: no worker has started it.
+    let out = run(&mut status(&ok));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no job jc") && err.contains("no worker has started it yet"), "{err}");
     let strip = |names: &[&str]| Nats {
         url: ok.url.clone(),
         env: ok.env.iter().filter(|(k, _)| !names.contains(&k.as_str())).cloned().collect(),

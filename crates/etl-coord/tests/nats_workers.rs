@@ -343,3 +343,97 @@ fn a_follow_job_picks_up_files_added_while_three_workers_run_each_line_once_per_
         assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     }
 }
+
+/// `etl-coord` with `args` against the suite's server: (exit code, stdout, stderr).
+fn etl_coord(args: &[&str]) -> (i32, String, String) {
+    let out = nats().command().args(args).output().unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
+}
+
+/// The jobs `etl-coord jobs -o json` lists, by name.
+fn jobs_listed() -> std::collections::BTreeMap<String, serde_json::Value> {
+    let (code, out, err) = etl_coord(&["jobs", "--store", &nats_url(), "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    rows.into_iter().map(|r| (r["job"].as_str().unwrap().to_owned(), r)).collect()
+}
+
+#[test]
+fn reading_or_repairing_a_job_that_does_not_exist_says_so_and_creates_nothing() {
+    let typo = job("typo");
+    let url = nats_url();
+    for args in [
+        vec!["status", "--job", &typo, "--store", &url],
+        vec!["requeue", "--job", &typo, "--store", &url, "--split", "s1"],
+        vec!["requeue", "--job", &typo, "--store", &url, "--state", "quarantined", "--yes"],
+        vec!["job", "set-max-attempts", "--job", &typo, "--store", &url, "3"],
+    ] {
+        let (code, _, err) = etl_coord(&args);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("no job {typo} at {url}"))
+                && err.contains("does not exist")
+                && err.contains("etl-coord jobs"),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(!jobs_listed().contains_key(&typo), "a command created the buckets of {typo}");
+    // Buckets made ready for a job no worker has started: it does not exist yet either.
+    let (code, _, err) = etl_coord(&["nats-buckets", "--job", &typo, "--store", &url]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = etl_coord(&["status", "--job", &typo, "--store", &url]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("no worker has started it yet"), "{err}");
+    let listed = &jobs_listed()[&typo];
+    assert_eq!(
+        (listed["started"].as_bool(), listed["state_bucket"].as_bool()),
+        (Some(false), Some(true)),
+        "{listed}"
+    );
+}
+
+#[test]
+fn jobs_lists_a_started_job_with_what_its_state_holds() {
+    let (tmp, data) = dataset(2, 20);
+    let ran = job("listed");
+    let sink = tmp.path().join("s.jsonl");
+    let out = worker(&ran, "w1", &data, &sink, &[]).wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let listed = &jobs_listed()[&ran];
+    assert_eq!(listed["started"].as_bool(), Some(true), "{listed}");
+    // meta, the plan head, a manifest chunk, and a descriptor and a record per split.
+    assert!(listed["records"].as_u64().unwrap() >= 5 && listed["bytes"].as_u64().unwrap() > 0, "{listed}");
+    let (code, table, err) = etl_coord(&["jobs", "--store", &nats_url()]);
+    assert_eq!(code, 0, "{err}");
+    let line = table.lines().find(|l| l.starts_with(&format!("{ran} "))).unwrap_or_else(|| panic!("{table}"));
+    assert!(line.contains("started"), "{table}");
+}
+
+#[test]
+fn status_watch_waits_for_a_job_that_does_not_exist_yet_then_shows_it() {
+    use std::io::BufRead;
+    let (tmp, data) = dataset(1, 20);
+    let later = job("later");
+    let mut watch = nats()
+        .command()
+        .args(["status", "--job", &later, "--store", &nats_url(), "--watch", "--interval", "200ms"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(watch.stdout.take().unwrap()).lines().map_while(Result::ok);
+    // It says the job is missing, again at each interval, and keeps waiting.
+    let waiting = lines.by_ref().take(2).collect::<Vec<_>>();
+    assert!(
+        waiting.iter().all(|l| l.contains(&format!("no job {later}")) && l.contains("waiting")),
+        "{waiting:?}"
+    );
+    let sink = tmp.path().join("s.jsonl");
+    let out = worker(&later, "w1", &data, &sink, &[]).wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // Once a worker started it, the watch shows it, every interval.
+    let shown = lines.filter(|l| l.starts_with("plan:")).take(2).count();
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert_eq!(shown, 2, "the watch never showed the job once it existed");
+}

@@ -16,7 +16,7 @@ pub(crate) async fn bucket(
     name: &str,
     ttl: bool,
     created: &mut Vec<String>,
-) -> Result<NatsStore, StoreError> {
+) -> Result<Option<NatsStore>, StoreError> {
     let cfg = kv::Config {
         bucket: name.to_owned(),
         history: 1,
@@ -25,8 +25,8 @@ pub(crate) async fn bucket(
         ..Default::default()
     };
     let stream = format!("KV_{name}");
-    let (kv, leader, stream_config, new) =
-        refusals.guard(open_or_create(js, cfg, &stream, config.create_buckets, refusals)).await?;
+    let opened = refusals.guard(open_or_create(js, cfg, &stream, config.create_buckets)).await?;
+    let Some((kv, leader, stream_config, new)) = opened else { return Ok(None) };
     if new {
         created.push(name.to_owned());
     }
@@ -41,7 +41,7 @@ pub(crate) async fn bucket(
             stream_config.max_messages_per_subject
         )));
     }
-    Ok(NatsStore {
+    Ok(Some(NatsStore {
         client: client.clone(),
         js: js.clone(),
         kv,
@@ -52,11 +52,20 @@ pub(crate) async fn bucket(
         marker_ttl: ttl.then_some(config.limit_marker_ttl),
         refusals: refusals.clone(),
         replicas: stream_config.num_replicas,
-    })
+    }))
+}
+
+/// The error of a bucket that does not exist where workers may not create it.
+pub(crate) fn missing(bucket: &str, job: &etl_coordination_core::JobName) -> StoreError {
+    setup(format!(
+        "bucket {bucket} does not exist: create job {job}'s buckets first, with `etl-coord nats-buckets \
+         --job {job}` as a user allowed to (`etl-coord nats-permissions --job {job} --create`)"
+    ))
 }
 
 /// Opens the bucket, or creates it if it does not exist (and `create` allows), and reads back
-/// its stream's configuration; true if this call created it. Workers of a new job start
+/// its stream's configuration; true if this call created it. `None`: it does not exist and
+/// `create` is off. Workers of a new job start
 /// together, so creation races are normal: a create fails because another worker's create is
 /// in flight, and on a cluster a new stream becomes visible to every server (and gets a leader
 /// that answers for it) a moment later, so opening it or reading its configuration meanwhile
@@ -67,8 +76,7 @@ async fn open_or_create(
     cfg: kv::Config,
     stream: &str,
     create: bool,
-    refusals: &Refusals,
-) -> Result<(kv::Store, jetstream::stream::Stream, jetstream::stream::Config, bool), StoreError> {
+) -> Result<Option<(kv::Store, jetstream::stream::Stream, jetstream::stream::Config, bool)>, StoreError> {
     let mut retry = SetupRetry::new();
     loop {
         let mut new = false;
@@ -79,14 +87,7 @@ async fn open_or_create(
             Ok(kv) => Ok(kv),
             Err(opening) => match stream_missing(js, stream).await {
                 false => Err(format!("opening it: {opening}")),
-                true if !create => {
-                    let job = &refusals.job;
-                    return Err(setup(format!(
-                        "bucket {} does not exist: create job {job}'s buckets first, with `etl-coord nats-buckets \
-                         --job {job}` as a user allowed to (`etl-coord nats-permissions --job {job} --create`)",
-                        cfg.bucket
-                    )));
-                }
+                true if !create => return Ok(None),
                 true => match js.create_key_value(cfg.clone()).await {
                     Ok(kv) => {
                         new = true;
@@ -105,7 +106,7 @@ async fn open_or_create(
         };
         let last = match kv {
             Ok(kv) => match read_config(js, stream).await {
-                Ok((handle, config)) => return Ok((kv, handle, config, new)),
+                Ok((handle, config)) => return Ok(Some((kv, handle, config, new))),
                 Err(e) => format!("reading its configuration: {e}"),
             },
             Err(e) => e,

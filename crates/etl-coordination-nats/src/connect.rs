@@ -35,8 +35,24 @@ pub struct NatsJob {
 
 /// Connects, checks the server (P1) and creates or validates the job's buckets.
 pub async fn connect(config: &NatsConfig, job: &JobName) -> Result<NatsJob, StoreError> {
-    let (refusals, refused) = Refusals::new(config, job);
-    let client = open_connection(config, job, &refusals, Arc::new(refused)).await?;
+    match open(config, job).await? {
+        Ok(opened) => Ok(opened),
+        Err(bucket) => Err(crate::buckets::missing(&bucket, job)),
+    }
+}
+
+/// Connects, checks the server (P1) and validates the job's buckets, creating nothing (whatever
+/// `config.create_buckets` says): what tools that read or repair a job use, so that a mistyped
+/// job name never leaves buckets behind. `None`: a bucket of the job does not exist.
+pub async fn open_existing(config: &NatsConfig, job: &JobName) -> Result<Option<NatsJob>, StoreError> {
+    let config = NatsConfig { create_buckets: false, ..config.clone() };
+    Ok(open(&config, job).await?.ok())
+}
+
+/// [`connect`], with a missing bucket (that `config` does not let it create) as `Err(name)`.
+async fn open(config: &NatsConfig, job: &JobName) -> Result<Result<NatsJob, String>, StoreError> {
+    let (refusals, refused) = Refusals::new(config, Some(job));
+    let client = open_connection(config, Some(inbox_prefix(job)), &refusals, Arc::new(refused)).await?;
     let version = client.server_info().version;
     match parse_version(&version) {
         Some(v) if v >= MIN_SERVER_VERSION => {}
@@ -60,48 +76,54 @@ pub async fn connect(config: &NatsConfig, job: &JobName) -> Result<NatsJob, Stor
     }
     let [state_name, lease_name] = bucket_names(job);
     let mut created = Vec::new();
-    let state = bucket(&client, &js, config, &refusals, &state_name, false, &mut created).await?;
-    let lease = bucket(&client, &js, config, &refusals, &lease_name, true, &mut created).await?;
+    let Some(state) = bucket(&client, &js, config, &refusals, &state_name, false, &mut created).await? else {
+        return Ok(Err(state_name));
+    };
+    let Some(lease) = bucket(&client, &js, config, &refusals, &lease_name, true, &mut created).await? else {
+        return Ok(Err(lease_name));
+    };
     for store in [&state, &lease] {
         store.probe().await?;
     }
-    Ok(NatsJob { state, lease, created })
+    Ok(Ok(NatsJob { state, lease, created }))
 }
 
-/// The client options of a job's connection: credentials, TLS, the job's reply prefix, and an
-/// event callback that records what the server refuses.
+/// The client options of a connection: credentials, TLS, the reply prefix (a job's, so that its
+/// user needs no other), and an event callback that records what the server refuses.
 async fn options(
     config: &NatsConfig,
-    job: &JobName,
+    inbox: Option<String>,
     refused: Arc<watch::Sender<Option<Refusal>>>,
 ) -> Result<async_nats::ConnectOptions, StoreError> {
     let mut opts = async_nats::ConnectOptions::new()
         .connection_timeout(config.op_timeout)
         .request_timeout(Some(config.op_timeout))
-        .max_reconnects(None)
-        .custom_inbox_prefix(inbox_prefix(job))
-        .event_callback(move |event| {
-            let refused = refused.clone();
-            async move {
-                let refusal = match &event {
-                    async_nats::Event::ServerError(e) => Refusal::parse(e),
-                    // A reconnect turned away (e.g. a rotated password) is reported by the client.
-                    async_nats::Event::ClientError(async_nats::ClientError::Other(e))
-                        if e.to_lowercase().contains("authorization violation") =>
-                    {
-                        Some(Refusal::Credentials)
-                    }
-                    _ => None,
-                };
-                match refusal {
-                    Some(r) => {
-                        tracing::error!(%event, "NATS refused a request of this client");
-                        refused.send_if_modified(|first| first.is_none() && first.replace(r).is_none());
-                    }
-                    None => tracing::debug!(%event, "NATS connection event"),
+        .max_reconnects(None);
+    if let Some(inbox) = inbox {
+        opts = opts.custom_inbox_prefix(inbox);
+    }
+    opts = opts.event_callback(move |event| {
+        let refused = refused.clone();
+        async move {
+            let refusal = match &event {
+                async_nats::Event::ServerError(e) => Refusal::parse(e),
+                // A reconnect turned away (e.g. a rotated password) is reported by the client.
+                async_nats::Event::ClientError(async_nats::ClientError::Other(e))
+                    if e.to_lowercase().contains("authorization violation") =>
+                {
+                    Some(Refusal::Credentials)
                 }
+                _ => None,
+            };
+            match refusal {
+                Some(r) => {
+                    tracing::error!(%event, "NATS refused a request of this client");
+                    refused.send_if_modified(|first| first.is_none() && first.replace(r).is_none());
+                }
+                None => tracing::debug!(%event, "NATS connection event"),
             }
-        });
+        }
+    });
     opts = match &config.auth {
         NatsAuth::None => opts,
         NatsAuth::Token(t) => opts.token(t.clone()),
@@ -126,9 +148,9 @@ async fn options(
 /// Connects, trying again for twice the op timeout while no server answers (a worker may start
 /// before NATS does). Refused credentials and a failed TLS handshake are final: trying again
 /// cannot fix them.
-async fn open_connection(
+pub(crate) async fn open_connection(
     config: &NatsConfig,
-    job: &JobName,
+    inbox: Option<String>,
     refusals: &Refusals,
     refused: Arc<watch::Sender<Option<Refusal>>>,
 ) -> Result<async_nats::Client, StoreError> {
@@ -145,7 +167,7 @@ async fn open_connection(
     let deadline = tokio::time::Instant::now() + attempt * 2;
     let mut retry = SetupRetry::new();
     let client = loop {
-        let opts = options(config, job, refused.clone()).await?;
+        let opts = options(config, inbox.clone(), refused.clone()).await?;
         let last = match tokio::time::timeout(attempt, opts.connect(servers.clone())).await {
             Ok(Ok(client)) => break client,
             Ok(Err(e)) if matches!(e.kind(), C::AuthorizationViolation | C::Authentication) => {
@@ -197,7 +219,7 @@ fn is_tls_failure(error: &str) -> bool {
 /// "temporarily unavailable" and a loaded server answers late: both are retried for
 /// [`SETUP_WINDOW`] and then reported as unavailable. No responders (JetStream is not enabled)
 /// and any other API error are final, with what to do about them.
-async fn query_account(
+pub(crate) async fn query_account(
     js: &jetstream::Context,
     config: &NatsConfig,
 ) -> Result<jetstream::account::Account, StoreError> {

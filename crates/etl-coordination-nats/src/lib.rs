@@ -53,6 +53,7 @@ mod buckets;
 mod classify;
 mod config;
 mod connect;
+mod jobs;
 mod permissions;
 mod refusals;
 mod setup;
@@ -60,8 +61,9 @@ mod store;
 mod watch;
 
 pub use config::{MIN_SERVER_VERSION, NatsAuth, NatsConfig};
-pub use connect::{NatsJob, connect};
+pub use connect::{NatsJob, connect, open_existing};
 pub use etl_coordination_core::{JobName, Prefix};
 pub use etl_coordination_store::Store;
+pub use jobs::{JobListing, list_jobs};
 pub use permissions::{Access, Permissions, bucket_names, inbox_prefix, permissions};
 pub use store::NatsStore;

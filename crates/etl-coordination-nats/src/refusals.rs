@@ -40,17 +40,21 @@ impl Refusal {
     }
 }
 
-/// What a connection of a job was refused, and how to say what to do about it.
+/// What a connection was refused, and how to say what to do about it: a job's connection, or
+/// (`job: None`) the listing of every job.
 #[derive(Clone)]
 pub(crate) struct Refusals {
     pub(crate) rx: watch::Receiver<Option<Refusal>>,
     pub(crate) url: String,
-    pub(crate) job: JobName,
+    pub(crate) job: Option<JobName>,
     pub(crate) credentials: String,
 }
 
 impl Refusals {
-    pub(crate) fn new(config: &NatsConfig, job: &JobName) -> (Refusals, watch::Sender<Option<Refusal>>) {
+    pub(crate) fn new(
+        config: &NatsConfig,
+        job: Option<&JobName>,
+    ) -> (Refusals, watch::Sender<Option<Refusal>>) {
         let (tx, rx) = watch::channel(None);
         let credentials = match &config.auth {
             NatsAuth::None => "no credentials given".to_owned(),
@@ -58,7 +62,7 @@ impl Refusals {
             NatsAuth::UserPassword(u, _) => format!("user {u:?}"),
             NatsAuth::CredentialsFile(p) => format!("credentials file {}", p.display()),
         };
-        (Refusals { rx, url: config.url.clone(), job: job.clone(), credentials }, tx)
+        (Refusals { rx, url: config.url.clone(), job: job.cloned(), credentials }, tx)
     }
 
     /// The setup error of the first refusal, if there was one.
@@ -67,7 +71,21 @@ impl Refusals {
     }
 
     pub(crate) fn describe(&self, refusal: &Refusal) -> String {
-        let (url, job, who) = (&self.url, &self.job, &self.credentials);
+        let (url, who) = (&self.url, &self.credentials);
+        let Some(job) = &self.job else {
+            return match refusal {
+                Refusal::Credentials => format!(
+                    "NATS at {url} refused the connection's credentials ({who}): authorization violation; check \
+                     them against the server's authorization block"
+                ),
+                Refusal::Permission { verb, subject } => format!(
+                    "NATS at {url} denied {who} permission to {verb} to {subject:?}: listing jobs reads every \
+                     stream of the account ($JS.API.STREAM.NAMES, $JS.API.STREAM.INFO.>, \
+                     $JS.API.STREAM.MSG.GET.>), which a job's own user may not; list with an account \
+                     administrator's credentials, or read one job with `etl-coord status --job NAME`"
+                ),
+            };
+        };
         let Refusal::Permission { verb, subject } = refusal else {
             return format!(
                 "NATS at {url} refused the connection's credentials ({who}): authorization violation; \

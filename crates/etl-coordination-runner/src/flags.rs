@@ -65,6 +65,16 @@ pub struct StoreFlags {
     /// Job name: [A-Za-z0-9_-]; suffixes the store's bucket names.
     #[arg(long, env = "ETL_COORD_JOB", value_parser = parse_job)]
     pub job: String,
+    /// The store and how to connect to it.
+    #[command(flatten)]
+    pub connection: ConnectFlags,
+}
+
+/// A store (NATS, or `memory`) and the NATS connection's credentials and TLS: the store flags
+/// without a job (`etl-coord jobs` lists the jobs a store holds).
+#[derive(clap::Args, Clone, Debug)]
+#[non_exhaustive]
+pub struct ConnectFlags {
     /// Required: `nats://HOST:PORT` (comma-separate several; `tls://` requires TLS), or `memory`
     /// for a single standalone instance (nothing is shared). Also ETL_COORD_STORE, else NATS_URL.
     #[arg(long, env = "ETL_COORD_STORE")]
@@ -113,7 +123,7 @@ struct Resolved {
     tls_ca: Option<PathBuf>,
 }
 
-impl StoreFlags {
+impl ConnectFlags {
     /// Fills in the NATS CLI's variables and checks what clap cannot see across them; the
     /// error names the flag, for a usage error (exit 2).
     fn resolve(&self) -> Result<Resolved, (&'static str, String)> {
@@ -169,11 +179,18 @@ impl StoreFlags {
     }
 }
 
-impl StoreFlags {
-    /// The store flags' own checks, as a usage error.
+impl ConnectFlags {
+    /// The connection flags' own checks, as a usage error.
     pub fn validate(&self) -> Result<(), Usage> {
         positive("--nats-op-timeout", self.nats_op_timeout)?;
         self.resolve().map(drop).map_err(|(flag, msg)| Usage::new(flag, msg))
+    }
+}
+
+impl StoreFlags {
+    /// The store flags' own checks, as a usage error.
+    pub fn validate(&self) -> Result<(), Usage> {
+        self.connection.validate()
     }
 }
 
@@ -211,8 +228,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-/// The NATS configuration the store flags give; `None` for `--store memory`.
-pub fn nats_config(args: &StoreFlags) -> Result<Option<etl_coordination_nats::NatsConfig>, Usage> {
+/// The NATS configuration the connection flags give; `None` for `--store memory`.
+pub fn nats_config(args: &ConnectFlags) -> Result<Option<etl_coordination_nats::NatsConfig>, Usage> {
     let r = args.resolve().map_err(|(flag, msg)| Usage::new(flag, msg))?;
     if r.store == "memory" {
         return Ok(None);
@@ -234,10 +251,53 @@ pub fn nats_config(args: &StoreFlags) -> Result<Option<etl_coordination_nats::Na
     Ok(Some(cfg))
 }
 
-/// The job's stores, on the backend `--store` names.
+/// The stores of a job that exists, for the commands that read or repair one (`status`,
+/// `requeue`, `job`): nothing is created, so a mistyped name leaves nothing behind. A job
+/// exists once a worker has started it (its `meta` record is written); anything short of that
+/// is [`RunError::NoSuchJob`], saying what was found and how to list the jobs.
+pub async fn open_job(args: &StoreFlags) -> Result<JobStores<AnyStore>, RunError> {
+    use etl_coordination_nats::Store;
+    let job = JobName::new(args.job.clone()).map_err(|e| Usage::new("--job", e.to_string()))?;
+    let no_such_job = |store: String, why: String| RunError::NoSuchJob { job: job.clone(), store, why };
+    let (stores, store) = match nats_config(&args.connection)? {
+        None => {
+            return Err(no_such_job(
+                "the in-memory store".into(),
+                "it holds only the jobs of the process that runs them; to read a job that workers share, give \
+                 --store nats://HOST:PORT"
+                    .into(),
+            ));
+        }
+        Some(cfg) => match etl_coordination_nats::open_existing(&cfg, &job).await.map_err(RunError::Store)? {
+            Some(buckets) => (JobStores::new(job.clone(), buckets.state, buckets.lease).into_any(), cfg.url),
+            None => {
+                let [state, _] = etl_coordination_nats::bucket_names(&job);
+                let why = format!(
+                    "its bucket {state} does not exist (nothing was created); `etl-coord jobs --store {}` lists \
+                     the jobs there",
+                    cfg.url
+                );
+                return Err(no_such_job(cfg.url, why));
+            }
+        },
+    };
+    match stores.state.get(&etl_coordination_core::records::keys::meta()).await {
+        Ok(Some(_)) => Ok(stores),
+        Ok(None) => {
+            let why = format!(
+                "its buckets exist but no worker has started it yet (no meta record): start its workers, or \
+                 check the name with `etl-coord jobs --store {store}`"
+            );
+            Err(no_such_job(store, why))
+        }
+        Err(e) => Err(RunError::Store(e)),
+    }
+}
+
+/// The job's stores, on the backend `--store` names, created if missing (what a worker does).
 pub async fn open_stores(args: &StoreFlags) -> Result<JobStores<AnyStore>, RunError> {
     let job = JobName::new(args.job.clone()).map_err(|e| Usage::new("--job", e.to_string()))?;
-    Ok(match nats_config(args)? {
+    Ok(match nats_config(&args.connection)? {
         None => JobStores::memory(job).into_any(),
         Some(cfg) => JobStores::nats(&cfg, &job).await.map_err(RunError::Store)?.into_any(),
     })
@@ -373,7 +433,6 @@ impl WorkerFlags {
     /// Checks what one flag's parser cannot: values against each other and the environment's
     /// fallbacks. The error names the flag (a usage error: exit 2, before anything connects).
     pub fn validate(&self) -> Result<(), Usage> {
-        positive("--nats-op-timeout", self.store.nats_op_timeout)?;
         self.tuning().validate().map_err(tuning_error)?;
         self.driver_config()?.validate().map_err(tuning_error)?;
         if !self.lane_stall_timeout.is_zero() && self.lane_stall_timeout < Duration::from_secs(1) {

@@ -73,8 +73,8 @@ use etl_coordination_driver::{
 };
 
 pub use flags::{
-    LogFlags, StoreFlags, Usage, WorkerFlags, nats_config, open_stores, parse_duration, parse_instance,
-    parse_job, parse_split, positive, tuning_error,
+    ConnectFlags, LogFlags, StoreFlags, Usage, WorkerFlags, nats_config, open_job, open_stores,
+    parse_duration, parse_instance, parse_job, parse_split, positive, tuning_error,
 };
 
 /// An error of the program's own, from building its source or sink.
@@ -112,6 +112,17 @@ pub enum RunError {
     /// The program's source or sink could not be made.
     #[error("building the pipeline")]
     Build(#[source] BoxError),
+    /// A command that reads or repairs a job was given one that does not exist (nothing was
+    /// created).
+    #[error("no job {job} at {store}: {why}")]
+    NoSuchJob {
+        /// The job asked for.
+        job: etl_coordination_core::JobName,
+        /// Where it was looked for.
+        store: String,
+        /// What was found instead, and what to do.
+        why: String,
+    },
     /// The driver is newer than this runner and ended with an outcome it does not know: not
     /// a success to claim.
     #[error("the job ended with an outcome this runner does not know: {0:?}")]

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use etl_coord::job::{self, Migration};
 use etl_coordination_core::MAX_ATTEMPTS_LIMIT;
 
-use super::{StoreArgs, Usage, open_stores};
+use super::{StoreArgs, Usage, open_job};
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct JobArgs {
@@ -54,7 +54,7 @@ impl JobArgs {
 pub(crate) async fn run(a: JobArgs) -> anyhow::Result<ExitCode> {
     match a.command {
         JobCommand::SetMaxAttempts(a) => {
-            let stores = open_stores(&a.store).await?;
+            let stores = open_job(&a.store).await?;
             let change = job::set_max_attempts(&stores, a.max_attempts).await?;
             if change.before == change.after {
                 println!("job {}: max_attempts is {} already; nothing changed", stores.job, change.after);
@@ -68,7 +68,7 @@ pub(crate) async fn run(a: JobArgs) -> anyhow::Result<ExitCode> {
             }
         }
         JobCommand::Migrate(a) => {
-            let stores = open_stores(&a.store).await?;
+            let stores = open_job(&a.store).await?;
             match job::migrate(&stores).await? {
                 Migration::AlreadyCurrent => {
                     println!("job {} runs this release's protocol already; nothing changed", stores.job)

@@ -3,6 +3,7 @@
 
 pub(crate) mod demo;
 pub(crate) mod job;
+pub(crate) mod jobs;
 pub(crate) mod nats;
 pub(crate) mod requeue;
 pub(crate) mod status;
@@ -12,6 +13,6 @@ pub(crate) mod worker;
 /// value parsers are the runner's: `etl-coord worker` runs on it, and the operator's commands
 /// take the same flags.
 pub(crate) use etl_coordination_runner::{
-    StoreFlags as StoreArgs, Usage, nats_config, open_stores, parse_duration, parse_split, positive,
-    tuning_error,
+    ConnectFlags, StoreFlags as StoreArgs, Usage, nats_config, open_job, parse_duration, parse_split,
+    positive, tuning_error,
 };

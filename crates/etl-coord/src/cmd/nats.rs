@@ -70,7 +70,7 @@ pub(crate) fn permissions(a: NatsPermissionsArgs) -> anyhow::Result<ExitCode> {
 
 /// Creates the job's buckets if missing (unless `--check`) and checks their configuration.
 pub(crate) async fn buckets(a: NatsBucketsArgs) -> anyhow::Result<ExitCode> {
-    let Some(mut cfg) = nats_config(&a.store)? else {
+    let Some(mut cfg) = nats_config(&a.store.connection)? else {
         bail!("--store memory: nats-buckets needs a nats:// URL");
     };
     cfg.create_buckets = !a.check;

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use etl_coord::ops;
 use etl_coordination_driver::SplitId;
 
-use super::{StoreArgs, Usage, open_stores, parse_split};
+use super::{StoreArgs, Usage, open_job, parse_split};
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct RequeueArgs {
@@ -56,7 +56,7 @@ impl RequeueArgs {
 
 /// Requeues the split, or resets it after confirmation.
 pub(crate) async fn run(a: RequeueArgs) -> anyhow::Result<ExitCode> {
-    let stores = open_stores(&a.store).await?;
+    let stores = open_job(&a.store).await?;
     let Some(split) = a.split.clone() else { return run_bulk(&a, &stores).await };
     let split = SplitId::new(split)?;
     if !a.reset {

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use etl_coord::ops;
 
-use super::{StoreArgs, Usage, open_stores, parse_duration};
+use etl_coordination_runner::RunError;
+
+use super::{StoreArgs, Usage, nats_config, open_job, parse_duration};
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct StatusArgs {
@@ -38,15 +40,26 @@ pub(crate) struct StatusArgs {
 impl StatusArgs {
     /// What one flag's parser cannot check.
     pub(crate) fn validate(&self) -> Result<(), Usage> {
-        super::positive("--nats-op-timeout", self.store.nats_op_timeout)?;
         super::positive("--interval", self.interval)?;
         self.store.validate()
     }
 }
 
-/// Prints the status once, or every `--interval` with `--watch`.
+/// Prints the status once, or every `--interval` with `--watch`. A job that does not exist is
+/// an error (exit 1, nothing created); with `--watch` on NATS, it is waited for (an operator
+/// may start watching before the first worker starts).
 pub(crate) async fn run(a: StatusArgs) -> anyhow::Result<ExitCode> {
-    let stores = open_stores(&a.store).await?;
+    let stores = loop {
+        match open_job(&a.store).await {
+            Ok(stores) => break stores,
+            // The in-memory store of this process will never hold it: no point waiting.
+            Err(e @ RunError::NoSuchJob { .. }) if a.watch && nats_config(&a.store.connection)?.is_some() => {
+                println!("{e}; waiting for it (every {:?})", a.interval);
+                tokio::time::sleep(a.interval).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     let mut first = true;
     loop {
         let read = ops::status(&stores).await;
