@@ -2609,6 +2609,58 @@ fn p12_a_claim_in_doubt_whose_read_comes_back_after_its_lease_expired_is_release
 }
 
 #[test]
+fn p12_a_claim_that_quarantines_is_final_even_when_its_lease_expired_while_it_was_in_flight() {
+    // w2 held s0 and died without committing, after an earlier failing tenancy (attempts 1 of
+    // 2): its lease is gone. w1's claim charges the attempt that quarantines the split.
+    let mut w2 = Rig::new(cfg("w2", 2));
+    w2.plan = Some(plan(1, PlanKind::Final));
+    w2.feed(Input::Start);
+    let mut rec = w2.kv.record("s0");
+    rec.attempts = 1;
+    w2.kv.put(Bucket::State, &keys::split(&sid("s0")), &rec);
+    let lease = w2.kv.get(Bucket::Lease, "split.s0").expect("w2's lease");
+    w2.kv.apply(Bucket::Lease, &StoreRequest::Delete { key: lease.key, expected: lease.revision }).0.unwrap();
+    let mut c1 = cfg("w1", 1);
+    c1.tuning.claim_backoff = Duration::ZERO;
+    let mut r = Rig::new(c1);
+    r.expire = false;
+    r.auto = false;
+    r.kv = std::mem::take(&mut w2.kv);
+    r.feed(Input::Start);
+    let (op, req) = until_request(&mut r, |b, q| {
+        b == Bucket::State
+            && matches!(q, StoreRequest::CompareAndSwap { key, value, .. }
+                if key.as_str() == "split.s0" && records::decode::<SplitRecord>(value).is_ok_and(|v| v.state == SplitState::Quarantined))
+    });
+    // The lease w1 took for it expires while the claim is in flight; then the claim lands.
+    lease_of_s0_expires(&mut r);
+    let a = r.answer_applied(op, Bucket::State, &req);
+    settle(&mut r);
+    assert!(!releases_any(&a) && !releases_any(&r.take_log()), "a quarantined record was rewritten: {a:?}");
+    assert_eq!((r.kv.record("s0").state, r.kv.record("s0").attempts), (SplitState::Quarantined, 2));
+}
+
+/// Whether `actions` write an Unleased record of `s0`.
+fn releases_any(actions: &[Action]) -> bool {
+    store_requests(actions).iter().any(|(b, q)| {
+        *b == Bucket::State
+            && matches!(q, StoreRequest::CompareAndSwap { key, value, .. }
+                if key.as_str() == "split.s0" && records::decode::<SplitRecord>(value).is_ok_and(|v| v.state == SplitState::Unleased))
+    })
+}
+
+/// Answers everything pending in order until the worker is quiet.
+fn settle(r: &mut Rig) {
+    for _ in 0..200 {
+        if r.pending.is_empty() {
+            return;
+        }
+        r.apply_and_answer(0, None);
+    }
+    panic!("the worker never settled: {:?}", r.pending)
+}
+
+#[test]
 fn p4_a_delayed_head_write_is_not_sent_after_the_worker_stepped_down() {
     let mut r = starting_by_hand(1);
     let (op, _) = until_request(&mut r, is_head_create);

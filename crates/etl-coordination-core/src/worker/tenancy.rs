@@ -7,7 +7,7 @@ use bytes::Bytes;
 
 use crate::ids::{Epoch, OpId, Revision, SplitId};
 use crate::io::{AcquisitionReason, Action, CommitOutcome, Event, StopReason};
-use crate::records::{self, SplitRecord, keys};
+use crate::records::{self, SplitRecord, SplitState, keys};
 use crate::store::{Bucket, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 
@@ -430,6 +430,11 @@ impl Worker {
     /// attempt for a tenancy that never ran (seed 5,284,442 quarantined a healthy split so). The
     /// request's answer now goes to [`Worker::on_orphan_claim`], which releases what landed.
     pub(super) fn orphan_claim(&mut self, id: &SplitId, op: OpId, h: &Held) {
+        if h.written.record.state != SplitState::Owned {
+            // A claim that quarantines the split is final whoever's lease expired: it never
+            // names an owner, and a terminal record is never rewritten (I5).
+            return;
+        }
         let orphan = ClaimOrphan { split: id.clone(), base: h.written.rev, record: h.written.record.clone() };
         self.outbox.repurpose(op, |p| match p {
             Pending::RecordClaim { .. } => Some(Pending::OrphanClaim(orphan)),
