@@ -283,6 +283,7 @@ pub async fn t7_scale_out(run: &mut Run, a: &Args, t: &Target, first: bool) -> R
     )?;
     let (mut ours_curve, mut static_curve, mut pg_curve) = (Vec::new(), Vec::new(), Vec::new());
     let mut one = f64::NAN;
+    let mut largest = Vec::new();
     for &n in counts {
         let r = bounded("T7", run.limit, scenarios::scale_out(t, n, work())).await?;
         if n == 1 {
@@ -302,15 +303,23 @@ pub async fn t7_scale_out(run: &mut Run, a: &Args, t: &Target, first: bool) -> R
             r.makespan, r.complete, r.rate, r.per_split, r.cost_ms
         )?;
         ours_curve.push((n as f64, r.rate));
+        let last = n == *counts.last().unwrap();
         if peers {
-            let last = n == *counts.last().unwrap();
             let (s, pg) = t7_peer_columns(run, a, n, work, &r, last).await?;
-            static_curve.push((n as f64, s));
-            pg_curve.extend(pg.map(|rate| (n as f64, rate)));
+            static_curve.push((n as f64, s.rate));
+            pg_curve.extend(pg.as_ref().map(|p| (n as f64, p.rate)));
+            if last {
+                largest.push(("static partitioning", s.makespan, s.breakdown));
+                largest.extend(pg.map(|p| ("PostgreSQL SKIP LOCKED", p.makespan, p.breakdown)));
+            }
+        }
+        if last {
+            largest.insert(0, ("ours", r.makespan, r.breakdown));
         }
         writeln!(run.doc)?;
     }
     writeln!(run.doc, "{}", T7_NOTE.replace("{cost}", &COST.as_millis().to_string()))?;
+    t7_breakdown(run, *counts.last().unwrap(), &largest)?;
     if peers {
         t7_plot(run, counts, one, ours_curve, static_curve, pg_curve)?;
     }
@@ -326,7 +335,7 @@ async fn t7_peer_columns(
     work: impl Fn() -> world::Work,
     r: &scenarios::Run,
     last: bool,
-) -> Result<(f64, Option<f64>)> {
+) -> Result<(scenarios::Run, Option<scenarios::Run>)> {
     let s = scenarios::static_run(n, work()).await;
     let pg = match &a.postgres {
         Some(pg) => Some(
@@ -335,9 +344,8 @@ async fn t7_peer_columns(
         ),
         None => None,
     };
-    let (pm, pr, pq, pc) = pg
-        .as_ref()
-        .map_or((f64::NAN, f64::NAN, f64::NAN, f64::NAN), |p| (p.makespan, p.rate, p.per_split, p.cost_ms));
+    let (pm, pq, pc) =
+        pg.as_ref().map_or((f64::NAN, f64::NAN, f64::NAN), |p| (p.makespan, p.per_split, p.cost_ms));
     write!(
         run.doc,
         " {:.2} | {} | {pm:.2} | {} | {pq:.1} | {:.2}, {pc:.2} |",
@@ -354,7 +362,39 @@ async fn t7_peer_columns(
             ratio(r.makespan, pm)
         ));
     }
-    Ok((s.rate, pg.is_some().then_some(pr)))
+    Ok((s, pg))
+}
+
+/// Where the makespan goes at the largest fleet, for each system measured: what issue 32
+/// asks to explain before closing the gap to PostgreSQL.
+fn t7_breakdown(run: &mut Run, n: usize, rows: &[(&str, f64, world::Breakdown)]) -> Result<()> {
+    writeln!(
+        run.doc,
+        "Where the makespan goes at {n} workers ({} lanes), seconds: set-up (start to the first lane), \
+         ramp (to every lane opened once), hand-offs (a lane's end to the same worker's next lane: \
+         mean per hand-off, and their sum spread over the lanes), tail (the first lane idle for good \
+         to the last record), and the ideal (the work spread over the lanes).\n",
+        n * 4
+    )?;
+    writeln!(
+        run.doc,
+        "| system | makespan | set-up | ramp | hand-off mean ms | hand-offs over lanes | tail | ideal | makespan - ideal |\n|---|---|---|---|---|---|---|---|---|"
+    )?;
+    for (system, makespan, b) in rows {
+        writeln!(
+            run.doc,
+            "| {system} | {makespan:.2} | {:.2} | {:.2} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            b.setup,
+            b.ramp,
+            b.gap_mean * 1e3,
+            b.gaps,
+            b.tail,
+            b.ideal,
+            makespan - b.ideal
+        )?;
+    }
+    run.doc.push('\n');
+    Ok(())
 }
 
 /// The T7 plot: records/s against workers, for each system and the linear ideal.

@@ -399,6 +399,7 @@ pub async fn scale_out(t: &Target, n: usize, work: Work) -> Result<Run> {
         rate: emitted as f64 / makespan,
         per_split: ops as f64 / work.splits as f64,
         cost_ms: work.measured_cost_ms(),
+        breakdown: work.breakdown(t0, 4),
     })
 }
 
@@ -412,6 +413,8 @@ pub struct Run {
     pub per_split: f64,
     /// Measured time per record inside the lanes, ms.
     pub cost_ms: f64,
+    /// Where the makespan went.
+    pub breakdown: crate::world::Breakdown,
 }
 
 /// T7 on the static-partitioning peer: the same work on `n` replicas of 4 lanes.
@@ -428,6 +431,7 @@ pub async fn static_run(n: usize, work: Work) -> Run {
         rate: emitted as f64 / makespan,
         per_split: 0.0,
         cost_ms: work.measured_cost_ms(),
+        breakdown: work.breakdown(t0, 4),
     }
 }
 
@@ -458,6 +462,7 @@ pub async fn pg_run(pg: &str, n: usize, work: Work, poll: Duration) -> Result<Ru
         rate: emitted as f64 / makespan,
         per_split: queries as f64 / work.splits as f64,
         cost_ms: work.measured_cost_ms(),
+        breakdown: work.breakdown(t0, 4),
     })
 }
 

@@ -28,11 +28,21 @@ pub struct Opened {
     pub reason: Option<AcquisitionReason>,
 }
 
-/// Every lane opening of a run, in order, and the distinct splits opened.
+/// Every lane opening of a run, in order, the distinct splits opened, and every lane that read
+/// its split to the end (which worker's, when).
 #[derive(Clone, Default)]
-pub struct Log(Arc<Mutex<Vec<Opened>>>, Arc<Mutex<std::collections::BTreeSet<String>>>);
+pub struct Log(
+    Arc<Mutex<Vec<Opened>>>,
+    Arc<Mutex<std::collections::BTreeSet<String>>>,
+    Arc<Mutex<Vec<(String, Instant)>>>,
+);
 
 impl Log {
+    /// When each worker's lanes read their splits to the end.
+    pub fn ends(&self) -> Vec<(String, Instant)> {
+        self.2.lock().unwrap().clone()
+    }
+
     /// How many distinct splits were opened at least once.
     pub fn distinct(&self) -> usize {
         self.1.lock().unwrap().len()
@@ -169,6 +179,8 @@ impl Work {
             reason,
         });
         WorkReader {
+            worker: worker.to_owned(),
+            ends: self.log.2.clone(),
             next: from,
             start: from,
             total: self.records,
@@ -183,6 +195,18 @@ impl Work {
     /// Seconds from `t0` to the last record read, if any.
     pub fn makespan_since(&self, t0: Instant) -> f64 {
         self.last_record.lock().unwrap().map_or(f64::NAN, |t| (t - t0).as_secs_f64())
+    }
+
+    /// Where the makespan since `t0` went, for workers of `lanes_per_worker` lanes (see
+    /// [`Breakdown`]).
+    pub fn breakdown(&self, t0: Instant, lanes_per_worker: usize) -> Breakdown {
+        Breakdown::of(t0, &self.log.all(), &self.log.ends(), lanes_per_worker, self.ideal_lane_time())
+    }
+
+    /// The time one lane needs for its share of the work if lanes share it perfectly, times the
+    /// number of lanes: the work itself, in lane-seconds.
+    fn ideal_lane_time(&self) -> f64 {
+        self.splits as f64 * self.records as f64 * self.cost.as_secs_f64()
     }
 
     /// The measured time per record of lanes that ran to the end (the cost model as each
@@ -217,6 +241,8 @@ impl Planner for Work {
 /// absolute schedule: timer rounding does not add up, and every system gets the same pace; a
 /// lane that was held up catches up at once, as a source with data waiting would).
 pub struct WorkReader {
+    worker: String,
+    ends: Arc<Mutex<Vec<(String, Instant)>>>,
     next: u64,
     start: u64,
     total: u64,
@@ -251,7 +277,9 @@ impl WorkReader {
             self.due += self.cost;
             tokio::time::sleep_until(self.due).await;
             if self.next + 1 == self.total {
-                *self.last_record.lock().unwrap() = Some(Instant::now());
+                let now = Instant::now();
+                *self.last_record.lock().unwrap() = Some(now);
+                self.ends.lock().unwrap().push((self.worker.clone(), now));
                 let mut p = self.paced.lock().unwrap();
                 p.0 += self.opened.elapsed();
                 p.1 += self.total - self.start;
@@ -480,4 +508,98 @@ async fn until_settled(
         }
     })
     .await
+}
+
+/// Where a run's makespan went, from its lane openings and ends (every system reads through
+/// [`WorkReader`], so every system gets the same accounting). Times in seconds.
+#[derive(Clone, Copy, Debug)]
+pub struct Breakdown {
+    /// From the start (before any set-up) to the first lane opened: connecting, buckets,
+    /// election and plan publication (ours); creating and filling the table (PostgreSQL).
+    pub setup: f64,
+    /// From the first lane opened to the last of the fleet's lanes opened for the first time.
+    pub ramp: f64,
+    /// Mean time from a lane reading its split to the end to the same worker opening its next
+    /// lane (release, claim or poll, descriptor read), over the hand-offs.
+    pub gap_mean: f64,
+    /// The hand-offs' time, summed and spread over the fleet's lanes (makespan seconds).
+    pub gaps: f64,
+    /// From the first lane that ran out of work for good to the last record read.
+    pub tail: f64,
+    /// The work itself spread over the fleet's lanes: the makespan of a perfect fleet that
+    /// needs no set-up.
+    pub ideal: f64,
+}
+
+impl Breakdown {
+    fn of(
+        t0: Instant,
+        opened: &[Opened],
+        ends: &[(String, Instant)],
+        per_worker: usize,
+        work: f64,
+    ) -> Breakdown {
+        let secs = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64();
+        let workers: std::collections::BTreeSet<&str> = opened.iter().map(|o| o.worker.as_str()).collect();
+        let lanes = workers.len() * per_worker;
+        let mut opens: Vec<Instant> = opened.iter().map(|o| o.at).collect();
+        opens.sort();
+        let first = opens.first().copied().unwrap_or(t0);
+        let ramp = opens.get(lanes.saturating_sub(1)).map_or(f64::NAN, |at| secs(first, *at));
+        // Each worker's lanes as slots reused in order: its k-th end frees the slot its
+        // (k + lanes)-th opening takes. An end no later opening takes is a slot idle for good.
+        let (mut handoffs, mut gap_total, mut idle_from) = (0usize, 0.0, None::<Instant>);
+        for w in &workers {
+            let mut o: Vec<Instant> = opened.iter().filter(|x| x.worker == *w).map(|x| x.at).collect();
+            let mut e: Vec<Instant> = ends.iter().filter(|x| x.0 == *w).map(|x| x.1).collect();
+            o.sort();
+            e.sort();
+            for (k, end) in e.iter().enumerate() {
+                match o.get(k + per_worker) {
+                    Some(next) => {
+                        handoffs += 1;
+                        gap_total += secs(*end, *next);
+                    }
+                    None => idle_from = Some(idle_from.map_or(*end, |i| i.min(*end))),
+                }
+            }
+        }
+        let last = ends.iter().map(|e| e.1).max().unwrap_or(first);
+        Breakdown {
+            setup: secs(t0, first),
+            ramp,
+            gap_mean: if handoffs == 0 { f64::NAN } else { gap_total / handoffs as f64 },
+            gaps: gap_total / lanes.max(1) as f64,
+            tail: idle_from.map_or(f64::NAN, |i| secs(i, last)),
+            ideal: work / lanes.max(1) as f64,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_breakdown_accounts_for_set_up_hand_offs_and_the_tail() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let open = |ms, worker: &str, split: &str| Opened {
+            at: at(ms),
+            worker: worker.into(),
+            split: split.into(),
+            reason: None,
+        };
+        // Two workers of one lane each: a opens s0 at 1 s and s2 after a 100 ms hand-off; b opens
+        // s1 at 1.5 s and, with nothing left, idles from 3 s while a reads on to 4.1 s.
+        let opened = [open(1000, "a", "s0"), open(1500, "b", "s1"), open(2100, "a", "s2")];
+        let ends = [("a".to_owned(), at(2000)), ("b".to_owned(), at(3000)), ("a".to_owned(), at(4100))];
+        let b = Breakdown::of(t0, &opened, &ends, 1, 3.0);
+        let close = |x: f64, y: f64| (x - y).abs() < 1e-9;
+        assert!(close(b.setup, 1.0) && close(b.ramp, 0.5), "{b:?}");
+        assert!(close(b.gap_mean, 0.1) && close(b.gaps, 0.05), "{b:?}");
+        // The first lane idle for good is b's, from 3 s (a's last end frees no slot either, but
+        // later); the last record is at 4.1 s.
+        assert!(close(b.tail, 1.1) && close(b.ideal, 1.5), "{b:?}");
+    }
 }
