@@ -2640,6 +2640,66 @@ fn p12_a_claim_that_quarantines_is_final_even_when_its_lease_expired_while_it_wa
     assert_eq!((r.kv.record("s0").state, r.kv.record("s0").attempts), (SplitState::Quarantined, 2));
 }
 
+#[test]
+fn p12_a_split_whose_orphaned_claim_is_in_flight_is_not_claimed_again_until_it_resolves() {
+    let (mut r, op, req) = claim_in_flight_when_the_lease_expires();
+    // Heartbeats pass (they unblock every split) while the orphaned claim waits at the store:
+    // a new claim of ours could write the very record its release is based on.
+    for _ in 0..4 {
+        let a = r.advance(Duration::from_secs(1));
+        let retaken = store_requests(&a).iter().any(|(b, q)| {
+            *b == Bucket::Lease && matches!(q, StoreRequest::Create { key, .. } if key.as_str() == "split.s0")
+        });
+        assert!(!retaken, "s0 taken again while its orphaned claim was in flight: {a:?}");
+        for (o, _, _) in std::mem::take(&mut r.pending).into_iter().filter(|(o, _, _)| *o != op) {
+            r.answer(o, Err(StoreError::Unavailable("busy".into())));
+        }
+    }
+    // It lands and is released; then s0 is the worker's to take again.
+    r.answer_applied(op, Bucket::State, &req);
+    settle(&mut r);
+    r.advance(Duration::from_secs(1));
+    settle(&mut r);
+    assert_eq!(r.started().last().map(|(s, _)| s.as_str()), Some("s0"), "{:?}", r.log);
+}
+
+#[test]
+fn p12_a_claim_in_doubt_between_its_read_and_the_reads_retry_is_read_and_released_when_its_lease_expires() {
+    let mut r = starting_by_hand(1);
+    let (op, req) = until_request(&mut r, is_claim);
+    r.kv.apply(Bucket::State, &req).0.unwrap();
+    let landed = record_rev(&mut r);
+    let a = r.answer(op, Err(StoreError::Indeterminate("no answer".into())));
+    // The read that would decide it fails; its retry waits out the backoff.
+    let a = r.answer(op_of(&a, 0), Err(StoreError::Unavailable("down".into())));
+    assert!(store_requests(&a).is_empty(), "{a:?}");
+    r.pending.clear();
+    lease_of_s0_expires(&mut r);
+    let (read, _) = until_request(&mut r, |b, q| {
+        b == Bucket::State && matches!(q, StoreRequest::Get { key } if key.as_str() == "split.s0")
+    });
+    let (result, _) = r.kv.apply(Bucket::State, &StoreRequest::Get { key: keys::split(&sid("s0")) });
+    let a = r.answer(read, result);
+    assert!(releases_orphan(&a, landed), "{a:?}");
+}
+
+#[test]
+fn p11_a_resume_revoked_before_its_claim_landed_releases_the_record_it_resumed_from() {
+    let (mut r, op, req) = starved_then_resuming();
+    // The resume's lease lands; its claim (epoch 2) goes out; then the lease is erased by
+    // expiry, and the claim is refused.
+    let a = r.answer_applied(op, Bucket::Lease, &req);
+    let claim = op_of(&a, 0);
+    lease_of_s0_expires(&mut r);
+    r.answer(claim, Err(StoreError::Unavailable("down".into())));
+    let released = r.pending.iter().any(|(_, b, q)| {
+        *b == Bucket::State
+            && matches!(q, StoreRequest::CompareAndSwap { key, value, .. } if key.as_str() == "split.s0"
+                && records::decode::<SplitRecord>(value).is_ok_and(|v| v.state == SplitState::Unleased && v.epoch == Epoch(1) && v.attempts == 0))
+    });
+    assert!(released, "the record at epoch 1 stays owned: {:?}", r.pending);
+}
+
 /// Whether `actions` write an Unleased record of `s0`.
 fn releases_any(actions: &[Action]) -> bool {
     store_requests(actions).iter().any(|(b, q)| {

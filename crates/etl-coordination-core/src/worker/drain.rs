@@ -72,8 +72,8 @@ impl Worker {
     }
 
     /// Once nothing is held: delete presence and leadership, then finish once every delete and
-    /// every lease-bucket write or orphaned claim still in flight is settled (or a lease after
-    /// the deadline).
+    /// every lease-bucket write, release or orphaned claim still in flight is settled (or a
+    /// lease after the deadline).
     pub(super) fn progress_leaving(&mut self, now: Timestamp) {
         let Some(l) = &self.leaving else { return };
         if !self.tenancies.is_empty() {
@@ -116,6 +116,7 @@ impl Worker {
                     | Pending::StealAsk { .. }
                     | Pending::OrphanClaim(_)
                     | Pending::OrphanClaimRead(_)
+                    | Pending::Release
             )
         });
         if !settling || give_up {

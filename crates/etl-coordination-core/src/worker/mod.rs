@@ -269,7 +269,7 @@ impl Worker {
                 self.on_manifest_chunk(now, manifest, chunk, load, result)
             }
             Pending::GcList => self.on_gc_list(result),
-            Pending::Cleanup => {}
+            Pending::Cleanup | Pending::Release => {}
             Pending::Retire { key } => self.on_retire(now, key, result),
             Pending::StealAsk { victim } => self.on_steal_ask(victim, result),
             Pending::StealRefuse { rev } => self.on_steal_refuse(rev, result),

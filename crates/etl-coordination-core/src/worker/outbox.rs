@@ -59,6 +59,9 @@ pub(super) enum Pending {
     GcList,
     /// A best-effort delete (garbage collection); its answer changes nothing.
     Cleanup,
+    /// A best-effort release of a record whose tenancy is over (a CAS against our last write);
+    /// its answer changes nothing, but a leaving worker waits for it.
+    Release,
     /// Delete one of our lease-bucket keys (presence, leader, a lease we cannot use).
     Retire { key: Key },
     /// Read a key being retired after its delete lost its swap or its answer.

@@ -96,6 +96,10 @@ pub(super) struct Ending {
 pub(super) struct Tenancies {
     held: BTreeMap<SplitId, Held>,
     blocked: BTreeSet<SplitId>,
+    /// Splits with an orphaned claim of ours still in flight (or its read): not attempted until
+    /// it resolves, or a new claim of ours could write the very record the orphan's release
+    /// is based on.
+    orphaned: BTreeSet<SplitId>,
 }
 
 impl Tenancies {
@@ -154,7 +158,7 @@ impl Tenancies {
     }
 
     pub(super) fn is_blocked(&self, id: &SplitId) -> bool {
-        self.blocked.contains(id)
+        self.blocked.contains(id) || self.orphaned.contains(id)
     }
 
     /// Every blocked split gets another chance.
@@ -270,10 +274,15 @@ impl Worker {
             // on the release and charges no attempt (P12: an outage is no evidence of poison).
             self.release_if_unmoved(id, h.written.rev, &h.written.record);
         }
-        if h.stage == Stage::WritingRecord
-            && let Some(op) = h.op
-        {
-            self.orphan_claim(id, op, &h);
+        if h.stage == Stage::WritingRecord {
+            self.orphan_claim(id, &h);
+        }
+        // A resume moving a starved tenancy to a new epoch, revoked before its claim landed: the
+        // record still names us at the old one. Released against the revision the resume's
+        // claim expects, so at most one of the two lands (once the claim has landed, the
+        // record is at the new epoch and this would write an older one over it).
+        if matches!(h.stage, Stage::AcquiringLease | Stage::WritingRecord) {
+            self.release_unresumed(id, &h);
         }
         self.tenancies.block(id.clone());
         // If the lease still names us after all (a renewal landed just before the fence), give
@@ -327,7 +336,7 @@ impl Worker {
             value: records::encode(&self.release_record(record)),
             ttl: None,
         };
-        self.outbox.send(Bucket::State, request, Pending::Cleanup);
+        self.outbox.send(Bucket::State, request, Pending::Release);
     }
 
     /// Starts the lane of a tenancy whose lease and record are ours, unless trust lapsed
@@ -429,18 +438,33 @@ impl Worker {
     /// record owned by us at an epoch whose lease is gone; its next claimer would then charge an
     /// attempt for a tenancy that never ran (seed 5,284,442 quarantined a healthy split so). The
     /// request's answer now goes to [`Worker::on_orphan_claim`], which releases what landed.
-    pub(super) fn orphan_claim(&mut self, id: &SplitId, op: OpId, h: &Held) {
+    pub(super) fn orphan_claim(&mut self, id: &SplitId, h: &Held) {
         if h.written.record.state != SplitState::Owned {
             // A claim that quarantines the split is final whoever's lease expired: it never
             // names an owner, and a terminal record is never rewritten (I5).
             return;
         }
         let orphan = ClaimOrphan { split: id.clone(), base: h.written.rev, record: h.written.record.clone() };
-        self.outbox.repurpose(op, |p| match p {
-            Pending::RecordClaim { .. } => Some(Pending::OrphanClaim(orphan)),
-            Pending::RecordClaimRead { .. } => Some(Pending::OrphanClaimRead(orphan)),
-            _ => None,
-        });
+        match h.op {
+            Some(op) => {
+                let mut repurposed = false;
+                self.outbox.repurpose(op, |p| {
+                    let new = match p {
+                        Pending::RecordClaim { .. } => Pending::OrphanClaim(orphan.clone()),
+                        Pending::RecordClaimRead { .. } => Pending::OrphanClaimRead(orphan.clone()),
+                        _ => return None,
+                    };
+                    repurposed = true;
+                    Some(new)
+                });
+                if repurposed {
+                    self.tenancies.orphaned.insert(id.clone());
+                }
+            }
+            // Between a read that decided nothing and its retry: the claim may still land.
+            None if h.written.in_doubt => self.read_orphan(orphan),
+            None => {}
+        }
     }
 
     /// An orphaned claim was answered: if it landed, release the record by a CAS against the
@@ -448,15 +472,24 @@ impl Worker {
     /// Nothing landed otherwise.
     pub(super) fn on_orphan_claim(&mut self, orphan: ClaimOrphan, result: StoreResult) {
         match Written::of(result) {
-            Written::Applied(rev) => self.release_if_unmoved(&orphan.split, rev, &orphan.record),
+            Written::Applied(rev) => self.release_orphan(orphan, rev),
             Written::InDoubt => self.read_orphan(orphan),
-            Written::Conflict | Written::Unavailable | Written::Fatal(_) => {}
+            Written::Conflict | Written::Unavailable | Written::Fatal(_) => {
+                self.tenancies.orphaned.remove(&orphan.split);
+            }
         }
     }
 
     fn read_orphan(&mut self, orphan: ClaimOrphan) {
+        self.tenancies.orphaned.insert(orphan.split.clone());
         let request = StoreRequest::Get { key: keys::split(&orphan.split) };
         self.outbox.send(Bucket::State, request, Pending::OrphanClaimRead(orphan));
+    }
+
+    /// The orphaned claim landed at `rev`: release it; the split may be attempted again.
+    fn release_orphan(&mut self, orphan: ClaimOrphan, rev: Revision) {
+        self.tenancies.orphaned.remove(&orphan.split);
+        self.release_if_unmoved(&orphan.split, rev, &orphan.record);
     }
 
     /// The record after an orphaned claim in doubt: released if it holds the claim. A read
@@ -465,12 +498,14 @@ impl Worker {
     /// that ended without a release).
     pub(super) fn on_orphan_claim_read(&mut self, now: Timestamp, orphan: ClaimOrphan, result: StoreResult) {
         match RecordRead::of(result, orphan.base, Some(&orphan.record)) {
-            RecordRead::Landed(rev) => self.release_if_unmoved(&orphan.split, rev, &orphan.record),
+            RecordRead::Landed(rev) => self.release_orphan(orphan, rev),
             RecordRead::Lagging | RecordRead::Unavailable => {
                 let request = StoreRequest::Get { key: keys::split(&orphan.split) };
                 self.outbox.retry_later(now, Bucket::State, request, Pending::OrphanClaimRead(orphan));
             }
-            RecordRead::Other(..) | RecordRead::Gone => {}
+            RecordRead::Other(..) | RecordRead::Gone => {
+                self.tenancies.orphaned.remove(&orphan.split);
+            }
         }
     }
 }
