@@ -162,7 +162,7 @@ mod tests {
     fn every_worker_and_store_flag_reads_etl_coord_and_its_name_and_one_shot_flags_read_nothing() {
         let cli = Cli::command();
         let mut checked = 0;
-        for sub in ["worker", "status", "requeue", "nats-buckets"] {
+        for sub in ["worker", "status", "requeue", "nats-buckets", "jobs"] {
             let cmd = cli.find_subcommand(sub).expect("subcommand");
             for arg in cmd.get_arguments() {
                 let Some(long) = arg.get_long() else { continue };

@@ -417,13 +417,27 @@ fn status_watch_waits_for_a_job_that_does_not_exist_yet_then_shows_it() {
     let later = job("later");
     let mut watch = nats()
         .command()
-        .args(["status", "--job", &later, "--store", &nats_url(), "--watch", "--interval", "200ms"])
+        .args([
+            "status",
+            "--job",
+            &later,
+            "--store",
+            &nats_url(),
+            "--watch",
+            "--interval",
+            "200ms",
+            "-o",
+            "json",
+        ])
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = std::io::BufReader::new(watch.stdout.take().unwrap()).lines().map_while(Result::ok);
-    // It says the job is missing, again at each interval, and keeps waiting.
-    let waiting = lines.by_ref().take(2).collect::<Vec<_>>();
+    let lines = std::io::BufReader::new(watch.stdout.take().unwrap()).lines().map_while(Result::ok);
+    let mut said = std::io::BufReader::new(watch.stderr.take().unwrap()).lines().map_while(Result::ok);
+    // It says the job is missing, again at each interval, and keeps waiting (on standard error:
+    // standard output stays the status, JSON here).
+    let waiting = said.by_ref().take(2).collect::<Vec<_>>();
     assert!(
         waiting.iter().all(|l| l.contains(&format!("no job {later}")) && l.contains("waiting")),
         "{waiting:?}"
@@ -432,7 +446,8 @@ fn status_watch_waits_for_a_job_that_does_not_exist_yet_then_shows_it() {
     let out = worker(&later, "w1", &data, &sink, &[]).wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     // Once a worker started it, the watch shows it, every interval.
-    let shown = lines.filter(|l| l.starts_with("plan:")).take(2).count();
+    std::thread::spawn(move || said.for_each(drop));
+    let shown = lines.filter(|l| l.starts_with("  \"plan\": {")).take(2).count();
     let _ = watch.kill();
     let _ = watch.wait();
     assert_eq!(shown, 2, "the watch never showed the job once it existed");

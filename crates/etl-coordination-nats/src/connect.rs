@@ -43,10 +43,14 @@ pub async fn connect(config: &NatsConfig, job: &JobName) -> Result<NatsJob, Stor
 
 /// Connects, checks the server (P1) and validates the job's buckets, creating nothing (whatever
 /// `config.create_buckets` says): what tools that read or repair a job use, so that a mistyped
-/// job name never leaves buckets behind. `None`: a bucket of the job does not exist.
-pub async fn open_existing(config: &NatsConfig, job: &JobName) -> Result<Option<NatsJob>, StoreError> {
+/// job name never leaves buckets behind. `Err(name)` inside: the bucket of the job that does
+/// not exist.
+pub async fn open_existing(
+    config: &NatsConfig,
+    job: &JobName,
+) -> Result<Result<NatsJob, String>, StoreError> {
     let config = NatsConfig { create_buckets: false, ..config.clone() };
-    Ok(open(&config, job).await?.ok())
+    open(&config, job).await
 }
 
 /// [`connect`], with a missing bucket (that `config` does not let it create) as `Err(name)`.

@@ -79,10 +79,9 @@ async fn list(js: &jetstream::Context, config: &NatsConfig) -> Result<Vec<JobLis
             continue;
         }
         entry.state_bucket = true;
-        let mut stream =
-            js.get_stream(&name).await.map_err(|e| unavailable(&format!("reading {name}"), &e))?;
-        let info = stream.info().await.map_err(|e| unavailable(&format!("reading {name}"), &e))?;
-        (entry.records, entry.bytes) = (info.state.messages, info.state.bytes);
+        let stream = js.get_stream(&name).await.map_err(|e| unavailable(&format!("reading {name}"), &e))?;
+        let state = &stream.cached_info().state;
+        (entry.records, entry.bytes) = (state.messages, state.bytes);
         let bucket = &name["KV_".len()..];
         entry.started = match stream.get_last_raw_message_by_subject(&format!("$KV.{bucket}.meta")).await {
             Ok(_) => true,

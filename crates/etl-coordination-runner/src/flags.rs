@@ -269,12 +269,11 @@ pub async fn open_job(args: &StoreFlags) -> Result<JobStores<AnyStore>, RunError
             ));
         }
         Some(cfg) => match etl_coordination_nats::open_existing(&cfg, &job).await.map_err(RunError::Store)? {
-            Some(buckets) => (JobStores::new(job.clone(), buckets.state, buckets.lease).into_any(), cfg.url),
-            None => {
-                let [state, _] = etl_coordination_nats::bucket_names(&job);
+            Ok(buckets) => (JobStores::new(job.clone(), buckets.state, buckets.lease).into_any(), cfg.url),
+            Err(bucket) => {
                 let why = format!(
-                    "its bucket {state} does not exist (nothing was created); `etl-coord jobs --store {}` lists \
-                     the jobs there",
+                    "its bucket {bucket} does not exist (nothing was created); `etl-coord jobs --store {}` lists \
+                     the jobs there (with an account administrator's credentials)",
                     cfg.url
                 );
                 return Err(no_such_job(cfg.url, why));
@@ -286,7 +285,8 @@ pub async fn open_job(args: &StoreFlags) -> Result<JobStores<AnyStore>, RunError
         Ok(None) => {
             let why = format!(
                 "its buckets exist but no worker has started it yet (no meta record): start its workers, or \
-                 check the name with `etl-coord jobs --store {store}`"
+                 check the name with `etl-coord jobs --store {store}` (with an account administrator's \
+                 credentials)"
             );
             Err(no_such_job(store, why))
         }

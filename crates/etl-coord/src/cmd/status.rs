@@ -54,7 +54,8 @@ pub(crate) async fn run(a: StatusArgs) -> anyhow::Result<ExitCode> {
             Ok(stores) => break stores,
             // The in-memory store of this process will never hold it: no point waiting.
             Err(e @ RunError::NoSuchJob { .. }) if a.watch && nats_config(&a.store.connection)?.is_some() => {
-                println!("{e}; waiting for it (every {:?})", a.interval);
+                // On standard error: standard output is the status (JSON with -o json).
+                eprintln!("{e}; waiting for it (every {:?})", a.interval);
                 tokio::time::sleep(a.interval).await;
             }
             Err(e) => return Err(e.into()),
