@@ -84,7 +84,8 @@ async fn list(js: &jetstream::Context, config: &NatsConfig) -> Result<Vec<JobLis
         (entry.records, entry.bytes) = (state.messages, state.bytes);
         let bucket = &name["KV_".len()..];
         entry.started = match stream.get_last_raw_message_by_subject(&format!("$KV.{bucket}.meta")).await {
-            Ok(_) => true,
+            // A delete or purge leaves a marker (the KV-Operation header): no meta.
+            Ok(m) => m.headers.get("KV-Operation").is_none(),
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => false,
             Err(e) => return Err(unavailable(&format!("reading {bucket}'s meta"), &e)),
         };
