@@ -7,13 +7,12 @@ use std::time::Duration;
 
 use crate::ids::{InstanceId, OpId, Revision, SplitId};
 use crate::io::{Action, Event, FatalError, SplitCounts, WatchId};
-use crate::records::{self, ManifestRef, PlanHead};
+use crate::records::{self, ManifestRef, PlanHead, SplitRecord};
 use crate::store::{Bucket, Entry, Key, StoreError, StoreReply, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 
 use bytes::Bytes;
 
-use super::tenancy::ClaimOrphan;
 use super::{Phase, Worker};
 
 /// What an in-flight store request is for: the table [`Worker::on_store_result`] dispatches
@@ -103,6 +102,16 @@ pub(super) enum Pending {
     RecordEndRead { split: SplitId },
     /// P7: the periodic full listing of one watch's scope.
     Resync { watch: WatchId },
+}
+
+/// A claim whose tenancy was revoked while it was in flight (see `Worker::orphan_claim`).
+#[derive(Debug, Clone)]
+pub(super) struct ClaimOrphan {
+    pub(super) split: SplitId,
+    /// The revision the claim CAS expected (a read older than it lags).
+    pub(super) base: Revision,
+    /// The record the claim wrote.
+    pub(super) record: SplitRecord,
 }
 
 /// A request sent again after a backoff.

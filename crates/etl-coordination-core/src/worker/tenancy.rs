@@ -12,7 +12,7 @@ use crate::store::{Bucket, StoreRequest, StoreResult};
 use crate::time::Timestamp;
 
 use super::Worker;
-use super::outbox::{Pending, Written};
+use super::outbox::{ClaimOrphan, Pending, Written};
 use super::resolve::RecordRead;
 
 /// One split this worker holds, is acquiring, or is ending. What belongs to one concern is
@@ -179,16 +179,6 @@ impl std::ops::IndexMut<&SplitId> for Tenancies {
     fn index_mut(&mut self, id: &SplitId) -> &mut Held {
         self.held.get_mut(id).unwrap_or_else(|| panic!("no tenancy of {id}"))
     }
-}
-
-/// A claim whose tenancy was revoked while it was in flight (see [`Worker::orphan_claim`]).
-#[derive(Debug, Clone)]
-pub(super) struct ClaimOrphan {
-    split: SplitId,
-    /// The revision the claim CAS expected (a read older than it lags).
-    base: Revision,
-    /// The record the claim wrote.
-    record: SplitRecord,
 }
 
 /// Where a tenancy is.
