@@ -2594,14 +2594,20 @@ fn p12_an_orphaned_claim_in_doubt_is_read_and_released_if_it_landed() {
     assert!(releases_orphan(&a, landed), "{a:?}");
 }
 
-#[test]
-fn p12_a_claim_in_doubt_whose_read_comes_back_after_its_lease_expired_is_released() {
+/// A single worker's claim of `s0` lands but its answer is lost: the rig, the revision it
+/// landed at, and the read the worker sent to resolve it (not answered yet).
+fn claim_landed_answer_lost() -> (Rig, Revision, OpId) {
     let mut r = starting_by_hand(1);
     let (op, req) = until_request(&mut r, is_claim);
     r.kv.apply(Bucket::State, &req).0.unwrap();
     let landed = record_rev(&mut r);
     let a = r.answer(op, Err(StoreError::Indeterminate("no answer".into())));
-    let read = op_of(&a, 0);
+    (r, landed, op_of(&a, 0))
+}
+
+#[test]
+fn p12_a_claim_in_doubt_whose_read_comes_back_after_its_lease_expired_is_released() {
+    let (mut r, landed, read) = claim_landed_answer_lost();
     // The lease expires while the read resolving the claim is in flight.
     lease_of_s0_expires(&mut r);
     let a = r.apply(read);
@@ -2665,13 +2671,9 @@ fn p12_a_split_whose_orphaned_claim_is_in_flight_is_not_claimed_again_until_it_r
 
 #[test]
 fn p12_a_claim_in_doubt_between_its_read_and_the_reads_retry_is_read_and_released_when_its_lease_expires() {
-    let mut r = starting_by_hand(1);
-    let (op, req) = until_request(&mut r, is_claim);
-    r.kv.apply(Bucket::State, &req).0.unwrap();
-    let landed = record_rev(&mut r);
-    let a = r.answer(op, Err(StoreError::Indeterminate("no answer".into())));
+    let (mut r, landed, read) = claim_landed_answer_lost();
     // The read that would decide it fails; its retry waits out the backoff.
-    let a = r.answer(op_of(&a, 0), Err(StoreError::Unavailable("down".into())));
+    let a = r.answer(read, Err(StoreError::Unavailable("down".into())));
     assert!(store_requests(&a).is_empty(), "{a:?}");
     r.pending.clear();
     lease_of_s0_expires(&mut r);
