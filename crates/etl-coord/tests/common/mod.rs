@@ -67,7 +67,8 @@ impl Nats {
     }
 
     /// `etl-coord status --json` of `job`. A store that does not answer in time (a cluster
-    /// still electing leaders after a partition healed) is asked again, for up to 30 s.
+    /// still electing leaders after a partition healed) is asked again, for up to 30 s, and so
+    /// is a job whose workers, spawned just before, have not created it yet ("no job").
     pub fn status_json(&self, job: &str) -> serde_json::Value {
         let t = Instant::now();
         loop {
@@ -80,7 +81,8 @@ impl Nats {
             if out.status.success() {
                 return serde_json::from_slice(&out.stdout).unwrap();
             }
-            assert!(t.elapsed() < Duration::from_secs(30) && err.contains("unavailable"), "{err}");
+            let not_yet = err.contains("unavailable") || err.contains(&format!("no job {job} at "));
+            assert!(t.elapsed() < Duration::from_secs(30) && not_yet, "{err}");
             std::thread::sleep(Duration::from_secs(1));
         }
     }
