@@ -118,7 +118,11 @@ pub fn leader_kill(nats: &Nats, job: &str) {
         .zip(&sinks)
         .map(|(id, s)| (id.to_string(), nats.worker(&job, id, &data, s, &args)))
         .collect();
-    wait_for_records(&sinks[0], 50, &mut workers[0].1);
+    {
+        let paths: Vec<&std::path::Path> = sinks.iter().map(|p| p.as_path()).collect();
+        let mut children: Vec<&mut Child> = workers.iter_mut().map(|(_, c)| c).collect();
+        super::wait_for_records_in_any(&paths, 50, &mut children);
+    }
     let leader = nats.status_json(&job)["leader"].as_str().expect("a leader").to_owned();
     let term_before = nats.status_json(&job)["plan"]["term"].as_u64().unwrap();
     let i = workers.iter().position(|(id, _)| *id == leader).expect("the leader is one of ours");

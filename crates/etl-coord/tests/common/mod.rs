@@ -107,6 +107,35 @@ pub fn reading_at(lines: &[etl_coord::sink::SinkLine], at_ms: u64) -> BTreeSet<&
 /// Waits until `sink` holds `n` records, written by `writer`. Fails, with the writer's output,
 /// if the writer exits first or the records are not there within 60 s (a slow machine takes
 /// seconds; a worker that never started takes forever).
+/// Waits until one of `sinks` holds `n` records, each written by the worker beside it; panics
+/// if a worker exits first. For a case that needs the job under way but not a given worker busy:
+/// the first worker up may take every split before its peers have joined (fair share is counted
+/// over the workers it sees), and the job can end before a steal moves one.
+pub fn wait_for_records_in_any(sinks: &[&Path], n: usize, writers: &mut [&mut Child]) {
+    let t = Instant::now();
+    loop {
+        let held: Vec<usize> =
+            sinks.iter().map(|s| JsonlSink::read(s).map(|l| l.len()).unwrap_or(0)).collect();
+        if held.iter().any(|h| *h >= n) {
+            return;
+        }
+        for (sink, writer) in sinks.iter().zip(writers.iter_mut()) {
+            if let Some(status) = writer.try_wait().unwrap() {
+                let mut err = String::new();
+                if let Some(mut e) = writer.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                }
+                panic!(
+                    "the worker writing {} exited ({status}) before any sink held {n} records ({held:?}): {err}",
+                    sink.display()
+                );
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "no sink holds {n} records after 60 s: {held:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 pub fn wait_for_records(sink: &Path, n: usize, writer: &mut Child) {
     let t = Instant::now();
     loop {
