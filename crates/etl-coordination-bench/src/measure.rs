@@ -372,22 +372,24 @@ fn t7_breakdown(run: &mut Run, n: usize, rows: &[(&str, f64, world::Breakdown)])
         run.doc,
         "Where the makespan goes at {n} workers ({} lanes), seconds: set-up (start to the first lane), \
          ramp (to every lane opened once), hand-offs (a lane's end to the same worker's next lane: \
-         mean per hand-off, and their sum spread over the lanes), tail (the first lane idle for good \
+         mean and longest per hand-off, and their sum spread over the lanes), splits moved mid-way (steals and takeovers), tail (the first lane idle for good \
          to the last record), and the ideal (the work spread over the lanes).\n",
         n * 4
     )?;
     writeln!(
         run.doc,
-        "| system | makespan | set-up | ramp | hand-off mean ms | hand-offs over lanes | tail | ideal | makespan - ideal |\n|---|---|---|---|---|---|---|---|---|"
+        "| system | makespan | set-up | ramp | hand-off mean ms | longest hand-off ms | hand-offs over lanes | splits moved | tail | ideal | makespan - ideal |\n|---|---|---|---|---|---|---|---|---|---|---|"
     )?;
     for (system, makespan, b) in rows {
         writeln!(
             run.doc,
-            "| {system} | {makespan:.2} | {:.2} | {:.2} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {system} | {makespan:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:.2} | {} | {:.2} | {:.2} | {:.2} |",
             b.setup,
             b.ramp,
             b.gap_mean * 1e3,
+            b.gap_max * 1e3,
             b.gaps,
+            b.moved,
             b.tail,
             b.ideal,
             makespan - b.ideal

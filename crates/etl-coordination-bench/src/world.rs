@@ -524,6 +524,11 @@ pub struct Breakdown {
     pub gap_mean: f64,
     /// The hand-offs' time, summed and spread over the fleet's lanes (makespan seconds).
     pub gaps: f64,
+    /// The longest hand-off: one stall on a lane of an evenly loaded fleet is the makespan's.
+    pub gap_max: f64,
+    /// Lane openings beyond one per split: splits moved mid-way (a steal, a takeover), each
+    /// re-read from its last commit.
+    pub moved: usize,
     /// From the first lane that ran out of work for good to the last record read.
     pub tail: f64,
     /// The work itself spread over the fleet's lanes: the makespan of a perfect fleet that
@@ -548,7 +553,7 @@ impl Breakdown {
         let ramp = opens.get(lanes.saturating_sub(1)).map_or(f64::NAN, |at| secs(first, *at));
         // Each worker's lanes as slots reused in order: its k-th end frees the slot its
         // (k + lanes)-th opening takes. An end no later opening takes is a slot idle for good.
-        let (mut handoffs, mut gap_total, mut idle_from) = (0usize, 0.0, None::<Instant>);
+        let (mut handoffs, mut gap_total, mut gap_max, mut idle_from) = (0usize, 0.0, 0.0f64, None::<Instant>);
         for w in &workers {
             let mut o: Vec<Instant> = opened.iter().filter(|x| x.worker == *w).map(|x| x.at).collect();
             let mut e: Vec<Instant> = ends.iter().filter(|x| x.0 == *w).map(|x| x.1).collect();
@@ -559,6 +564,7 @@ impl Breakdown {
                     Some(next) => {
                         handoffs += 1;
                         gap_total += secs(*end, *next);
+                        gap_max = gap_max.max(secs(*end, *next));
                     }
                     None => idle_from = Some(idle_from.map_or(*end, |i| i.min(*end))),
                 }
@@ -570,6 +576,8 @@ impl Breakdown {
             ramp,
             gap_mean: if handoffs == 0 { f64::NAN } else { gap_total / handoffs as f64 },
             gaps: gap_total / lanes.max(1) as f64,
+            gap_max,
+            moved: opened.len() - opened.iter().map(|o| o.split.as_str()).collect::<std::collections::BTreeSet<_>>().len(),
             tail: idle_from.map_or(f64::NAN, |i| secs(i, last)),
             ideal: work / lanes.max(1) as f64,
         }
@@ -597,9 +605,13 @@ mod tests {
         let b = Breakdown::of(t0, &opened, &ends, 1, 3.0);
         let close = |x: f64, y: f64| (x - y).abs() < 1e-9;
         assert!(close(b.setup, 1.0) && close(b.ramp, 0.5), "{b:?}");
-        assert!(close(b.gap_mean, 0.1) && close(b.gaps, 0.05), "{b:?}");
+        assert!(close(b.gap_mean, 0.1) && close(b.gaps, 0.05) && close(b.gap_max, 0.1), "{b:?}");
+        assert_eq!(b.moved, 0, "every split opened once");
         // The first lane idle for good is b's, from 3 s (a's last end frees no slot either, but
         // later); the last record is at 4.1 s.
         assert!(close(b.tail, 1.1) && close(b.ideal, 1.5), "{b:?}");
+        // s1 stolen by a at 2.5 s: opened twice, one split moved.
+        let stolen = [open(1000, "a", "s0"), open(1500, "b", "s1"), open(2500, "a", "s1")];
+        assert_eq!(Breakdown::of(t0, &stolen, &ends, 1, 3.0).moved, 1);
     }
 }
