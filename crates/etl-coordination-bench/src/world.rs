@@ -553,7 +553,8 @@ impl Breakdown {
         let ramp = opens.get(lanes.saturating_sub(1)).map_or(f64::NAN, |at| secs(first, *at));
         // Each worker's lanes as slots reused in order: its k-th end frees the slot its
         // (k + lanes)-th opening takes. An end no later opening takes is a slot idle for good.
-        let (mut handoffs, mut gap_total, mut gap_max, mut idle_from) = (0usize, 0.0, 0.0f64, None::<Instant>);
+        let (mut handoffs, mut gap_total, mut gap_max, mut idle_from) =
+            (0usize, 0.0, 0.0f64, None::<Instant>);
         for w in &workers {
             let mut o: Vec<Instant> = opened.iter().filter(|x| x.worker == *w).map(|x| x.at).collect();
             let mut e: Vec<Instant> = ends.iter().filter(|x| x.0 == *w).map(|x| x.1).collect();
@@ -577,7 +578,8 @@ impl Breakdown {
             gap_mean: if handoffs == 0 { f64::NAN } else { gap_total / handoffs as f64 },
             gaps: gap_total / lanes.max(1) as f64,
             gap_max,
-            moved: opened.len() - opened.iter().map(|o| o.split.as_str()).collect::<std::collections::BTreeSet<_>>().len(),
+            moved: opened.len()
+                - opened.iter().map(|o| o.split.as_str()).collect::<std::collections::BTreeSet<_>>().len(),
             tail: idle_from.map_or(f64::NAN, |i| secs(i, last)),
             ideal: work / lanes.max(1) as f64,
         }

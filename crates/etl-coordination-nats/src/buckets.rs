@@ -35,6 +35,15 @@ pub(crate) async fn bucket(
             "bucket {name} exists without per-message TTLs and limit markers, so leases would never expire; delete it (`nats kv del {name}`) or use another job name"
         )));
     }
+    if !ttl && stream_config.allow_rollup {
+        tracing::warn!(
+            bucket = name,
+            "the state bucket accepts rollup headers (it was created by an earlier release): one \
+             message with `Nats-Rollup: all` from any client allowed to write it would replace every \
+             record of the job; run `etl-coord nats-buckets --job <job>` as its set-up user once \
+             to make it refuse them"
+        );
+    }
     if stream_config.max_messages_per_subject != 1 {
         return Err(setup(format!(
             "bucket {name} keeps history {} (must be 1: with history the server raises every TTL to the marker TTL); delete it or use another job name",
@@ -52,6 +61,7 @@ pub(crate) async fn bucket(
         marker_ttl: ttl.then_some(config.limit_marker_ttl),
         refusals: refusals.clone(),
         replicas: stream_config.num_replicas,
+        accepts_rollups: stream_config.allow_rollup,
     }))
 }
 
@@ -88,7 +98,7 @@ async fn open_or_create(
             Err(opening) => match stream_missing(js, stream).await {
                 false => Err(format!("opening it: {opening}")),
                 true if !create => return Ok(None),
-                true => match js.create_key_value(cfg.clone()).await {
+                true => match create_bucket(js, &cfg).await {
                     Ok(kv) => {
                         new = true;
                         Ok(kv)
@@ -118,6 +128,31 @@ async fn open_or_create(
             )));
         }
     }
+}
+
+/// Creates the bucket. The state bucket's stream (no limit markers) is created here rather than
+/// by `create_key_value`, which always allows `Nats-Rollup` headers: one message with
+/// `Nats-Rollup: all` would replace every record of the job, and nothing of ours sends one
+/// there (deletes are tombstones, not purges). Otherwise it is the stream `create_key_value`
+/// makes. The lease bucket keeps rollups: its limit markers are rollups.
+async fn create_bucket(js: &jetstream::Context, cfg: &kv::Config) -> Result<kv::Store, String> {
+    if cfg.limit_markers.is_some() {
+        return js.create_key_value(cfg.clone()).await.map_err(|e| e.to_string());
+    }
+    let stream = jetstream::stream::Config {
+        name: format!("KV_{}", cfg.bucket),
+        subjects: vec![format!("$KV.{}.>", cfg.bucket)],
+        max_messages_per_subject: cfg.history.max(1),
+        num_replicas: cfg.num_replicas.max(1),
+        allow_rollup: false,
+        deny_delete: true,
+        deny_purge: false,
+        allow_direct: true,
+        discard: jetstream::stream::DiscardPolicy::New,
+        ..Default::default()
+    };
+    js.create_stream(stream).await.map_err(|e| e.to_string())?;
+    js.get_key_value(&cfg.bucket).await.map_err(|e| e.to_string())
 }
 
 /// Whether the server says `stream` does not exist (not merely that it did not answer).

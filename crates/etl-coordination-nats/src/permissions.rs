@@ -42,10 +42,15 @@ pub fn inbox_prefix(job: &JobName) -> String {
 /// The permissions a client of `job` needs for `access`.
 pub fn permissions(job: &JobName, access: Access) -> Permissions {
     let mut publish = vec!["$JS.API.INFO".to_owned()];
+    let [state, _] = bucket_names(job);
     for bucket in bucket_names(job) {
         let stream = format!("KV_{bucket}");
         if access == Access::Create {
             publish.push(format!("$JS.API.STREAM.CREATE.{stream}"));
+            if bucket == state {
+                // To make a state bucket of an earlier release refuse rollup headers.
+                publish.push(format!("$JS.API.STREAM.UPDATE.{stream}"));
+            }
         }
         publish.extend([
             // Open the bucket and read its configuration.
@@ -135,6 +140,7 @@ mod tests {
             "$KV.etl_coordination_other_lease.lease.a",
             "$JS.API.STREAM.CREATE.KV_etl_coordination_orders_state",
             "$JS.API.STREAM.DELETE.KV_etl_coordination_orders_state",
+            "$JS.API.STREAM.UPDATE.KV_etl_coordination_orders_state",
             "$JS.API.DIRECT.GET.KV_etl_coordination_orders_state.$KV.etl_coordination_orders_state.x",
         ] {
             assert!(Permissions::covering(&p.publish, s).is_none(), "{s}");
@@ -142,9 +148,16 @@ mod tests {
         assert!(Permissions::covering(&p.subscribe, "_INBOX_etl_coordination_orders.abc.1").is_some());
         assert!(Permissions::covering(&p.subscribe, "_INBOX.abc.1").is_none());
         let c = permissions(&job("orders"), Access::Create);
+        for s in [
+            "$JS.API.STREAM.CREATE.KV_etl_coordination_orders_state",
+            "$JS.API.STREAM.UPDATE.KV_etl_coordination_orders_state",
+        ] {
+            assert!(Permissions::covering(&c.publish, s).is_some(), "{s}");
+        }
+        // The lease bucket's stream is never updated: its limit markers need rollups.
         assert!(
-            Permissions::covering(&c.publish, "$JS.API.STREAM.CREATE.KV_etl_coordination_orders_state")
-                .is_some()
+            Permissions::covering(&c.publish, "$JS.API.STREAM.UPDATE.KV_etl_coordination_orders_lease")
+                .is_none()
         );
     }
 

@@ -30,6 +30,8 @@ pub struct NatsStore {
     pub(crate) refusals: Refusals,
     /// The bucket's stream replicas, as the server reported them at connect.
     pub(crate) replicas: usize,
+    /// Whether the bucket's stream accepts `Nats-Rollup` headers, as read at connect.
+    pub(crate) accepts_rollups: bool,
 }
 
 impl std::fmt::Debug for NatsStore {
@@ -47,6 +49,52 @@ impl NatsStore {
     /// The bucket's replicas (set when it was created; `NatsConfig::replicas` only applies then).
     pub fn replicas(&self) -> usize {
         self.replicas
+    }
+
+    /// Whether the bucket's stream accepts `Nats-Rollup` headers (as read at connect). The
+    /// lease bucket must (its limit markers are rollups); a state bucket that does lets one
+    /// message with `Nats-Rollup: all` replace every record of the job. A state bucket created
+    /// by this release refuses them; one created before is closed by
+    /// [`NatsStore::refuse_rollups`] (`etl-coord nats-buckets`).
+    pub fn accepts_rollups(&self) -> bool {
+        self.accepts_rollups
+    }
+
+    /// Makes the bucket's stream refuse `Nats-Rollup` headers (a stream update: the user needs
+    /// `$JS.API.STREAM.UPDATE.KV_<bucket>`, which [`Access::Create`](crate::Access::Create)
+    /// grants for the state bucket). Refused for the lease bucket, whose limit markers are
+    /// rollups. Nothing this crate sends to the state bucket is a rollup.
+    pub async fn refuse_rollups(&mut self) -> Result<(), StoreError> {
+        if self.marker_ttl.is_some() {
+            return Err(StoreError::Setup(format!(
+                "bucket {} keeps leases: its expiry markers are rollups, so it must accept them",
+                self.bucket
+            )));
+        }
+        let update = async {
+            let mut info = self.js.get_stream(&self.stream).await.map_err(|e| e.to_string())?;
+            let mut config = info.info().await.map_err(|e| e.to_string())?.config.clone();
+            config.allow_rollup = false;
+            self.js.update_stream(config).await.map_err(|e| e.to_string())
+        };
+        match self.refusals.guard(async { Ok(tokio::time::timeout(self.op_timeout, update).await) }).await? {
+            Ok(Ok(info)) if !info.config.allow_rollup => {
+                self.accepts_rollups = false;
+                Ok(())
+            }
+            Ok(Ok(_)) => Err(StoreError::Setup(format!(
+                "the server kept rollups allowed on bucket {} after the update",
+                self.bucket
+            ))),
+            Ok(Err(e)) => Err(StoreError::Setup(format!(
+                "making bucket {} refuse rollup headers: {e} (the user needs $JS.API.STREAM.UPDATE.{})",
+                self.bucket, self.stream
+            ))),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "no answer updating bucket {} within {:?}",
+                self.bucket, self.op_timeout
+            ))),
+        }
     }
 
     fn subject(&self, key: &Key) -> String {

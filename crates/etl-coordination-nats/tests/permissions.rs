@@ -236,3 +236,79 @@ async fn missing_or_wrong_credentials_are_refused_at_once_saying_what_to_give() 
     assert!(msg.contains("(user \"w\")") && msg.contains("job creds's credentials"), "{msg}");
     assert!(t.elapsed() < Duration::from_secs(10), "final at once, not after retries: {:?}", t.elapsed());
 }
+
+/// Publishes a value to `key` of `bucket` with `Nats-Rollup: all` as `user` (a raw client with
+/// the job's reply prefix, as an attacker holding that user's credentials would): the server's
+/// answer, or its refusal.
+async fn rollup(server: &NatsServer, user: &str, j: &JobName, bucket: &str, key: &str) -> Result<(), String> {
+    let client = async_nats::ConnectOptions::with_user_and_password(user.to_owned(), "pw".to_owned())
+        .custom_inbox_prefix(etl_coordination_nats::inbox_prefix(j))
+        .connect(server.url())
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Rollup", "all");
+    let sent = js
+        .publish_with_headers(format!("$KV.{bucket}.{key}"), headers, Bytes::from_static(b"all yours"))
+        .await
+        .map_err(|e| e.to_string())?;
+    sent.await.map(|_| ()).map_err(|e| e.to_string())
+}
+
+#[tokio::test]
+async fn a_rollup_on_the_state_bucket_is_refused_and_an_earlier_release_s_bucket_is_closed_by_its_set_up_user()
+ {
+    let (j, old) = (job("rollup"), job("rollupold"));
+    let server = server(&[
+        user("worker", Some(&permissions(&j, Access::Use))),
+        user("oldworker", Some(&permissions(&old, Access::Use))),
+        user("oldsetup", Some(&permissions(&old, Access::Create))),
+    ]);
+    // A bucket of this release: the worker's credentials may write its keys, but a rollup (which
+    // would replace every record with one message) is refused by the stream itself.
+    let admin = create_buckets(&server, &j).await;
+    assert!(!admin.state.accepts_rollups() && admin.lease.accepts_rollups());
+    fill(&admin, 3).await;
+    let [state, _] = bucket_names(&j);
+    let err = rollup(&server, "worker", &j, &state, "split.00001").await.expect_err("refused");
+    assert!(err.to_lowercase().contains("rollup"), "{err}");
+    let listed = admin.state.list(&Prefix::new("split.").unwrap()).await.unwrap();
+    assert_eq!(listed.len(), 3, "nothing replaced");
+    // A state bucket as an earlier release created it (create_key_value allows rollups): the
+    // same message erases the job's records, until its set-up user closes it.
+    let [old_state, _] = bucket_names(&old);
+    let raw = async_nats::ConnectOptions::with_user_and_password("admin".into(), "pw".into())
+        .connect(server.url())
+        .await
+        .unwrap();
+    let kv =
+        async_nats::jetstream::kv::Config { bucket: old_state.clone(), history: 1, ..Default::default() };
+    async_nats::jetstream::new(raw).create_key_value(kv).await.unwrap();
+    let admin = connect(&config(&server, "admin"), &old).await.unwrap();
+    assert!(admin.state.accepts_rollups(), "an earlier release's bucket is reported open");
+    fill(&admin, 3).await;
+    rollup(&server, "oldworker", &old, &old_state, "split.00001").await.expect("accepted: the hole");
+    let listed = admin.state.list(&Prefix::new("split.").unwrap()).await.unwrap();
+    assert_eq!(listed.len(), 1, "one message replaced every record");
+    // A worker cannot change the stream; the set-up user can.
+    let mut cfg = config(&server, "oldworker");
+    cfg.create_buckets = false;
+    let mut w = connect(&cfg, &old).await.unwrap();
+    let err =
+        format!("{:?}", w.state.refuse_rollups().await.expect_err("a worker may not update the stream"));
+    assert!(err.contains("STREAM.UPDATE"), "{err}");
+    let mut setup = connect(&config(&server, "oldsetup"), &old).await.unwrap();
+    setup.state.refuse_rollups().await.expect("the set-up user closes it");
+    assert!(!setup.state.accepts_rollups());
+    for k in ["split.x0", "split.x1"] {
+        admin.state.create(&Key::new(k).unwrap(), Bytes::from_static(b"v"), None).await.unwrap();
+    }
+    let err = rollup(&server, "oldworker", &old, &old_state, "split.00002").await.expect_err("refused now");
+    assert!(err.to_lowercase().contains("rollup"), "{err}");
+    assert_eq!(admin.state.list(&Prefix::new("split.").unwrap()).await.unwrap().len(), 3);
+    // Reopened, it says so.
+    assert!(!connect(&cfg, &old).await.unwrap().state.accepts_rollups());
+    // The lease bucket's expiry markers are rollups: it is never closed.
+    assert!(setup.lease.refuse_rollups().await.is_err());
+}

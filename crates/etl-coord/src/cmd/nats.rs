@@ -68,14 +68,30 @@ pub(crate) fn permissions(a: NatsPermissionsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Creates the job's buckets if missing (unless `--check`) and checks their configuration.
+/// Creates the job's buckets if missing (unless `--check`), makes a state bucket of an earlier
+/// release refuse rollup headers (`--check`: reports it), and checks their configuration.
 pub(crate) async fn buckets(a: NatsBucketsArgs) -> anyhow::Result<ExitCode> {
     let Some(mut cfg) = nats_config(&a.store.connection)? else {
         bail!("--store memory: nats-buckets needs a nats:// URL");
     };
     cfg.create_buckets = !a.check;
     let job = JobName::new(a.store.job.clone())?;
-    let stores = etl_coordination_nats::connect(&cfg, &job).await?;
+    let mut stores = etl_coordination_nats::connect(&cfg, &job).await?;
+    // A state bucket of an earlier release accepts rollup headers (one message could replace
+    // every record): closed here, reported by --check.
+    let open = stores.state.accepts_rollups();
+    if open && a.check {
+        bail!(
+            "{} accepts rollup headers: one message with `Nats-Rollup: all` would replace every \
+             record of job {job}; run `etl-coord nats-buckets --job {job}` (without --check) as its \
+             set-up user to make it refuse them",
+            stores.state.bucket()
+        );
+    }
+    if open {
+        stores.state.refuse_rollups().await?;
+        println!("{}: now refuses rollup headers", stores.state.bucket());
+    }
     let mut differ = false;
     for b in [&stores.state, &stores.lease] {
         let how = if stores.created.iter().any(|c| c == b.bucket()) { "created" } else { "exists" };
