@@ -99,6 +99,11 @@ impl Secured {
         let setup = self.as_user(&format!("setup-{job}"));
         let out = stdout(&run(setup.command().args(["nats-buckets", "--job", job, "--store", &setup.url])));
         assert!(out.contains(&format!("etl_coordination_{job}_lease: created")), "{out}");
+        // Created refusing rollups: nothing to close, and the check finds no hole.
+        assert!(!out.contains("now refuses"), "{out}");
+        let checked =
+            run(setup.command().args(["nats-buckets", "--job", job, "--store", &setup.url, "--check"]));
+        assert!(checked.status.success(), "{}", String::from_utf8_lossy(&checked.stderr));
     }
 
     /// `job`'s workers, on buckets created by its set-up user.
