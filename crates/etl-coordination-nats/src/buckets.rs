@@ -36,12 +36,14 @@ pub(crate) async fn bucket(
         )));
     }
     if !ttl && stream_config.allow_rollup {
+        let job =
+            name.strip_prefix("etl_coordination_").and_then(|n| n.strip_suffix("_state")).unwrap_or(name);
         tracing::warn!(
             bucket = name,
-            "the state bucket accepts rollup headers (it was created by an earlier release): one \
-             message with `Nats-Rollup: all` from any client allowed to write it would replace every \
-             record of the job; run `etl-coord nats-buckets --job <job>` as its set-up user once \
-             to make it refuse them"
+            "the state bucket accepts rollup headers (an earlier release created it): one message with \
+             `Nats-Rollup: all` from any client allowed to write it would replace every record of job \
+             {job}; run `etl-coord nats-buckets --job {job}` once as its set-up user, with the \
+             permissions `etl-coord nats-permissions --job {job} --create` prints now, to close it"
         );
     }
     if stream_config.max_messages_per_subject != 1 {

@@ -102,6 +102,15 @@ impl Refusals {
                  or grant this user publish on {subject:?}"
             );
         }
+        if let Some(stream) = subject.strip_prefix("$JS.API.STREAM.UPDATE.") {
+            let bucket = stream.strip_prefix("KV_").unwrap_or(stream);
+            return format!(
+                "NATS at {url} does not allow {who} to update bucket {bucket} (publish to {subject:?} denied), \
+                 which making it refuse rollup headers needs: the set-up user's permissions in the server's \
+                 configuration predate it; replace them with what `etl-coord nats-permissions --job {job} \
+                 --create` prints now, then run `etl-coord nats-buckets --job {job}` again"
+            );
+        }
         let needed = permissions(job, Access::Use);
         let list = if *verb == "subscribe" { &needed.subscribe } else { &needed.publish };
         match Permissions::covering(list, subject) {

@@ -297,7 +297,10 @@ async fn a_rollup_on_the_state_bucket_is_refused_and_an_earlier_release_s_bucket
     let mut w = connect(&cfg, &old).await.unwrap();
     let err =
         format!("{:?}", w.state.refuse_rollups().await.expect_err("a worker may not update the stream"));
-    assert!(err.contains("STREAM.UPDATE"), "{err}");
+    assert!(
+        err.contains("STREAM.UPDATE") && err.contains("nats-permissions --job rollupold --create"),
+        "{err}"
+    );
     let mut setup = connect(&config(&server, "oldsetup"), &old).await.unwrap();
     setup.state.refuse_rollups().await.expect("the set-up user closes it");
     assert!(!setup.state.accepts_rollups());
