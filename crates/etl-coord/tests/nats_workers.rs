@@ -393,6 +393,43 @@ fn reading_or_repairing_a_job_that_does_not_exist_says_so_and_creates_nothing() 
     );
 }
 
+/// A state bucket as an earlier release created it (`create_key_value`: rollups allowed): one
+/// message with `Nats-Rollup: all` could replace every record. `--check` fails naming it, every
+/// opener warns naming the job, `nats-buckets` closes it, and the stream then refuses rollups.
+#[test]
+fn nats_buckets_closes_an_earlier_release_s_state_bucket_to_rollups_and_check_reports_it() {
+    let old = job("oldrollup");
+    let url = nats_url();
+    let stream = format!("KV_etl_coordination_{old}_state");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let js = rt.block_on(async { async_nats::jetstream::new(async_nats::connect(&url).await.unwrap()) });
+    let allows_rollups = || {
+        rt.block_on(async { js.get_stream(&stream).await.unwrap().info().await.unwrap().config.allow_rollup })
+    };
+    let kv = async_nats::jetstream::kv::Config {
+        bucket: format!("etl_coordination_{old}_state"),
+        history: 1,
+        ..Default::default()
+    };
+    rt.block_on(js.create_key_value(kv)).unwrap();
+    assert!(allows_rollups());
+    let (code, _, err) = etl_coord(&["nats-buckets", "--job", &old, "--store", &url, "--check"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("accepts rollup headers") && err.contains(&format!("nats-buckets --job {old}")),
+        "{err}"
+    );
+    let (_, _, err) = etl_coord(&["status", "--job", &old, "--store", &url]);
+    assert!(err.contains("accepts rollup headers") && err.contains(&format!("job {old};")), "{err}");
+    let (code, out, err) = etl_coord(&["nats-buckets", "--job", &old, "--store", &url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&format!("etl_coordination_{old}_state: now refuses rollup headers")), "{out}");
+    assert!(!allows_rollups(), "the stream refuses rollups now");
+    let (code, out, err) = etl_coord(&["nats-buckets", "--job", &old, "--store", &url, "--check"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("now refuses") && !err.contains("accepts rollup headers"), "{out}{err}");
+}
+
 #[test]
 fn jobs_lists_a_started_job_with_what_its_state_holds() {
     let (tmp, data) = dataset(2, 20);

@@ -136,30 +136,9 @@ pub fn wait_for_records_in_any(sinks: &[&Path], n: usize, writers: &mut [&mut Ch
     }
 }
 
+/// Waits until `sink` holds `n` records, written by `writer`; panics if it exits first.
 pub fn wait_for_records(sink: &Path, n: usize, writer: &mut Child) {
-    let t = Instant::now();
-    loop {
-        let held = JsonlSink::read(sink).map(|l| l.len()).unwrap_or(0);
-        if held >= n {
-            return;
-        }
-        if let Some(status) = writer.try_wait().unwrap() {
-            let mut err = String::new();
-            if let Some(mut e) = writer.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut e, &mut err);
-            }
-            panic!(
-                "the worker writing {} exited ({status}) with {held} of {n} records: {err}",
-                sink.display()
-            );
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "{} holds {held} of {n} records after 60 s",
-            sink.display()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_records_in_any(&[sink], n, &mut [writer]);
 }
 
 /// `etl-coord status --json` of `job` on `store` (no credentials); see [`Nats::status_json`].
