@@ -8,7 +8,9 @@
 # Writes DIR/ca.pem (give it to clients: --nats-tls-ca, ETL_COORD_NATS_TLS_CA or NATS_CA), DIR/ca-key.pem, and
 # DIR/server-cert.pem + DIR/server-key.pem (the server's `tls` block). The server certificate
 # names the hosts clients use: nats (compose and Kubernetes Service), the StatefulSet's pods,
-# localhost and 127.0.0.1. An existing CA in DIR is kept; the server certificate is remade.
+# localhost and 127.0.0.1, and may also authenticate a client: a cluster route dialling a peer
+# presents it (the Kubernetes cluster block's mutual TLS). An existing CA in DIR is kept; the
+# server certificate is remade.
 set -eu
 dir="${1:-$(dirname "$0")/certs}"
 command -v openssl >/dev/null || { echo "dev-ca.sh: openssl is needed (e.g. apt-get install openssl)" >&2; exit 1; }
@@ -32,7 +34,7 @@ openssl req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -subj "
 cat > "$dir/server.ext" <<EXT
 basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
-extendedKeyUsage=serverAuth
+extendedKeyUsage=serverAuth,clientAuth
 subjectAltName=DNS:nats,DNS:nats.default.svc,DNS:nats.default.svc.cluster.local,DNS:*.nats-cluster,DNS:*.nats-cluster.default.svc.cluster.local,DNS:localhost,IP:127.0.0.1
 EXT
 openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca-key.pem" -CAcreateserial \

@@ -93,7 +93,7 @@ fn status(p: &Project) -> Option<serde_json::Value> {
 fn up_on_free_ports() -> Project {
     let port = |a: String| a.rsplit_once(':').unwrap().1.parse::<u16>().unwrap();
     for attempt in 1.. {
-        let (nats_port, monitor_port) = (port(free_addr()), port(free_addr()));
+        let nats_port = port(free_addr());
         let p = Project {
             name: unique("etlcompose").replace('-', ""),
             env: vec![
@@ -102,7 +102,6 @@ fn up_on_free_ports() -> Project {
                 ("NATS_IMAGE", image("HOSTS_NATS_IMAGE")),
                 ("ETL_COORD_IMAGE", image("HOSTS_WORKER_IMAGE")),
                 ("NATS_PORT", nats_port.to_string()),
-                ("NATS_MONITOR_PORT", monitor_port.to_string()),
             ],
             nats_port,
         };

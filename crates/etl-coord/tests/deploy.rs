@@ -11,7 +11,12 @@
 //!   users as configured, passwords from the Secrets its env names), the bucket Job's pod
 //!   creates the job's buckets, two "pods" built from the backfill Job's container spec
 //!   complete the job on it with replicas 3 and exit 0, and two from the Deployment's come up,
-//!   see it complete and stay up serving their admin endpoints;
+//!   see it complete and stay up serving their admin endpoints; a server that dials a node's
+//!   route port without the route password or without a certificate the CA signed is refused
+//!   (and its anonymous client cannot read the job), one with both joins; monitoring listens
+//!   on localhost only;
+//! - the NetworkPolicy admits the route port from the NATS pods only and the client port from
+//!   every shipped pod that talks to NATS, and nothing else;
 //! - every worker flag any file uses exists in `etl-coord worker --help`; cross-file names
 //!   (services, ports, probes, annotations, grace period vs drain timeout) agree;
 //! - the alert rules pass `promtool check rules` and their `promtool test rules` unit tests; the
@@ -479,28 +484,29 @@ fn env_value(container: &Value, name: &str) -> String {
     str_of(env_entry(container, name), &["value"]).to_owned()
 }
 
-/// A container's env as a pod would have it: values as written, the pod name from the downward
+/// A container's env as a pod would have it: values as written, with `$(NAME)` replaced by the
+/// value of an entry above it (Kubernetes' dependent variables), the pod name from the downward
 /// API, a Secret's key as `secret(name, key)`, and container paths of `mounts` moved to this
 /// machine.
 fn pod_env(container: &Value, pod_name: &str, mounts: &[(&str, &Path)]) -> Vec<(String, String)> {
-    container["env"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            let value = match (&e["value"], &e["valueFrom"]) {
-                (Value::String(v), _) => {
-                    mounts.iter().find(|(c, _)| c == v).map_or(v.clone(), |(_, h)| h.display().to_string())
-                }
-                (_, from) if from["fieldRef"]["fieldPath"] == "metadata.name" => pod_name.to_owned(),
-                (_, from) if !from["secretKeyRef"].is_null() => {
-                    secret(str_of(from, &["secretKeyRef", "name"]), str_of(from, &["secretKeyRef", "key"]))
-                }
-                other => panic!("unexpected env entry {other:?}"),
-            };
-            (e["name"].as_str().unwrap().to_owned(), value)
-        })
-        .collect()
+    let mut env: Vec<(String, String)> = Vec::new();
+    for e in container["env"].as_sequence().unwrap() {
+        let value = match (&e["value"], &e["valueFrom"]) {
+            (Value::String(v), _) => {
+                let v =
+                    env.iter().fold(v.clone(), |v, (name, value)| v.replace(&format!("$({name})"), value));
+                assert!(!v.contains("$("), "{v}: a $(NAME) that no entry above defines");
+                mounts.iter().find(|(c, _)| *c == v).map_or(v, |(_, h)| h.display().to_string())
+            }
+            (_, from) if from["fieldRef"]["fieldPath"] == "metadata.name" => pod_name.to_owned(),
+            (_, from) if !from["secretKeyRef"].is_null() => {
+                secret(str_of(from, &["secretKeyRef", "name"]), str_of(from, &["secretKeyRef", "key"]))
+            }
+            other => panic!("unexpected env entry {other:?}"),
+        };
+        env.push((e["name"].as_str().unwrap().to_owned(), value));
+    }
+    env
 }
 
 /// The value this test gives the key `key` of the Secret `name`.
@@ -663,10 +669,10 @@ fn the_kubernetes_deployment_agrees_with_the_worker_and_the_services() {
     assert_eq!(ann["prometheus.io/port"].as_str(), Some(admin_port.to_string().as_str()));
     assert_eq!(ann["prometheus.io/path"].as_str(), Some("/metrics"));
     let svc = docs.iter().find(|d| d["kind"] == "Service").unwrap();
-    assert_eq!(svc["spec"]["selector"], pod["metadata"]["labels"], "the Service selects the pods");
+    assert!(selects(&svc["spec"]["selector"], &pod["metadata"]["labels"]), "the Service selects the pods");
     assert_eq!(svc["spec"]["ports"][0]["targetPort"].as_str(), Some(port_name));
     let selector = &dep["spec"]["selector"]["matchLabels"];
-    assert_eq!(selector, &pod["metadata"]["labels"], "the Deployment selects its own pods");
+    assert!(selects(selector, &pod["metadata"]["labels"]), "the Deployment selects its own pods");
 
     // The store URL names the NATS client Service of nats.yaml on its port.
     let nats = yaml_docs("kubernetes/nats.yaml");
@@ -675,6 +681,89 @@ fn the_kubernetes_deployment_agrees_with_the_worker_and_the_services() {
     let client = nats.iter().find(|d| d["kind"] == "Service" && d["metadata"]["name"] == host);
     let client = client.unwrap_or_else(|| panic!("nats.yaml has no Service {host:?} for {store}"));
     assert_eq!(client["spec"]["ports"][0]["port"].as_u64(), Some(4222));
+}
+
+/// Whether a label selector (`matchLabels`, or a Service's `selector`: absent or empty selects
+/// every pod) selects a pod labelled `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    selector.as_mapping().is_none_or(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)))
+}
+
+/// Whether the NetworkPolicy `policy` admits a connection from a pod labelled `labels` (same
+/// namespace) to the port `name`/`number` of a pod it selects: Kubernetes' ingress rules for
+/// the subset the shipped file uses (pod selectors by `matchLabels`, ports by name or number);
+/// anything else in a rule fails the test rather than being misjudged.
+fn admits(policy: &Value, labels: &Value, name: &str, number: u64) -> bool {
+    let matches = |selector: &Value| {
+        assert!(selector["matchExpressions"].is_null(), "matchExpressions are not judged here: {selector:?}");
+        selects(&selector["matchLabels"], labels)
+    };
+    policy["spec"]["ingress"].as_sequence().unwrap().iter().any(|rule| {
+        let port_ok = rule["ports"].as_sequence().is_none_or(|ports| {
+            ports.iter().any(|p| {
+                assert!(p["endPort"].is_null() && p["protocol"].as_str().is_none_or(|t| t == "TCP"), "{p:?}");
+                p["port"].as_str() == Some(name) || p["port"].as_u64() == Some(number)
+            })
+        });
+        let from_ok = rule["from"].as_sequence().is_none_or(|peers| {
+            peers.is_empty()
+                || peers.iter().any(|peer| {
+                    assert!(peer["ipBlock"].is_null() && peer["namespaceSelector"].is_null(), "{peer:?}");
+                    matches(&peer["podSelector"])
+                })
+        });
+        port_ok && from_ok
+    })
+}
+
+#[test]
+fn the_kubernetes_network_policy_admits_routes_from_nats_pods_and_clients_from_the_pipeline_pods_only() {
+    let docs = yaml_docs("kubernetes/nats.yaml");
+    let sts = docs.iter().find(|d| d["kind"] == "StatefulSet").unwrap();
+    let nats_labels = &sts["spec"]["template"]["metadata"]["labels"];
+    let policy = docs.iter().find(|d| d["kind"] == "NetworkPolicy").expect("nats.yaml has a NetworkPolicy");
+    let selected = &policy["spec"]["podSelector"]["matchLabels"];
+    assert!(!selected.is_null() && selects(selected, nats_labels), "the policy selects the NATS pods only");
+    let types = policy["spec"]["policyTypes"].as_sequence().unwrap();
+    assert!(types.iter().any(|t| t == "Ingress"), "{types:?}");
+    // The NATS container's ports by name; monitoring is not one (it listens inside the pod).
+    let container = &sts["spec"]["template"]["spec"]["containers"][0];
+    let port = |name: &str| {
+        let ports = container["ports"].as_sequence().unwrap();
+        let p = ports.iter().find(|p| p["name"] == name).unwrap_or_else(|| panic!("no port {name}"));
+        p["containerPort"].as_u64().unwrap()
+    };
+    let (client, cluster) = (port("client"), port("cluster"));
+    assert_eq!((client, cluster), (4222, 6222));
+    assert!(container["ports"].as_sequence().unwrap().len() == 2, "only the client and route ports");
+
+    // Routes from the NATS pods only.
+    assert!(admits(policy, nats_labels, "cluster", cluster));
+    // Every shipped pod that talks to NATS (a --store nats://... argument) reaches the client
+    // port, and none reaches the route port or the monitoring port.
+    let mut clients = 0;
+    for rel in ["kubernetes/pipeline.yaml", "kubernetes/backfill.yaml"] {
+        for doc in yaml_docs(rel).iter().filter(|d| !d["spec"]["template"].is_null()) {
+            let template = &doc["spec"]["template"];
+            let args = template["spec"]["containers"][0]["args"].as_sequence().unwrap();
+            let args: Vec<String> = args.iter().map(|a| a.as_str().unwrap().to_owned()).collect();
+            if !flag(&args, "--store").is_some_and(|s| s.starts_with("nats://")) {
+                continue;
+            }
+            clients += 1;
+            let what = format!("{rel}: {}", str_of(doc, &["metadata", "name"]));
+            let labels = &template["metadata"]["labels"];
+            assert!(admits(policy, labels, "client", client), "{what} cannot reach the NATS client port");
+            assert!(!admits(policy, labels, "cluster", cluster), "{what} reaches the route port");
+            assert!(!admits(policy, labels, "monitor", 8222), "{what} reaches the monitoring port");
+        }
+    }
+    assert_eq!(clients, 4, "the bucket Jobs, the backfill Job and the Deployment");
+    // Any other pod: nothing.
+    let stranger: Value = serde_norway::from_str("app.kubernetes.io/name: curious").unwrap();
+    for (name, number) in [("client", client), ("cluster", cluster), ("monitor", 8222)] {
+        assert!(!admits(policy, &stranger, name, number), "an unlabelled pod reaches {name}");
+    }
 }
 
 #[test]
@@ -695,6 +784,12 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
     assert!(conf.contains(&format!("--job {job} ")), "nats.yaml has users for the pipeline's job {job}");
     // The server's certificate and key from the Secret nats-tls, mounted where the config reads.
     let nats_container = &sts["spec"]["template"]["spec"]["containers"][0];
+    let nats_args = nats_container["args"].as_sequence().unwrap();
+    assert_eq!(
+        nats_args.len(),
+        2,
+        "the configuration file alone (a --cluster flag would clear the routes' authorization)"
+    );
     let tls_mount =
         nats_container["volumeMounts"].as_sequence().unwrap().iter().find(|m| m["name"] == "tls").unwrap();
     let tls_dir = str_of(tls_mount, &["mountPath"]);
@@ -712,11 +807,21 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
     for (from, to) in [("server-cert.pem", "tls.crt"), ("server-key.pem", "tls.key"), ("ca.pem", "ca.crt")] {
         std::fs::copy(certs.join(from), certs.join(to)).unwrap();
     }
-    let conf = replace_n(conf, tls_dir, &certs, 2);
+    // The client port's certificate and key, and the cluster port's (mutual TLS: the same
+    // certificate, the CA to check a peer's).
+    let conf = replace_n(conf, tls_dir, &certs, 5);
+    // The monitoring port listens inside the pod only; the probes ask it there.
+    assert!(conf.contains("\nhttp: 127.0.0.1:8222\n"), "monitoring on localhost only:\n{conf}");
+    for probe in ["readinessProbe", "livenessProbe"] {
+        let cmd = nats_container[probe]["exec"]["command"].as_sequence().unwrap();
+        let url = cmd.iter().filter_map(|v| v.as_str()).find(|a| a.starts_with("http://")).unwrap();
+        assert!(url.starts_with("http://127.0.0.1:8222/healthz"), "{probe}: {url}");
+    }
 
     // Three nodes from the ConfigMap's configuration on loopback: the routes' pod DNS names
-    // (nats-N.nats-cluster) become this machine's ports, the Secrets' files and values this
-    // test's; everything else is the file as is.
+    // (nats-N.nats-cluster, in the route URLs the StatefulSet's env builds) become this
+    // machine's ports, the Secrets' files and values this test's; everything else is the file
+    // as is.
     let ports: Vec<(u16, u16, u16)> = (0..replicas)
         .map(|_| {
             (
@@ -726,29 +831,35 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
             )
         })
         .collect();
-    let mut local = conf.to_owned();
-    for (i, (_, cport, _)) in ports.iter().enumerate() {
-        let route = format!("{name}-{i}.{headless}:6222");
-        assert!(local.contains(&route), "the routes name the StatefulSet's pods: {route} in\n{conf}");
-        local = local.replace(&route, &format!("127.0.0.1:{cport}"));
-    }
+    let node_env = |pod: &str| {
+        let mut env = pod_env(nats_container, pod, &[]);
+        for (i, (_, cport, _)) in ports.iter().enumerate() {
+            let route = format!("{name}-{i}.{headless}:6222");
+            let (var, url) = env
+                .iter_mut()
+                .find(|(_, v)| v.contains(&route))
+                .unwrap_or_else(|| panic!("no env entry of the StatefulSet routes to the pod {route}"));
+            assert!(conf.contains(&format!("${var}\n")), "the cluster's routes use ${var}:\n{conf}");
+            *url = url.replace(&route, &format!("127.0.0.1:{cport}"));
+        }
+        env
+    };
     let mut procs = Procs(Vec::new());
     for (i, (port, cport, mport)) in ports.iter().enumerate() {
         // Each node its own store directory and pid file (a pod each has its own).
         let dir = tmp.path().join(format!("n{i}"));
         std::fs::create_dir_all(&dir).unwrap();
-        let node = replace_once(&replace_once(&local, "/data", &dir), "/var/run/nats", &dir);
+        let node = replace_once(&replace_once(&conf, "/data", &dir), "/var/run/nats", &dir);
+        // The route port moves in the file, not by `--cluster` (that flag, without a user in
+        // its URL, clears the cluster's authorization).
+        assert_eq!(node.matches("\n  port: 6222\n").count(), 1, "the cluster block's port:\n{node}");
+        let node = node.replace("\n  port: 6222\n", &format!("\n  listen: 127.0.0.1:{cport}\n"));
         let conf_path = tmp.path().join(format!("n{i}.conf"));
         std::fs::write(&conf_path, node).unwrap();
         let pod = format!("{name}-{i}");
-        let env = pod_env(nats_container, &pod, &[]);
+        let env = node_env(&pod);
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        procs.0.push(nats_server(
-            &conf_path,
-            *port,
-            &env,
-            &["-m".into(), mport.to_string(), "--cluster".into(), format!("nats://127.0.0.1:{cport}")],
-        ));
+        procs.0.push(nats_server(&conf_path, *port, &env, &["-m".into(), mport.to_string()]));
     }
     // The cluster is ready when every node's health endpoint reports JetStream healthy
     // (meta leader elected).
@@ -845,6 +956,124 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
     for child in &mut procs.0[n - 2..] {
         sigterm(child);
         assert_eq!(exit_within(child, Duration::from_secs(grace)), Some(0));
+    }
+
+    // A server nobody set up dials a node's route port (any pod could, and its clients would
+    // then reach every stream of the cluster): refused without the route password, refused
+    // with a certificate another CA signed, refused with neither; its anonymous client then
+    // cannot read the job. The control: with both it joins (the check can see a join).
+    let cluster_name = conf
+        .split_once("cluster {")
+        .and_then(|(_, c)| c.lines().find_map(|l| l.trim().strip_prefix("name: ")))
+        .expect("the cluster block names the cluster")
+        .to_owned();
+    let password = secret("nats-route", "password");
+    let other_ca = tmp.path().join("other-ca");
+    dev_certs(&other_ca);
+    let route = ports[0].1;
+    let signed = (certs.join("tls.crt"), certs.join("tls.key"), certs.join("ca.crt"));
+    let foreign = (other_ca.join("server-cert.pem"), other_ca.join("server-key.pem"), certs.join("ca.crt"));
+    for (what, user, tls) in [
+        ("no TLS and no password", None, None),
+        ("the CA's certificate but no password", None, Some(&signed)),
+        ("the password but another CA's certificate", Some(&password), Some(&foreign)),
+    ] {
+        let mut rogue = RogueRoute::dial(tmp.path(), what, &cluster_name, route, user, tls);
+        assert!(!rogue.joined(), "a server with {what} joined the cluster:\n{}", rogue.log());
+        let out = etl_coord()
+            .args(["status", "--json", "--job", &job, "--store", &format!("nats://127.0.0.1:{}", rogue.port)])
+            .output()
+            .unwrap();
+        assert!(
+            !out.status.success(),
+            "an anonymous client of a server with {what} read the job: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        rogue.stop();
+    }
+    let mut peer = RogueRoute::dial(tmp.path(), "both", &cluster_name, route, Some(&password), Some(&signed));
+    assert!(
+        peer.joined(),
+        "a server with the route password and the CA's certificate joins:\n{}",
+        peer.log()
+    );
+    peer.stop();
+}
+
+/// A `nats-server` (no JetStream, no authorization: anyone may use it) that dials a cluster's
+/// route port as a peer would, with the route user's password and a TLS certificate if given.
+struct RogueRoute {
+    child: Child,
+    port: u16,
+    monitor: u16,
+    log: PathBuf,
+}
+
+impl RogueRoute {
+    fn dial(
+        dir: &Path,
+        what: &str,
+        cluster: &str,
+        route: u16,
+        password: Option<&String>,
+        tls: Option<&(PathBuf, PathBuf, PathBuf)>,
+    ) -> Self {
+        let tag = what.replace(|c: char| !c.is_ascii_alphanumeric(), "-");
+        let user = password.map_or(String::new(), |p| format!("route:{p}@"));
+        let tls = tls.map_or(String::new(), |(cert, key, ca)| {
+            format!(
+                "  tls {{\n    cert_file: {}\n    key_file: {}\n    ca_file: {}\n  }}\n",
+                cert.display(),
+                key.display(),
+                ca.display()
+            )
+        });
+        let conf = format!(
+            "server_name: rogue-{tag}\ncluster {{\n  name: {cluster}\n  routes: [\"nats://{user}127.0.0.1:{route}\"]\n{tls}}}\n"
+        );
+        let path = dir.join(format!("rogue-{tag}.conf"));
+        std::fs::write(&path, conf).unwrap();
+        let (port, monitor) = (etl_coordination_testkit::free_port(), etl_coordination_testkit::free_port());
+        let listen = format!("nats://127.0.0.1:{}", etl_coordination_testkit::free_port());
+        let child =
+            nats_server(&path, port, &[], &["-m".into(), monitor.to_string(), "--cluster".into(), listen]);
+        RogueRoute { child, port, monitor, log: path.with_extension("log") }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Whether its route was accepted: waits (bounded) until its monitoring port reports a
+    /// route (joined) or its log shows three route connections closed without one (refused:
+    /// it keeps dialling, and each attempt ends the same way).
+    fn joined(&self) -> bool {
+        let t = Instant::now();
+        loop {
+            let routez = http_get(&format!("127.0.0.1:{}", self.monitor), "/routez").unwrap_or_default();
+            let routes = routez.split_once("\"num_routes\":").and_then(|(_, r)| {
+                r.trim_start().split(|c: char| !c.is_ascii_digit()).next()?.parse::<u32>().ok()
+            });
+            if routes.is_some_and(|n| n > 0) {
+                return true;
+            }
+            if self.log().matches("Router connection closed").count() >= 3 && routes == Some(0) {
+                return false;
+            }
+            assert!(t.elapsed() < Duration::from_secs(30), "no route verdict in 30 s:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for RogueRoute {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
