@@ -339,11 +339,19 @@ fn the_compose_services_run_their_commands_against_the_compose_nats_config() {
     let dev = std::fs::read_to_string(&dev_conf).unwrap();
     assert!(dev.contains("sync_interval: always"));
     assert_generated_users("nats/dev.conf", &dev);
-    // The health check asks the monitoring port the configuration opens.
+    // The health check asks the monitoring port the configuration opens, inside the container:
+    // monitoring listens on localhost only, and no port of the host leads to it.
     let check = nats["healthcheck"]["test"].as_sequence().unwrap();
     let url = check.iter().filter_map(|v| v.as_str()).find(|a| a.starts_with("http://")).unwrap();
-    let mport = url.split(':').nth(2).unwrap().split('/').next().unwrap();
-    assert!(dev.contains(&format!("http_port: {mport}")), "{url} vs\n{dev}");
+    let monitor = url.strip_prefix("http://").unwrap().split('/').next().unwrap();
+    assert!(monitor.starts_with("127.0.0.1:"), "{url}");
+    assert!(dev.contains(&format!("\nhttp: {monitor}\n")), "{url} vs\n{dev}");
+    let mport = monitor.split(':').nth(1).unwrap();
+    let published = nats["ports"].as_sequence().unwrap();
+    assert!(
+        published.iter().all(|p| !p.as_str().unwrap().ends_with(&format!(":{mport}"))),
+        "the monitoring port is not published: {published:?}"
+    );
 
     let buckets = &compose["services"]["buckets"];
     assert_eq!(buckets["depends_on"]["nats"]["condition"].as_str(), Some("service_healthy"));
