@@ -22,6 +22,7 @@ pub(crate) async fn bucket(
         history: 1,
         num_replicas: config.replicas,
         limit_markers: ttl.then_some(config.limit_marker_ttl),
+        max_bytes: if ttl { config.lease_max_bytes } else { config.state_max_bytes }.unwrap_or(-1),
         ..Default::default()
     };
     let stream = format!("KV_{name}");
@@ -64,6 +65,7 @@ pub(crate) async fn bucket(
         refusals: refusals.clone(),
         replicas: stream_config.num_replicas,
         accepts_rollups: stream_config.allow_rollup,
+        max_bytes: stream_config.max_bytes,
     }))
 }
 
@@ -151,6 +153,7 @@ async fn create_bucket(js: &jetstream::Context, cfg: &kv::Config) -> Result<kv::
         deny_purge: false,
         allow_direct: true,
         discard: jetstream::stream::DiscardPolicy::New,
+        max_bytes: cfg.max_bytes,
         ..Default::default()
     };
     js.create_stream(stream).await.map_err(|e| e.to_string())?;

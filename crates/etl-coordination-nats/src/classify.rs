@@ -11,6 +11,9 @@ pub(crate) const CLUSTERED_CONFLICT: u64 = 10164;
 pub(crate) const INVALID_TTL: u64 = 10165;
 /// Per-message TTL on a stream that does not allow it.
 pub(crate) const TTL_NOT_ALLOWED: u64 = 10166;
+/// The stream refused to store a message; its description says why ("maximum bytes exceeded":
+/// the bucket is at its bound).
+pub(crate) const STORE_FAILED: u64 = 10077;
 
 /// The latest message of a key: its value, revision, and whether it is a live value (not a
 /// delete, purge or expiry marker).

@@ -26,6 +26,14 @@ pub struct NatsConfig {
     /// Create the job's buckets when they do not exist (needs [`Access::Create`](crate::Access::Create)). Off, a
     /// missing bucket is a setup error saying how to create it.
     pub create_buckets: bool,
+    /// The bound, in bytes, of a state bucket this connection creates (`None`: unbounded). On a
+    /// shared server it keeps one job from filling the store every job writes to; the server
+    /// reserves it from its JetStream storage when the bucket is created. A full bucket refuses
+    /// every write of the job with [`StoreError::Setup`](etl_coordination_core::StoreError)
+    /// naming the bound. Existing buckets keep theirs.
+    pub state_max_bytes: Option<i64>,
+    /// The same for the lease bucket (one small record per owned split and per worker).
+    pub lease_max_bytes: Option<i64>,
 }
 
 /// Authentication options async-nats supports.
@@ -44,7 +52,8 @@ pub enum NatsAuth {
 }
 
 impl NatsConfig {
-    /// Defaults for `url`: one replica, 5 s op timeout, 60 s limit markers, no auth.
+    /// Defaults for `url`: one replica, 5 s op timeout, 60 s limit markers, no auth, unbounded
+    /// buckets.
     pub fn new(url: impl Into<String>) -> Self {
         NatsConfig {
             url: url.into(),
@@ -55,6 +64,8 @@ impl NatsConfig {
             tls_required: false,
             tls_root_certificate: None,
             create_buckets: true,
+            state_max_bytes: None,
+            lease_max_bytes: None,
         }
     }
 }

@@ -8,7 +8,8 @@ use etl_coordination_core::{Entry, Key, Prefix, Revision, StoreError};
 use etl_coordination_store::{Store, WatchStream, validate_ttl, validate_value};
 
 use crate::classify::{
-    CLUSTERED_CONFLICT, INVALID_TTL, Latest, MessageKind, TTL_NOT_ALLOWED, WRONG_LAST_SEQUENCE, api_code,
+    CLUSTERED_CONFLICT, INVALID_TTL, Latest, MessageKind, STORE_FAILED, TTL_NOT_ALLOWED, WRONG_LAST_SEQUENCE,
+    api_code,
 };
 use crate::refusals::Refusals;
 use crate::setup::setup;
@@ -32,6 +33,8 @@ pub struct NatsStore {
     pub(crate) replicas: usize,
     /// Whether the bucket's stream accepts `Nats-Rollup` headers, as read at connect.
     pub(crate) accepts_rollups: bool,
+    /// The bucket's bound in bytes (-1: none), as read at connect.
+    pub(crate) max_bytes: i64,
 }
 
 impl std::fmt::Debug for NatsStore {
@@ -114,6 +117,7 @@ impl NatsStore {
             (K::MaxPayloadExceeded, _) => {
                 StoreError::InvalidValue(format!("value too large for the server: {e}"))
             }
+            (_, Some(STORE_FAILED)) if e.to_string().contains("maximum bytes exceeded") => self.full(&e),
             // No responders: nobody stored it. Whether the bucket is gone is decided by the
             // caller (`no_responders`), which asks the server.
             (K::StreamNotFound, _) => StoreError::Unavailable(format!("publish to {key}: {e}")),
@@ -152,6 +156,17 @@ impl NatsStore {
                 }
             })
             .await
+    }
+
+    /// The bucket is at its bound: nothing was stored, and nothing of the job will be until an
+    /// operator raises the bound (or the bucket shrinks, which a running job's writes do not).
+    fn full(&self, e: &dyn std::fmt::Display) -> StoreError {
+        setup(format!(
+            "bucket {} is full: it holds at most {} bytes (set when it was created), and the server \
+             refused a write ({e}); raise its bound with `nats stream edit {} --max-bytes BYTES` \
+             (as a NATS user allowed to update the stream), then restart the workers",
+            self.bucket, self.max_bytes, self.stream
+        ))
     }
 
     /// A publish found no responder for the bucket's subject. Nothing was stored. That is
@@ -289,6 +304,9 @@ impl Store for NatsStore {
             }
             Ok(Err((_, msg))) if msg.contains("wrong last sequence") => {
                 Err(StoreError::RevisionMismatch(key.clone()))
+            }
+            Ok(Err((Some(STORE_FAILED), msg))) if msg.contains("maximum bytes exceeded") => {
+                Err(self.full(&msg))
             }
             Ok(Err((_, msg))) => Err(StoreError::Indeterminate(format!("deleting {key}: {msg}"))),
         }

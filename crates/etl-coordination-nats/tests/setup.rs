@@ -108,3 +108,67 @@ async fn a_cluster_without_a_jetstream_quorum_at_startup_is_waited_for() {
     let k = etl_coordination_core::Key::new("x").unwrap();
     job.state.create(&k, bytes::Bytes::from_static(b"v"), None).await.unwrap();
 }
+
+/// A job whose buckets are bounded fills them: its writes are refused with a fatal error naming
+/// the bucket, the bound and how to raise it; a job beside it on the same server goes on.
+#[tokio::test]
+async fn a_job_that_fills_its_bounded_buckets_is_stopped_with_the_bound_and_others_go_on() {
+    use bytes::Bytes;
+    use etl_coordination_core::{Key, Revision};
+    use etl_coordination_store::Store;
+    let id = std::process::id();
+    let full = JobName::new(format!("full{id}")).unwrap();
+    let mut cfg = NatsConfig::new(env("NATS_URL"));
+    cfg.state_max_bytes = Some(8 << 10);
+    cfg.lease_max_bytes = Some(8 << 10);
+    let j = connect(&cfg, &full).await.unwrap();
+    let value = Bytes::from(vec![b'x'; 200]);
+    let mut written = Vec::new();
+    let err = loop {
+        let k = Key::new(format!("split.{}", written.len())).unwrap();
+        match j.state.create(&k, value.clone(), None).await {
+            Ok(rev) => written.push((k, rev)),
+            Err(e) => break e,
+        }
+        assert!(written.len() < 1000, "8 KiB took {} records of 200 bytes", written.len());
+    };
+    assert!(written.len() >= 10, "the bound is the bucket's, not smaller: {} records", written.len());
+    let StoreError::Setup(msg) = &err else { panic!("expected a setup error, got {err:?}") };
+    assert!(err.is_fatal());
+    let bucket = format!("etl_coordination_full{id}_state");
+    for what in
+        [bucket.as_str(), "is full", "8192 bytes", &format!("nats stream edit KV_{bucket} --max-bytes")]
+    {
+        assert!(msg.contains(what), "{what:?} in: {msg}");
+    }
+    // An update of a record at the bound is refused the same way (the new message is stored
+    // before the old one goes); nothing was changed.
+    let (k0, r0): (Key, Revision) = written[0].clone();
+    let err = j.state.compare_and_swap(&k0, r0, value.clone(), None).await.unwrap_err();
+    assert!(matches!(&err, StoreError::Setup(m) if m.contains("is full")), "{err:?}");
+    assert_eq!(j.state.get(&k0).await.unwrap().unwrap().revision, r0);
+    // The lease bucket's bound the same.
+    let err = loop {
+        let k = Key::new(format!("lease.{}", written.len())).unwrap();
+        match j.lease.create(&k, value.clone(), Some(Duration::from_secs(60))).await {
+            Ok(rev) => written.push((k, rev)),
+            Err(e) => break e,
+        }
+        assert!(written.len() < 2000);
+    };
+    assert!(
+        matches!(&err, StoreError::Setup(m) if m.contains(&format!("etl_coordination_full{id}_lease is full"))),
+        "{err:?}"
+    );
+    // Reopened without a bound, the buckets keep theirs.
+    let again = connect(&NatsConfig::new(env("NATS_URL")), &full).await.unwrap();
+    let err = again.state.create(&Key::new("split.again").unwrap(), value.clone(), None).await.unwrap_err();
+    assert!(matches!(&err, StoreError::Setup(m) if m.contains("is full")), "{err:?}");
+    // Another job on the same server is not affected.
+    let other = connect(&NatsConfig::new(env("NATS_URL")), &JobName::new(format!("notfull{id}")).unwrap())
+        .await
+        .unwrap();
+    for i in 0..100 {
+        other.state.create(&Key::new(format!("split.{i}")).unwrap(), value.clone(), None).await.unwrap();
+    }
+}

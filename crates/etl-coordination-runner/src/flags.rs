@@ -107,6 +107,16 @@ pub struct ConnectFlags {
     /// at least 5s (a listing or a create can take several requests).
     #[arg(long, default_value = "5s", value_parser = parse_duration, env = "ETL_COORD_NATS_OP_TIMEOUT")]
     pub nats_op_timeout: Duration,
+    /// NATS: the bound of the job's state bucket when this command creates it (e.g. 512MiB;
+    /// default unbounded). On a shared server it keeps one job from filling the store of all;
+    /// the server reserves it from its JetStream storage. A full bucket stops the job with an
+    /// error naming the bound. Existing buckets keep theirs.
+    #[arg(long, value_parser = parse_bytes, env = "ETL_COORD_NATS_MAX_BYTES")]
+    pub nats_max_bytes: Option<i64>,
+    /// NATS: the same for the lease bucket (one small record per owned split and per worker:
+    /// 16MiB holds tens of thousands).
+    #[arg(long, value_parser = parse_bytes, env = "ETL_COORD_NATS_LEASE_MAX_BYTES")]
+    pub nats_lease_max_bytes: Option<i64>,
 }
 
 /// The NATS CLI's variable for a flag left unset (its own ETL_COORD_ variable included).
@@ -209,6 +219,32 @@ pub fn parse_split(s: &str) -> Result<String, String> {
     SplitId::new(s.to_owned()).map(|_| s.to_owned()).map_err(|e| e.to_string())
 }
 
+/// Parses a size: a number of bytes, or one with a unit `KiB`, `MiB`, `GiB` or `TiB` (powers of
+/// 1024; `KB`, `MB`, `GB`, `TB` powers of 1000), e.g. `512MiB`.
+pub fn parse_bytes(s: &str) -> Result<i64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: i64 = num.parse().map_err(|_| format!("invalid size {s:?}: a number of bytes, e.g. 512MiB"))?;
+    let scale: i64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        other => return Err(format!("invalid size unit {other:?} in {s:?}: use B, KiB, MiB, GiB or TiB")),
+    };
+    match n.checked_mul(scale) {
+        Some(b) if b > 0 => Ok(b),
+        Some(_) => Err(format!("size {s:?} must be positive")),
+        None => Err(format!("size {s:?} out of range")),
+    }
+}
+
 /// Parses `30s`, `500ms`, `2m`, `1h` or a plain number of seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -237,6 +273,8 @@ pub fn nats_config(args: &ConnectFlags) -> Result<Option<etl_coordination_nats::
     let mut cfg = etl_coordination_nats::NatsConfig::new(r.store.clone());
     cfg.replicas = usize::from(args.nats_replicas);
     cfg.op_timeout = args.nats_op_timeout;
+    cfg.state_max_bytes = args.nats_max_bytes;
+    cfg.lease_max_bytes = args.nats_lease_max_bytes;
     cfg.tls_required = args.nats_tls || r.tls_ca.is_some() || r.store.starts_with("tls://");
     cfg.tls_root_certificate = r.tls_ca;
     if let Some(t) = r.token {
@@ -509,5 +547,23 @@ impl LogFlags {
             };
             builder.with_ansi(ansi).init();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn sizes_parse_with_binary_and_decimal_units_and_bad_ones_say_what_is_wrong() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_bytes("3 KB"), Ok(3_000));
+        assert_eq!(parse_bytes("1TB"), Ok(1_000_000_000_000));
+        assert!(parse_bytes("12mb").unwrap_err().contains("unit \"mb\""));
+        assert!(parse_bytes("0").unwrap_err().contains("positive"));
+        assert!(parse_bytes("MiB").unwrap_err().contains("a number of bytes"));
+        assert!(parse_bytes("99999999999TiB").unwrap_err().contains("out of range"));
     }
 }
