@@ -899,6 +899,17 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
     let setup_env = pod_env(setup, "etl-pipeline-buckets-x1", &[(&ca_mount(setup), &ca)]);
     let out = etl_coord().args(&setup_args).envs(setup_env.iter().map(|(k, v)| (k, v))).output().unwrap();
     assert!(out.status.success(), "the bucket Job: {}", String::from_utf8_lossy(&out.stderr));
+    // Both buckets bounded as the Job says (one job cannot fill the cluster's store).
+    let made = String::from_utf8_lossy(&out.stdout);
+    for (bucket, flag_name) in [("state", "--nats-max-bytes"), ("lease", "--nats-lease-max-bytes")] {
+        let bound = etl_coordination_runner::parse_bytes(flag(&setup_args, flag_name).unwrap()).unwrap();
+        assert!(
+            made.contains(&format!(
+                "_{bucket}: created, configuration valid, replicas 3, at most {bound} bytes"
+            )),
+            "{made}"
+        );
+    }
     // The pod command of a container spec: args as written but the store, the source and the
     // admin address; env as a pod would have it.
     let pod = |container: &Value, args: &[String], pod_name: &str, admin: &str| {

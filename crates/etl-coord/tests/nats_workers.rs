@@ -430,6 +430,36 @@ fn nats_buckets_closes_an_earlier_release_s_state_bucket_to_rollups_and_check_re
     assert!(!out.contains("now refuses") && !err.contains("accepts rollup headers"), "{out}{err}");
 }
 
+/// A job whose state bucket (bounded by --nats-max-bytes) fills stops every worker with exit 1
+/// and the error naming the bucket, its bound and how to raise it; raised, the job resumes and
+/// completes with nothing lost.
+#[test]
+fn a_worker_whose_bounded_state_bucket_fills_exits_naming_the_bound_and_resumes_once_raised() {
+    let (tmp, data) = dataset(12, 30);
+    let full = job("full");
+    let sink = tmp.path().join("s.jsonl");
+    let out = worker(&full, "w1", &data, &sink, &["--nats-max-bytes", "600"]).wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let stream = format!("KV_etl_coordination_{full}_state");
+    for what in ["is full", "at most 600 bytes", &format!("nats stream edit {stream} --max-bytes")] {
+        assert!(err.contains(what), "{what:?} in:\n{err}");
+    }
+    // Raised, as the message says (the stream's bound), the job resumes without the flag.
+    let url = nats_url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
+        let mut config = js.get_stream(&stream).await.unwrap().info().await.unwrap().config.clone();
+        assert_eq!(config.max_bytes, 600);
+        config.max_bytes = 1 << 20;
+        js.update_stream(config).await.unwrap();
+    });
+    let out = worker(&full, "w1", &data, &sink, &[]).wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(common::records_in(&[&sink]).len(), 12 * 30, "every record, once the bound was raised");
+}
+
 #[test]
 fn jobs_lists_a_started_job_with_what_its_state_holds() {
     let (tmp, data) = dataset(2, 20);

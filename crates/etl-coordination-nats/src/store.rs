@@ -63,6 +63,11 @@ impl NatsStore {
         self.accepts_rollups
     }
 
+    /// The bucket's bound in bytes, as read at connect (`None`: unbounded).
+    pub fn max_bytes(&self) -> Option<i64> {
+        (self.max_bytes > 0).then_some(self.max_bytes)
+    }
+
     /// Makes the bucket's stream refuse `Nats-Rollup` headers (a stream update: the user needs
     /// `$JS.API.STREAM.UPDATE.KV_<bucket>`, which [`Access::Create`](crate::Access::Create)
     /// grants for the state bucket). Refused for the lease bucket, whose limit markers are

@@ -73,7 +73,7 @@ use etl_coordination_driver::{
 };
 
 pub use flags::{
-    ConnectFlags, LogFlags, StoreFlags, Usage, WorkerFlags, nats_config, open_job, open_stores,
+    ConnectFlags, LogFlags, StoreFlags, Usage, WorkerFlags, nats_config, open_job, open_stores, parse_bytes,
     parse_duration, parse_instance, parse_job, parse_split, positive, tuning_error,
 };
 

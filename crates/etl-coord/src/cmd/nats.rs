@@ -100,7 +100,8 @@ pub(crate) async fn buckets(a: NatsBucketsArgs) -> anyhow::Result<ExitCode> {
     let mut differ = false;
     for b in [&stores.state, &stores.lease] {
         let how = if stores.created.iter().any(|c| c == b.bucket()) { "created" } else { "exists" };
-        println!("{}: {how}, configuration valid, replicas {}", b.bucket(), b.replicas());
+        let bound = b.max_bytes().map_or("unbounded".to_owned(), |n| format!("at most {n} bytes"));
+        println!("{}: {how}, configuration valid, replicas {}, {bound}", b.bucket(), b.replicas());
         differ |= b.replicas() != cfg.replicas;
     }
     if differ && a.check {
