@@ -27,15 +27,14 @@ async fn state_store(url: &str, job: &JobName) -> NatsStore {
 #[derive(Clone, Copy, PartialEq)]
 enum MayFail {
     Never,
-    /// Reads through this node (cut off from the leader).
-    Node(usize),
-    /// Any read, now and then: a cluster that lost a node re-elects its JetStream meta leader
-    /// (if it was the lost one) and answers "temporarily unavailable" meanwhile.
+    /// Any read, now and then: a node cut off from the leader, and a cluster that lost a node
+    /// re-elects its JetStream meta leader (if it was the lost one) and answers "temporarily
+    /// unavailable" meanwhile.
     Any,
 }
 
 /// Writes `rounds` new values and reads each back at once through every reader; returns how
-/// many reads failed (allowed only as `may_fail` says). A read that returns an older revision
+/// many reads through each node failed (allowed only as `may_fail` says). A read that returns an older revision
 /// fails the test.
 async fn write_then_read(
     rounds: usize,
@@ -45,8 +44,8 @@ async fn write_then_read(
     key: &Key,
     rev: &mut Revision,
     phase: &str,
-) -> usize {
-    let mut failed = 0;
+) -> [usize; 3] {
+    let mut failed = [0; 3];
     for round in 0..rounds {
         let value = Bytes::from(format!("{phase}-{round}"));
         *rev = writer.compare_and_swap(key, *rev, value.clone(), None).await.expect("write acknowledged");
@@ -58,9 +57,9 @@ async fn write_then_read(
                     "{phase}, round {round}: read through node {node} went backwards"
                 ),
                 Ok(None) => panic!("{phase}, round {round}: read through node {node} found nothing"),
-                Err(e) if may_fail == MayFail::Node(*node) || may_fail == MayFail::Any => {
+                Err(e) if may_fail == MayFail::Any => {
                     assert!(matches!(e, StoreError::Unavailable(_)), "{e:?}");
-                    failed += 1;
+                    failed[*node] += 1;
                 }
                 Err(e) => panic!("{phase}, round {round}: read through node {node} failed: {e:?}"),
             }
@@ -128,20 +127,29 @@ async fn a_read_after_an_acknowledged_write_returns_it_also_with_a_follower_down
 
     // A follower lags (its route links stalled): the leader and the other follower are a
     // quorum, so writes are acknowledged; reads through the lagging node reach the leader or
-    // fail (the route is stalled), but never answer from the stale replica.
+    // fail (the route is stalled), but never answer from the stale replica. A read through the
+    // other nodes may be refused for a moment too ("JetStream system temporarily unavailable",
+    // seen in CI when the stalled node held the meta leadership): unavailable, never stale.
     cluster.stall_node(follower);
-    let failed =
-        write_then_read(10, &stores[leader], &all, MayFail::Node(follower), &key, &mut rev, "lagging").await;
-    assert!(failed > 0, "reads through the stalled follower reached the leader: it was not cut off");
+    let failed = write_then_read(10, &stores[leader], &all, MayFail::Any, &key, &mut rev, "lagging").await;
+    assert!(
+        failed[follower] > 0,
+        "reads through the stalled follower reached the leader: it was not cut off"
+    );
     cluster.heal_node(follower);
-    println!("lagging follower: {failed} of 10 reads through it failed, none went backwards");
+    println!(
+        "lagging follower: {failed:?} of 10 reads per node failed (node {follower} stalled), none went backwards"
+    );
 
     // A follower is down: the other two carry on, and reads through them return every write.
     cluster.nodes[other].kill();
     let up: Vec<(usize, &NatsStore)> = all.iter().copied().filter(|(i, _)| *i != other).collect();
     settle(&stores[leader], &up, &key, &mut rev).await;
-    let failed =
-        write_then_read(200, &stores[leader], &up, MayFail::Any, &key, &mut rev, "follower down").await;
+    let failed: usize =
+        write_then_read(200, &stores[leader], &up, MayFail::Any, &key, &mut rev, "follower down")
+            .await
+            .iter()
+            .sum();
     assert!(failed <= 20, "{failed} of 400 reads with a follower down failed");
     println!("follower down: {failed} of 400 reads unavailable, none went backwards");
     cluster.nodes[other].restart();
