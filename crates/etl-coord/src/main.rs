@@ -61,6 +61,9 @@ enum Command {
     /// Print the NATS permissions a job's clients need, to paste into the server's
     /// authorization block (or JSON).
     NatsPermissions(cmd::nats::NatsPermissionsArgs),
+    /// Print a job's NATS account (its users, their permissions, JetStream limits), to paste
+    /// into the server's accounts block: the boundary that isolates jobs from each other.
+    NatsAccount(cmd::nats::NatsAccountArgs),
     /// Create a job's NATS buckets if missing and check their configuration (an operator's
     /// set-up step, so that workers need no permission to create them).
     #[command(after_help = AFTER_HELP)]
@@ -78,7 +81,7 @@ fn validate(cli: &Cli) {
         Command::Job(a) => a.validate(),
         Command::Jobs(a) => a.validate(),
         Command::NatsBuckets(a) => a.validate(),
-        Command::NatsPermissions(_) => Ok(()),
+        Command::NatsPermissions(_) | Command::NatsAccount(_) => Ok(()),
     };
     if let Err(u) = checked {
         exit_usage(clap::error::ErrorKind::ValueValidation, format!("{} {}", u.flag, u.msg));
@@ -128,6 +131,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Worker(a) => cmd::worker::run(*a).await,
         Command::Status(a) => cmd::status::run(a).await,
         Command::NatsPermissions(a) => cmd::nats::permissions(a),
+        Command::NatsAccount(a) => cmd::nats::account(a),
         Command::NatsBuckets(a) => cmd::nats::buckets(a).await,
         Command::Requeue(a) => cmd::requeue::run(a).await,
         Command::Job(a) => cmd::job::run(a).await,

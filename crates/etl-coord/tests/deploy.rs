@@ -5,8 +5,8 @@
 //!   configuration (TLS with a certificate from `deploy/nats/dev-ca.sh`, authorization on): the
 //!   set-up service creates the job's buckets as its user, then two replicas complete the job as
 //!   the job's user; a client without credentials is refused;
-//! - the NATS user entries in the compose and Kubernetes configurations are what
-//!   `etl-coord nats-permissions` prints for the commands written above them;
+//! - the NATS accounts in the compose and Kubernetes configurations are what
+//!   `etl-coord nats-account` prints for the commands written above them;
 //! - the Kubernetes NATS configuration forms a 3-node JetStream cluster on loopback (TLS and
 //!   users as configured, passwords from the Secrets its env names), the bucket Job's pod
 //!   creates the job's buckets, two "pods" built from the backfill Job's container spec
@@ -66,9 +66,10 @@ fn dev_certs(dir: &Path) {
     assert!(out.status.success(), "dev-ca.sh: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// Every `# etl-coord nats-permissions ...` line of a NATS configuration is followed by what
-/// that command prints (whitespace aside): nobody edits a permission block by hand.
-fn assert_generated_users(what: &str, conf: &str) {
+/// Every `# etl-coord nats-account ...` line of a NATS configuration is followed by what that
+/// command prints (whitespace aside): nobody edits an account or a permission block by hand.
+/// A job's users live in its own account (the boundary between jobs), nowhere else.
+fn assert_generated_accounts(what: &str, conf: &str) {
     let squash = |t: &str| {
         t.lines()
             .filter(|l| !l.trim_start().starts_with('#'))
@@ -79,9 +80,9 @@ fn assert_generated_users(what: &str, conf: &str) {
             .join(" ")
     };
     let mut n = 0;
-    for line in conf.lines().filter_map(|l| l.trim().strip_prefix("# etl-coord nats-permissions ")) {
-        let out = etl_coord().arg("nats-permissions").args(line.split_whitespace()).output().unwrap();
-        assert!(out.status.success(), "{what}: `etl-coord nats-permissions {line}`");
+    for line in conf.lines().filter_map(|l| l.trim().strip_prefix("# etl-coord nats-account ")) {
+        let out = etl_coord().arg("nats-account").args(line.split_whitespace()).output().unwrap();
+        assert!(out.status.success(), "{what}: `etl-coord nats-account {line}`");
         let entry = squash(&String::from_utf8_lossy(&out.stdout));
         assert!(
             squash(conf).contains(&entry),
@@ -89,7 +90,8 @@ fn assert_generated_users(what: &str, conf: &str) {
         );
         n += 1;
     }
-    assert!(n >= 2, "{what}: a worker user and a set-up user, each under its command");
+    assert!(n >= 1, "{what}: a job's account under its command");
+    assert!(!conf.contains("authorization {\n  users") && !conf.contains("authorization {\n      users"), "{what}: users outside an account");
 }
 
 /// `text` with every occurrence of the container path `from` (`count` of them) moved to `to`.
@@ -338,7 +340,7 @@ fn the_compose_services_run_their_commands_against_the_compose_nats_config() {
     assert_eq!(cmd, ["--config", conf_dst.as_str()], "the server runs the mounted configuration");
     let dev = std::fs::read_to_string(&dev_conf).unwrap();
     assert!(dev.contains("sync_interval: always"));
-    assert_generated_users("nats/dev.conf", &dev);
+    assert_generated_accounts("nats/dev.conf", &dev);
     // The health check asks the monitoring port the configuration opens, inside the container:
     // monitoring listens on localhost only, and no port of the host leads to it.
     let check = nats["healthcheck"]["test"].as_sequence().unwrap();
@@ -677,9 +679,12 @@ fn the_kubernetes_deployment_agrees_with_the_worker_and_the_services() {
     assert_eq!(ann["prometheus.io/port"].as_str(), Some(admin_port.to_string().as_str()));
     assert_eq!(ann["prometheus.io/path"].as_str(), Some("/metrics"));
     let svc = docs.iter().find(|d| d["kind"] == "Service").unwrap();
-    assert!(selects(&svc["spec"]["selector"], &pod["metadata"]["labels"]), "the Service selects the pods");
+    let svc_selector = &svc["spec"]["selector"];
+    assert!(svc_selector.as_mapping().is_some_and(|m| !m.is_empty()), "a Service without a selector selects nothing");
+    assert!(selects(svc_selector, &pod["metadata"]["labels"]), "the Service selects the pods");
     assert_eq!(svc["spec"]["ports"][0]["targetPort"].as_str(), Some(port_name));
     let selector = &dep["spec"]["selector"]["matchLabels"];
+    assert!(selector.as_mapping().is_some_and(|m| !m.is_empty()), "the Deployment's selector");
     assert!(selects(selector, &pod["metadata"]["labels"]), "the Deployment selects its own pods");
 
     // The store URL names the NATS client Service of nats.yaml on its port.
@@ -786,7 +791,7 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
     assert!(svc["spec"]["clusterIP"] == "None", "{headless} is headless (stable pod DNS names)");
     let conf = str_of(docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap(), &["data", "nats.conf"]);
     assert!(conf.contains("sync_interval: always"));
-    assert_generated_users("kubernetes/nats.yaml", conf);
+    assert_generated_accounts("kubernetes/nats.yaml", conf);
     let (_, pipeline_container, pipeline_args) = deployment();
     let job = flag(&pipeline_args, "--job").unwrap().to_owned();
     assert!(conf.contains(&format!("--job {job} ")), "nats.yaml has users for the pipeline's job {job}");
@@ -989,7 +994,7 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
     let password = secret("nats-route", "password");
     let other_ca = tmp.path().join("other-ca");
     dev_certs(&other_ca);
-    let route = ports[0].1;
+    let (route, node) = (ports[0].1, ports[0].2);
     let signed = (certs.join("tls.crt"), certs.join("tls.key"), certs.join("ca.crt"));
     let foreign = (other_ca.join("server-cert.pem"), other_ca.join("server-key.pem"), certs.join("ca.crt"));
     for (what, user, tls) in [
@@ -998,7 +1003,7 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
         ("the password but another CA's certificate", Some(&password), Some(&foreign)),
     ] {
         let mut rogue = RogueRoute::dial(tmp.path(), what, &cluster_name, route, user, tls);
-        assert!(!rogue.joined(), "a server with {what} joined the cluster:\n{}", rogue.log());
+        assert!(!rogue.joined(node), "a server with {what} joined the cluster:\n{}", rogue.log());
         let out = etl_coord()
             .args(["status", "--json", "--job", &job, "--store", &format!("nats://127.0.0.1:{}", rogue.port)])
             .output()
@@ -1012,11 +1017,30 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
     }
     let mut peer = RogueRoute::dial(tmp.path(), "both", &cluster_name, route, Some(&password), Some(&signed));
     assert!(
-        peer.joined(),
+        peer.joined(node),
         "a server with the route password and the CA's certificate joins:\n{}",
         peer.log()
     );
     peer.stop();
+}
+
+/// The body of an HTTP GET (chunked or not), if the server answers.
+fn http_body(addr: &str, path: &str) -> Option<String> {
+    let response = http_get(addr, path)?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        return Some(body.to_owned());
+    }
+    let (mut rest, mut out) = (body, String::new());
+    loop {
+        let (size, tail) = rest.split_once("\r\n")?;
+        let size = usize::from_str_radix(size.trim(), 16).ok()?;
+        if size == 0 {
+            return Some(out);
+        }
+        out.push_str(tail.get(..size)?);
+        rest = tail.get(size + 2..)?;
+    }
 }
 
 /// A `nats-server` (no JetStream, no authorization: anyone may use it) that dials a cluster's
@@ -1024,7 +1048,7 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
 struct RogueRoute {
     child: Child,
     port: u16,
-    monitor: u16,
+    name: String,
     log: PathBuf,
 }
 
@@ -1056,27 +1080,28 @@ impl RogueRoute {
         let listen = format!("nats://127.0.0.1:{}", etl_coordination_testkit::free_port());
         let child =
             nats_server(&path, port, &[], &["-m".into(), monitor.to_string(), "--cluster".into(), listen]);
-        RogueRoute { child, port, monitor, log: path.with_extension("log") }
+        RogueRoute { child, port, name: format!("rogue-{tag}"), log: path.with_extension("log") }
     }
 
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Whether its route was accepted: waits (bounded) until its monitoring port reports a
-    /// route (joined) or its log shows three route connections closed without one (refused:
-    /// it keeps dialling, and each attempt ends the same way).
-    fn joined(&self) -> bool {
+    /// Whether the cluster node whose monitoring port is `node` accepted its route, judged by
+    /// the node (the dialling side may count a route for a moment before the node's refusal
+    /// arrives): the node lists a route to it (joined), or the rogue's log shows three route
+    /// connections closed while the node lists none (refused: it keeps dialling, and each
+    /// attempt ends the same way).
+    fn joined(&self, node: u16) -> bool {
+        let name = format!("\"remote_name\":\"{}\"", self.name);
         let t = Instant::now();
         loop {
-            let routez = http_get(&format!("127.0.0.1:{}", self.monitor), "/routez").unwrap_or_default();
-            let routes = routez.split_once("\"num_routes\":").and_then(|(_, r)| {
-                r.trim_start().split(|c: char| !c.is_ascii_digit()).next()?.parse::<u32>().ok()
-            });
-            if routes.is_some_and(|n| n > 0) {
+            let closed = self.log().matches("Router connection closed").count();
+            let routez = http_body(&format!("127.0.0.1:{node}"), "/routez").expect("the node's /routez");
+            if routez.split_whitespace().collect::<String>().contains(&name) {
                 return true;
             }
-            if self.log().matches("Router connection closed").count() >= 3 && routes == Some(0) {
+            if closed >= 3 {
                 return false;
             }
             assert!(t.elapsed() < Duration::from_secs(30), "no route verdict in 30 s:\n{}", self.log());

@@ -4,9 +4,13 @@
 //! or without the CA, is told.
 //!
 //! Each test starts its own server the way deploy/ sets one up: TLS with a certificate from the
-//! development CA (`deploy/nats/dev-ca.sh`, needs openssl), and users whose entries are exactly
-//! what `etl-coord nats-permissions` prints: per job, the workers' user and a set-up user that
-//! creates the buckets (`etl-coord nats-buckets`). Needs `NATS_SERVER_BIN` (`cargo xtask ci`).
+//! development CA (`deploy/nats/dev-ca.sh`, needs openssl), and one account per job exactly as
+//! `etl-coord nats-account` prints it: the workers' user and a set-up user that creates the
+//! buckets (`etl-coord nats-buckets`), with the permissions of `etl-coord nats-permissions`, and
+//! JetStream limits. Then what a client of one job tries against another with what its
+//! permissions allow (a reply subject in the other job's bucket, a stream that mirrors, sources,
+//! republishes into or captures the other job's subjects, filling the storage both share) is
+//! shown to reach nothing of the other job. Needs `NATS_SERVER_BIN` (`cargo xtask ci`).
 
 mod common;
 
@@ -38,40 +42,60 @@ fn dev_certs(dir: &Path) {
     assert!(out.status.success(), "dev-ca.sh: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// A TLS server whose users are, for each job, `etl-JOB` (the workers) and `setup-JOB` (creates
-/// the buckets), with the entries `etl-coord nats-permissions` prints and passwords from config
-/// variables (the server reads `$VAR` from its environment when the file does not define it).
+/// A TLS server with one account per job, as `etl-coord nats-account` prints it: the job's
+/// workers' user `etl-JOB` and its set-up user `setup-JOB` (creates the buckets), passwords from
+/// config variables (the server reads `$VAR` from its environment when the file does not
+/// define it), and JetStream limits.
 struct Secured {
     server: NatsServer,
     certs: tempfile::TempDir,
 }
 
+/// The JetStream storage of each job's account in [`Secured`] unless a test says otherwise.
+const MAX_FILE: &str = "64MiB";
+
 impl Secured {
     fn start(jobs: &[&str]) -> Secured {
-        Self::start_with(jobs, "")
+        Self::start_with(jobs, &[], &[])
     }
 
-    /// Also with `extra` user entries.
-    fn start_with(jobs: &[&str], extra: &str) -> Secured {
+    /// Also with `extra` user entries, each in the account of the job it names, and the
+    /// storage of the accounts `max_file` names ([`MAX_FILE`] for the others).
+    fn start_with(jobs: &[&str], extra: &[(&str, String)], max_file: &[(&str, &str)]) -> Secured {
         let certs = tempfile::tempdir().unwrap();
         dev_certs(certs.path());
+        let var = |user: &str| format!("PW_{}", user.replace('-', "_").to_uppercase());
         let mut vars = String::new();
-        let mut users = String::new();
+        let mut accounts = String::new();
         for job in jobs {
-            for (user, create) in [(format!("etl-{job}"), false), (format!("setup-{job}"), true)] {
-                let var = format!("PW_{}", user.replace('-', "_").to_uppercase());
-                vars.push_str(&format!("{var}: {:?}\n", password(&user)));
-                let mut cmd = etl_coord();
-                cmd.args(["nats-permissions", "--job", job, "--user", &user, "--password-var", &var]);
-                if create {
-                    cmd.arg("--create");
-                }
-                users.push_str(&stdout(&run(&mut cmd)));
+            let (user, setup) = (format!("etl-{job}"), format!("setup-{job}"));
+            for u in [&user, &setup] {
+                vars.push_str(&format!("{}: {:?}\n", var(u), password(u)));
             }
+            let mut account = stdout(&run(etl_coord().args([
+                "nats-account",
+                "--job",
+                job,
+                "--user",
+                &user,
+                "--password-var",
+                &var(&user),
+                "--setup-user",
+                &setup,
+                "--setup-password-var",
+                &var(&setup),
+                "--max-file",
+                max_file.iter().find(|(j, _)| j == job).map_or(MAX_FILE, |(_, m)| m),
+            ])));
+            for (_, entry) in extra.iter().filter(|(j, _)| j == job) {
+                assert!(account.contains("  users: [\n"), "{account}");
+                account = account.replacen("  users: [\n", &format!("  users: [\n{entry}\n"), 1);
+            }
+            accounts.push_str(&account);
         }
         let cert = |f: &str| certs.path().join(f).display().to_string();
         let server = NatsServer::start_with(&format!(
-            "{vars}tls {{ cert_file: {:?}, key_file: {:?} }}\nauthorization {{\n  users: [\n{users}{extra}\n  ]\n}}\n",
+            "{vars}tls {{ cert_file: {:?}, key_file: {:?} }}\naccounts {{\n{accounts}}}\n",
             cert("server-cert.pem"),
             cert("server-key.pem")
         ));
@@ -92,6 +116,14 @@ impl Secured {
                 ("ETL_COORD_NATS_TLS_CA".into(), self.ca().display().to_string()),
             ],
         }
+    }
+
+    /// A raw client of `user` (TLS, its password), for what etl-coord never sends; on `rt`.
+    fn client(&self, rt: &tokio::runtime::Runtime, user: &str) -> async_nats::Client {
+        let options = async_nats::ConnectOptions::with_user_and_password(user.into(), password(user))
+            .add_root_certificates(self.ca())
+            .require_tls(true);
+        rt.block_on(options.connect(self.server.url())).unwrap_or_else(|e| panic!("{user} connects: {e}"))
     }
 
     /// Creates `job`'s buckets as its set-up user.
@@ -266,7 +298,7 @@ fn a_worker_with_too_narrow_permissions_or_no_buckets_exits_1_naming_what_is_mis
     perms["publish"]["allow"].as_array_mut().unwrap().retain(|s| s != missing);
     let narrow =
         format!("{{ user: \"narrow-jn\", password: {:?}, permissions: {perms} }}", password("narrow-jn"));
-    let s = Secured::start_with(&["jn", "jm"], &narrow);
+    let s = Secured::start_with(&["jn", "jm"], &[("jn", narrow)], &[]);
     let (tmp, data) = dataset(1, 10);
     s.create_buckets("jn");
     let n = s.as_user("narrow-jn");
@@ -281,4 +313,179 @@ fn a_worker_with_too_narrow_permissions_or_no_buckets_exits_1_naming_what_is_mis
     let (code, err) = refused_child(jm.worker("jm", "m1", &data, &tmp.path().join("m.jsonl"), &SLOW));
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("does not exist") && err.contains("etl-coord nats-buckets --job jm"), "{err}");
+}
+
+/// A user of `job`'s account allowed everything in it: the test's own eyes inside the account
+/// (what lands there, what its streams hold).
+fn observer(job: &str) -> (&str, String) {
+    let user = format!("observer-{job}");
+    (job, format!("{{ user: {user:?}, password: {:?} }}", password(&user)))
+}
+
+/// A JetStream API request as `client` (an observer), its JSON answer.
+fn api(rt: &tokio::runtime::Runtime, client: &async_nats::Client, subject: &str, body: &str) -> serde_json::Value {
+    let reply = rt
+        .block_on(client.request(subject.to_owned(), body.to_owned().into()))
+        .unwrap_or_else(|e| panic!("{subject}: {e}"));
+    serde_json::from_slice(&reply.payload).unwrap()
+}
+
+/// Messages in a stream, as its account's observer sees them.
+fn messages(rt: &tokio::runtime::Runtime, observer: &async_nats::Client, stream: &str) -> u64 {
+    let info = api(rt, observer, &format!("$JS.API.STREAM.INFO.{stream}"), "");
+    info["state"]["messages"].as_u64().unwrap_or_else(|| panic!("{stream}: {info}"))
+}
+
+/// Writes `key` = `value` into `bucket` as `client` (an observer of its account).
+fn put(rt: &tokio::runtime::Runtime, client: &async_nats::Client, bucket: &str, key: &str, value: &str) {
+    let js = async_nats::jetstream::new(client.clone());
+    rt.block_on(async { js.publish(format!("$KV.{bucket}.{key}"), value.to_owned().into()).await?.await })
+        .unwrap_or_else(|e| panic!("{bucket}.{key}: {e}"));
+}
+
+#[test]
+fn an_answer_addressed_into_another_job_s_bucket_stays_in_the_sender_s_account() {
+    let s = Secured::start_with(&["ra", "rb"], &[observer("ra"), observer("rb")], &[]);
+    s.create_buckets("ra");
+    s.create_buckets("rb");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (in_a, in_b) = (s.client(&rt, "observer-ra"), s.client(&rt, "observer-rb"));
+    let target = "$KV.etl_coordination_rb_state.split.injected";
+    let mut landed = rt.block_on(in_a.subscribe(target)).unwrap();
+    rt.block_on(in_a.flush()).unwrap();
+    // A request etl-ra's permissions allow, its answer addressed into rb's state bucket: NATS
+    // checks no reply subject against permissions, so only the account boundary stops it.
+    let attacker = s.client(&rt, "etl-ra");
+    rt.block_on(async {
+        attacker
+            .publish_with_reply("$JS.API.STREAM.INFO.KV_etl_coordination_ra_state", target, "".into())
+            .await?;
+        attacker.flush().await
+    })
+    .unwrap();
+    // The server answered, in ra's account (where no bucket of rb exists)...
+    let answer = rt
+        .block_on(tokio::time::timeout(Duration::from_secs(10), futures_util::StreamExt::next(&mut landed)))
+        .expect("the server answers the request")
+        .unwrap();
+    assert!(String::from_utf8_lossy(&answer.payload).contains("KV_etl_coordination_ra_state"));
+    // ...and rb's bucket holds nothing of it.
+    assert_eq!(messages(&rt, &in_b, "KV_etl_coordination_rb_state"), 0, "rb's state bucket was written");
+}
+
+#[test]
+fn a_job_s_set_up_user_cannot_mirror_source_republish_into_capture_or_claim_another_job() {
+    let s = Secured::start_with(
+        &["sa", "sb", "sc"],
+        &[observer("sa"), observer("sb")],
+        &[],
+    );
+    s.create_buckets("sb");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (in_a, in_b) = (s.client(&rt, "observer-sa"), s.client(&rt, "observer-sb"));
+    put(&rt, &in_b, "etl_coordination_sb_state", "split.x", "sb's record");
+    let victim = "KV_etl_coordination_sb_state";
+    let attacker = s.client(&rt, "setup-sa");
+    let js = async_nats::jetstream::new(attacker.clone());
+    let (own_state, own_lease) = ("KV_etl_coordination_sa_state", "KV_etl_coordination_sa_lease");
+    let delete = |stream: &str| {
+        api(&rt, &in_a, &format!("$JS.API.STREAM.DELETE.{stream}"), "");
+    };
+    // A stream sa's set-up user may create (its own bucket's name) mirroring, then sourcing,
+    // rb's state: the server reports the source missing, and it holds nothing.
+    let source = async_nats::jetstream::stream::Source { name: victim.into(), ..Default::default() };
+    for (what, config) in [
+        (
+            "mirror",
+            async_nats::jetstream::stream::Config {
+                name: own_state.into(),
+                mirror: Some(source.clone()),
+                ..Default::default()
+            },
+        ),
+        (
+            "sources",
+            async_nats::jetstream::stream::Config {
+                name: own_state.into(),
+                subjects: vec!["$KV.etl_coordination_sa_state.>".into()],
+                sources: Some(vec![source.clone()]),
+                ..Default::default()
+            },
+        ),
+    ] {
+        rt.block_on(js.create_stream(config)).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let t = Instant::now();
+        let error = loop {
+            let info = api(&rt, &in_a, &format!("$JS.API.STREAM.INFO.{own_state}"), "");
+            assert_eq!(info["state"]["messages"].as_u64(), Some(0), "{what} copied sb's records: {info}");
+            let status = if what == "mirror" { info["mirror"].clone() } else { info["sources"][0].clone() };
+            if !status["error"].is_null() {
+                break status["error"].clone();
+            }
+            assert!(t.elapsed() < Duration::from_secs(30), "{what}: no verdict on the source: {info}");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert_eq!(error["err_code"].as_u64(), Some(10059), "{what}: {error}");
+        delete(own_state);
+    }
+    // Republishing what sa's stream stores into sb's state bucket: the copy goes out in sa's
+    // account, sb's bucket is unchanged.
+    let mut landed = rt.block_on(in_a.subscribe("$KV.etl_coordination_sb_state.>")).unwrap();
+    rt.block_on(in_a.flush()).unwrap();
+    let republish = async_nats::jetstream::stream::Config {
+        name: own_lease.into(),
+        subjects: vec!["$KV.etl_coordination_sa_lease.>".into()],
+        republish: Some(async_nats::jetstream::stream::Republish {
+            source: "$KV.etl_coordination_sa_lease.>".into(),
+            destination: "$KV.etl_coordination_sb_state.split.x".into(),
+            headers_only: false,
+        }),
+        ..Default::default()
+    };
+    rt.block_on(js.create_stream(republish)).unwrap();
+    rt.block_on(async { js.publish("$KV.etl_coordination_sa_lease.k", "forged".into()).await?.await }).unwrap();
+    let copy = rt
+        .block_on(tokio::time::timeout(Duration::from_secs(10), futures_util::StreamExt::next(&mut landed)))
+        .expect("the stream republishes")
+        .unwrap();
+    assert_eq!(&copy.payload[..], b"forged");
+    assert_eq!(messages(&rt, &in_b, victim), 1, "sb's state bucket was written");
+    delete(own_lease);
+    // A stream capturing sb's reply subjects: sb's clients' answers never reach it.
+    let capture = async_nats::jetstream::stream::Config {
+        name: own_state.into(),
+        subjects: vec!["_INBOX_etl_coordination_sb.>".into()],
+        ..Default::default()
+    };
+    rt.block_on(js.create_stream(capture)).unwrap();
+    let b = s.as_user("etl-sb");
+    let out = run(b.command().args(["status", "--job", "sb", "--store", &b.url]));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no job sb"), "sb's client got its answers");
+    assert_eq!(messages(&rt, &in_a, own_state), 0, "sa captured sb's replies");
+    delete(own_state);
+    // Claiming the subjects of a job not set up yet: sc's set-up still creates its buckets.
+    let claim = async_nats::jetstream::stream::Config {
+        name: own_state.into(),
+        subjects: vec!["$KV.etl_coordination_sc_state.>".into(), "$KV.etl_coordination_sc_lease.>".into()],
+        ..Default::default()
+    };
+    rt.block_on(js.create_stream(claim)).unwrap();
+    s.create_buckets("sc");
+}
+
+#[test]
+fn a_job_that_fills_its_account_s_storage_stops_naming_the_limit_and_another_job_completes() {
+    let s = Secured::start_with(&["fa", "fb"], &[], &[("fa", "16KiB")]);
+    let (tmp, data) = dataset(6, 40);
+    let fa = s.workers_of("fa");
+    let (code, err) = refused_child(fa.worker("fa", "a1", &data, &tmp.path().join("a.jsonl"), &SLOW));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("at its JetStream storage limit") && err.contains("nats-account --max-file"),
+        "{err}"
+    );
+    let fb = s.workers_of("fb");
+    let out = fb.worker("fb", "b1", &data, &tmp.path().join("b.jsonl"), &[]).wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(common::records_in(&[&tmp.path().join("b.jsonl")]).len(), 6 * 40);
 }

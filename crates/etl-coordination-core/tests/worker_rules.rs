@@ -2468,6 +2468,51 @@ fn p4_a_refused_leader_attempt_is_not_repeated_on_every_input() {
     assert_eq!(writes_to(&a, Bucket::Lease, "leader"), 1, "{a:?}");
 }
 
+/// A refusal no retry can change (here: the lease bucket is full) is fatal wherever it comes.
+fn full() -> StoreError {
+    StoreError::Setup("bucket etl_coordination_j_lease is full: it holds at most 600 bytes".into())
+}
+
+fn stopped_for_a_full_bucket(log: &[Action]) -> bool {
+    log.iter().any(|a| matches!(a, Action::Fatal(FatalError::Store(m)) if m.contains("is full")))
+}
+
+#[test]
+fn p4_a_leader_create_refused_for_good_stops_the_worker_saying_why() {
+    let mut r = Rig::new(cfg("w1", 1));
+    r.auto = false;
+    r.feed(Input::Start);
+    let (op, _) =
+        until_request(&mut r, |_, q| matches!(q, StoreRequest::Create { key, .. } if *key == keys::leader()));
+    r.answer(op, Err(full()));
+    assert!(stopped_for_a_full_bucket(&r.log), "{:?}", r.log);
+    // Stopped: nothing more is sent, however much time passes.
+    r.pending.clear();
+    r.advance(Duration::from_secs(5));
+    assert!(r.pending.is_empty(), "{:?}", r.pending);
+}
+
+#[test]
+fn p4_a_leader_renewal_refused_for_good_stops_the_worker_saying_why() {
+    let mut r = running(1);
+    assert!(r.log.iter().any(|a| matches!(a, Action::Event(Event::Leadership { leader: true, .. }))));
+    r.auto = false;
+    let mut renewal = None;
+    for _ in 0..40 {
+        r.advance(Duration::from_millis(250));
+        renewal = r
+            .pending
+            .iter()
+            .find(|(_, b, q)| *b == Bucket::Lease && matches!(q, StoreRequest::CompareAndSwap { key, .. } if *key == keys::leader()))
+            .map(|(op, _, _)| *op);
+        if renewal.is_some() {
+            break;
+        }
+    }
+    r.answer(renewal.expect("the leader lease is renewed"), Err(full()));
+    assert!(stopped_for_a_full_bucket(&r.log), "{:?}", r.log);
+}
+
 #[test]
 fn p4_a_term_bump_refused_while_the_head_has_not_moved_is_sent_again_only_after_the_backoff() {
     let mut r = starting_by_hand(1);

@@ -114,6 +114,15 @@ async fn open_or_create(
                             cfg.bucket, cfg.num_replicas
                         )));
                     }
+                    Err(e) if e.contains("insufficient storage resources") || e.contains("resource limits exceeded") => {
+                        return Err(setup(format!(
+                            "cannot create bucket {} bounded at {} bytes: the server cannot reserve that much \
+                             storage ({e}); a bound is reserved from the server's max_file_store and the \
+                             account's max_file when the bucket is created: lower --nats-max-bytes / \
+                             --nats-lease-max-bytes, or raise those limits",
+                            cfg.bucket, cfg.max_bytes
+                        )));
+                    }
                     Err(e) => Err(format!("opening it: {opening}; creating it: {e}")),
                 },
             },

@@ -11,6 +11,10 @@ pub(crate) const CLUSTERED_CONFLICT: u64 = 10164;
 pub(crate) const INVALID_TTL: u64 = 10165;
 /// Per-message TTL on a stream that does not allow it.
 pub(crate) const TTL_NOT_ALLOWED: u64 = 10166;
+/// The account is at a JetStream limit (its storage, on a publish).
+pub(crate) const ACCOUNT_RESOURCES: u64 = 10002;
+/// The account holds its maximum number of consumers.
+pub(crate) const MAX_CONSUMERS: u64 = 10026;
 /// The stream refused to store a message; its description says why ("maximum bytes exceeded":
 /// the bucket is at its bound).
 pub(crate) const STORE_FAILED: u64 = 10077;

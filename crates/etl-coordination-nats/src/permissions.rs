@@ -42,15 +42,13 @@ pub fn inbox_prefix(job: &JobName) -> String {
 /// The permissions a client of `job` needs for `access`.
 pub fn permissions(job: &JobName, access: Access) -> Permissions {
     let mut publish = vec!["$JS.API.INFO".to_owned()];
-    let [state, _] = bucket_names(job);
     for bucket in bucket_names(job) {
         let stream = format!("KV_{bucket}");
         if access == Access::Create {
             publish.push(format!("$JS.API.STREAM.CREATE.{stream}"));
-            if bucket == state {
-                // To make a state bucket of an earlier release refuse rollup headers.
-                publish.push(format!("$JS.API.STREAM.UPDATE.{stream}"));
-            }
+            // To raise a bucket's bound (`nats-buckets --nats-max-bytes`), and to make a state
+            // bucket of an earlier release refuse rollup headers.
+            publish.push(format!("$JS.API.STREAM.UPDATE.{stream}"));
         }
         publish.extend([
             // Open the bucket and read its configuration.
@@ -87,6 +85,93 @@ impl Permissions {
             "{{\n  user: {user:?}\n  password: ${password_var}\n  permissions: {{\n    publish: {{\n      allow: [\n{}\n      ]\n    }}\n    subscribe: {{\n      allow: [\n{}\n      ]\n    }}\n  }}\n}}\n",
             list(&self.publish),
             list(&self.subscribe)
+        )
+    }
+}
+
+/// The NATS account of one job: the server's boundary between jobs. Subjects, streams and
+/// replies of one account are invisible to every other (no exports or imports are declared),
+/// so nothing a client of another job sends, whatever its permissions allow and whatever reply
+/// subject or stream configuration it gives, reaches this job's buckets; permissions within one
+/// shared account cannot promise that (a reply subject is not checked against them, a stream a
+/// set-up user creates may source, mirror or republish another job's subjects).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Account {
+    /// The account's name in the server configuration: [`account_name`].
+    pub name: String,
+    /// Its users: each with the permissions of its [`Access`] for this job.
+    pub users: Vec<AccountUser>,
+    /// Its JetStream limits.
+    pub limits: AccountLimits,
+}
+
+/// A user of a job's account.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AccountUser {
+    /// The user name.
+    pub user: String,
+    /// The environment variable the server reads the password from when it starts.
+    pub password_var: String,
+    /// What it may do with the job's buckets.
+    pub access: Access,
+}
+
+impl AccountUser {
+    /// A user `user` with the password in `$password_var` and `access`.
+    pub fn new(user: impl Into<String>, password_var: impl Into<String>, access: Access) -> Self {
+        AccountUser { user: user.into(), password_var: password_var.into(), access }
+    }
+}
+
+/// The JetStream limits of a job's account. Its streams are the job's two buckets, on file
+/// storage only (no memory storage).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AccountLimits {
+    /// Bytes of file storage for both buckets together. The server reserves it from its own
+    /// JetStream storage (`max_file_store`) when it loads the account.
+    pub max_file: i64,
+    /// Consumers at once: each worker holds three watches, and a listing (`status`, a
+    /// worker's start) holds one while it runs.
+    pub max_consumers: i64,
+}
+
+impl AccountLimits {
+    /// Consumers of a job at once by default: three watches of each of some 300 workers.
+    pub const DEFAULT_MAX_CONSUMERS: i64 = 1024;
+
+    /// `max_file` bytes of storage, [`Self::DEFAULT_MAX_CONSUMERS`] consumers.
+    pub fn new(max_file: i64) -> Self {
+        AccountLimits { max_file, max_consumers: Self::DEFAULT_MAX_CONSUMERS }
+    }
+}
+
+/// The account name of `job` in a server configuration.
+pub fn account_name(job: &JobName) -> String {
+    format!("etl_coordination_{job}")
+}
+
+impl Account {
+    /// The account of `job` with `users` and `limits`.
+    pub fn new(job: &JobName, users: Vec<AccountUser>, limits: AccountLimits) -> Self {
+        Account { name: account_name(job), users, limits }
+    }
+
+    /// The account's entry for the `accounts { ... }` block of a NATS server configuration:
+    /// JetStream on with its limits (two streams, file storage only), and its users with the
+    /// permissions [`permissions`] gives them.
+    pub fn server_config(&self, job: &JobName) -> String {
+        let indent = |text: &str| text.lines().map(|l| format!("    {l}\n")).collect::<String>();
+        let users: String = self
+            .users
+            .iter()
+            .map(|u| indent(&permissions(job, u.access).server_config_user(&u.user, &u.password_var)))
+            .collect();
+        format!(
+            "{}: {{\n  jetstream: {{ max_file: {}, max_mem: 0, max_streams: 2, max_consumers: {} }}\n  users: [\n{users}  ]\n}}\n",
+            self.name, self.limits.max_file, self.limits.max_consumers
         )
     }
 }
@@ -154,10 +239,10 @@ mod tests {
         ] {
             assert!(Permissions::covering(&c.publish, s).is_some(), "{s}");
         }
-        // The lease bucket's stream is never updated: its limit markers need rollups.
+        // The lease bucket's bound may be raised too.
         assert!(
             Permissions::covering(&c.publish, "$JS.API.STREAM.UPDATE.KV_etl_coordination_orders_lease")
-                .is_none()
+                .is_some()
         );
     }
 
@@ -167,5 +252,26 @@ mod tests {
         assert!(text.contains("user: \"etl-j\""), "{text}");
         assert!(text.contains("password: $ETL_J_PASSWORD"), "{text}");
         assert!(text.contains("\"$KV.etl_coordination_j_state.>\""), "{text}");
+    }
+
+    #[test]
+    fn the_account_entry_bounds_jetstream_and_holds_each_user_with_its_permissions() {
+        let users = vec![
+            AccountUser::new("etl-j", "ETL_J", Access::Use),
+            AccountUser::new("setup-j", "SETUP_J", Access::Create),
+        ];
+        let text = Account::new(&job("j"), users, AccountLimits::new(1 << 30)).server_config(&job("j"));
+        assert!(text.starts_with("etl_coordination_j: {\n"), "{text}");
+        assert!(
+            text.contains("jetstream: { max_file: 1073741824, max_mem: 0, max_streams: 2, max_consumers: 1024 }"),
+            "{text}"
+        );
+        for (user, var) in [("etl-j", "ETL_J"), ("setup-j", "SETUP_J")] {
+            assert!(text.contains(&format!("user: {user:?}")) && text.contains(&format!("password: ${var}")));
+        }
+        // The set-up user's entry alone creates streams.
+        let (worker, setup) = text.split_once("setup-j").unwrap();
+        assert!(!worker.contains("STREAM.CREATE") && setup.contains("STREAM.CREATE"), "{text}");
+        assert_eq!(text.matches('{').count(), text.matches('}').count(), "{text}");
     }
 }

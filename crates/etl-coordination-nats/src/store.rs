@@ -8,8 +8,8 @@ use etl_coordination_core::{Entry, Key, Prefix, Revision, StoreError};
 use etl_coordination_store::{Store, WatchStream, validate_ttl, validate_value};
 
 use crate::classify::{
-    CLUSTERED_CONFLICT, INVALID_TTL, Latest, MessageKind, STORE_FAILED, TTL_NOT_ALLOWED, WRONG_LAST_SEQUENCE,
-    api_code,
+    ACCOUNT_RESOURCES, CLUSTERED_CONFLICT, INVALID_TTL, Latest, MessageKind, STORE_FAILED, TTL_NOT_ALLOWED,
+    WRONG_LAST_SEQUENCE, api_code,
 };
 use crate::refusals::Refusals;
 use crate::setup::setup;
@@ -123,6 +123,7 @@ impl NatsStore {
                 StoreError::InvalidValue(format!("value too large for the server: {e}"))
             }
             (_, Some(STORE_FAILED)) if e.to_string().contains("maximum bytes exceeded") => self.full(&e),
+            (_, Some(ACCOUNT_RESOURCES)) => self.account_full(&e),
             // No responders: nobody stored it. Whether the bucket is gone is decided by the
             // caller (`no_responders`), which asks the server.
             (K::StreamNotFound, _) => StoreError::Unavailable(format!("publish to {key}: {e}")),
@@ -166,11 +167,71 @@ impl NatsStore {
     /// The bucket is at its bound: nothing was stored, and nothing of the job will be until an
     /// operator raises the bound (or the bucket shrinks, which a running job's writes do not).
     fn full(&self, e: &dyn std::fmt::Display) -> StoreError {
+        let bound = if self.max_bytes > 0 {
+            format!("it holds at most {} bytes", self.max_bytes)
+        } else {
+            "it was bounded after this process connected".to_owned()
+        };
+        let flag = if self.marker_ttl.is_some() { "--nats-lease-max-bytes" } else { "--nats-max-bytes" };
         setup(format!(
-            "bucket {} is full: it holds at most {} bytes (set when it was created), and the server \
-             refused a write ({e}); raise its bound with `nats stream edit {} --max-bytes BYTES` \
-             (as a NATS user allowed to update the stream), then restart the workers",
-            self.bucket, self.max_bytes, self.stream
+            "bucket {} is full: {bound}, and the server refused a write ({e}); raise its bound with \
+             `etl-coord nats-buckets --job {} {flag} BYTES` as the job's set-up user, then restart \
+             the workers",
+            self.bucket,
+            self.job()
+        ))
+    }
+
+    /// The job this bucket belongs to, from its name.
+    fn job(&self) -> &str {
+        let name = self.bucket.strip_prefix("etl_coordination_").unwrap_or(&self.bucket);
+        name.strip_suffix("_state").or_else(|| name.strip_suffix("_lease")).unwrap_or(name)
+    }
+
+    /// Raises the bucket's bound to `bytes` (a stream update: the user needs
+    /// `$JS.API.STREAM.UPDATE.KV_<bucket>`, which [`Access::Create`](crate::Access::Create)
+    /// grants). Never lowers it: a bound below what the bucket holds would make the server drop
+    /// records. `Ok(false)`: the bound is already at least `bytes`, or the bucket holds more
+    /// than `bytes`; nothing changed.
+    pub async fn raise_max_bytes(&mut self, bytes: i64) -> Result<bool, StoreError> {
+        let update = async {
+            let mut stream = self.js.get_stream(&self.stream).await.map_err(|e| e.to_string())?;
+            let info = stream.info().await.map_err(|e| e.to_string())?.clone();
+            let held = i64::try_from(info.state.bytes).unwrap_or(i64::MAX);
+            let current = info.config.max_bytes;
+            if (current > 0 && current >= bytes) || held >= bytes {
+                return Ok(None);
+            }
+            let mut config = info.config.clone();
+            config.max_bytes = bytes;
+            self.js.update_stream(config).await.map(Some).map_err(|e| e.to_string())
+        };
+        match self.refusals.guard(async { Ok(tokio::time::timeout(self.op_timeout, update).await) }).await? {
+            Ok(Ok(None)) => Ok(false),
+            Ok(Ok(Some(info))) => {
+                self.max_bytes = info.config.max_bytes;
+                Ok(true)
+            }
+            Ok(Err(e)) => Err(StoreError::Setup(format!(
+                "raising the bound of bucket {} to {bytes} bytes: {e} (the user needs \
+                 $JS.API.STREAM.UPDATE.{}; the server reserves the bound from its storage)",
+                self.bucket, self.stream
+            ))),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "no answer updating bucket {} within {:?}",
+                self.bucket, self.op_timeout
+            ))),
+        }
+    }
+
+    /// The job's account is at its storage limit: nothing was stored, and nothing of the job
+    /// will be until an operator raises the account's `max_file`.
+    fn account_full(&self, e: &dyn std::fmt::Display) -> StoreError {
+        setup(format!(
+            "the NATS account of bucket {} is at its JetStream storage limit and the server \
+             refused a write ({e}); raise `max_file` in the account's jetstream block (`etl-coord \
+             nats-account --max-file` prints it), reload the server, then restart the workers",
+            self.bucket
         ))
     }
 
@@ -310,8 +371,9 @@ impl Store for NatsStore {
             Ok(Err((_, msg))) if msg.contains("wrong last sequence") => {
                 Err(StoreError::RevisionMismatch(key.clone()))
             }
-            Ok(Err((Some(STORE_FAILED), msg))) if msg.contains("maximum bytes exceeded") => {
-                Err(self.full(&msg))
+            Ok(Err((_, msg))) if msg.contains("maximum bytes exceeded") => Err(self.full(&msg)),
+            Ok(Err((code, msg))) if code == Some(ACCOUNT_RESOURCES) || msg.contains("resource limits exceeded") => {
+                Err(self.account_full(&msg))
             }
             Ok(Err((_, msg))) => Err(StoreError::Indeterminate(format!("deleting {key}: {msg}"))),
         }

@@ -7,7 +7,7 @@ use etl_coordination_store::WatchStream;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
-use crate::classify::MessageKind;
+use crate::classify::{MAX_CONSUMERS, MessageKind, api_code};
 use crate::store::NatsStore;
 
 impl NatsStore {
@@ -39,7 +39,16 @@ impl NatsStore {
         )
         .await
         .map_err(|_| unavailable("timed out creating a watch consumer".into()))?
-        .map_err(|e| unavailable(format!("creating a watch consumer: {e}")))?;
+        .map_err(|e| match api_code(&e) {
+            Some(MAX_CONSUMERS) => unavailable(format!(
+                "creating a watch consumer on bucket {}: {e}: the job's NATS account holds its \
+                 maximum number of consumers (three per worker, one per listing in flight); raise \
+                 `max_consumers` in its jetstream block (`etl-coord nats-account --max-consumers`) \
+                 and reload the server",
+                self.bucket
+            )),
+            _ => unavailable(format!("creating a watch consumer: {e}")),
+        })?;
         let pending = consumer.cached_info().num_pending;
         let messages =
             consumer.messages().await.map_err(|e| unavailable(format!("starting a watch: {e}")))?;

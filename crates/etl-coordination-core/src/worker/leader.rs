@@ -104,7 +104,8 @@ impl Worker {
             Written::Conflict | Written::Unavailable => {
                 self.leader_retry_at = Some(now + self.outbox.retry_backoff());
             }
-            Written::Fatal(_) => {}
+            // A refusal no retry can change (a full bucket): stop, saying why.
+            Written::Fatal(e) => self.fatal_store(e),
         }
     }
 
@@ -228,7 +229,8 @@ impl Worker {
                 );
                 self.leader.as_mut().expect("leader").renewing = Some(op);
             }
-            Written::Unavailable | Written::Fatal(_) => {}
+            Written::Unavailable => {}
+            Written::Fatal(e) => self.fatal_store(e),
         }
     }
 

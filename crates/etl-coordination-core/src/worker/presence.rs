@@ -285,7 +285,8 @@ impl Worker {
                 let op = self.presence_read(Pending::PresenceResolve);
                 self.presence.renewing = Some(op);
             }
-            Written::Fatal(_) | Written::Unavailable => {}
+            Written::Unavailable => {}
+            Written::Fatal(e) => self.fatal_store(e),
         }
     }
 
