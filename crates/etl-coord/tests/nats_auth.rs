@@ -118,11 +118,14 @@ impl Secured {
         }
     }
 
-    /// A raw client of `user` (TLS, its password), for what etl-coord never sends; on `rt`.
+    /// A raw client of `user` (`ROLE-JOB`: TLS, its password, its job's reply prefix, the
+    /// only one its permissions let it receive on), for what etl-coord never sends; on `rt`.
     fn client(&self, rt: &tokio::runtime::Runtime, user: &str) -> async_nats::Client {
+        let job = user.split_once('-').expect("ROLE-JOB").1;
         let options = async_nats::ConnectOptions::with_user_and_password(user.into(), password(user))
             .add_root_certificates(self.ca())
-            .require_tls(true);
+            .require_tls(true)
+            .custom_inbox_prefix(format!("_INBOX_etl_coordination_{job}"));
         rt.block_on(options.connect(self.server.url())).unwrap_or_else(|e| panic!("{user} connects: {e}"))
     }
 
@@ -349,6 +352,7 @@ fn an_answer_addressed_into_another_job_s_bucket_stays_in_the_sender_s_account()
     s.create_buckets("ra");
     s.create_buckets("rb");
     let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in_rt = rt.enter();
     let (in_a, in_b) = (s.client(&rt, "observer-ra"), s.client(&rt, "observer-rb"));
     let target = "$KV.etl_coordination_rb_state.split.injected";
     let mut landed = rt.block_on(in_a.subscribe(target)).unwrap();
@@ -356,13 +360,13 @@ fn an_answer_addressed_into_another_job_s_bucket_stays_in_the_sender_s_account()
     // A request etl-ra's permissions allow, its answer addressed into rb's state bucket: NATS
     // checks no reply subject against permissions, so only the account boundary stops it.
     let attacker = s.client(&rt, "etl-ra");
-    rt.block_on(async {
-        attacker
-            .publish_with_reply("$JS.API.STREAM.INFO.KV_etl_coordination_ra_state", target, "".into())
-            .await?;
-        attacker.flush().await
-    })
+    rt.block_on(attacker.publish_with_reply(
+        "$JS.API.STREAM.INFO.KV_etl_coordination_ra_state",
+        target,
+        "".into(),
+    ))
     .unwrap();
+    rt.block_on(attacker.flush()).unwrap();
     // The server answered, in ra's account (where no bucket of rb exists)...
     let answer = rt
         .block_on(tokio::time::timeout(Duration::from_secs(10), futures_util::StreamExt::next(&mut landed)))
@@ -382,6 +386,7 @@ fn a_job_s_set_up_user_cannot_mirror_source_republish_into_capture_or_claim_anot
     );
     s.create_buckets("sb");
     let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in_rt = rt.enter();
     let (in_a, in_b) = (s.client(&rt, "observer-sa"), s.client(&rt, "observer-sb"));
     put(&rt, &in_b, "etl_coordination_sb_state", "split.x", "sb's record");
     let victim = "KV_etl_coordination_sb_state";
@@ -436,7 +441,7 @@ fn a_job_s_set_up_user_cannot_mirror_source_republish_into_capture_or_claim_anot
         name: own_lease.into(),
         subjects: vec!["$KV.etl_coordination_sa_lease.>".into()],
         republish: Some(async_nats::jetstream::stream::Republish {
-            source: "$KV.etl_coordination_sa_lease.>".into(),
+            source: "$KV.etl_coordination_sa_lease.k".into(),
             destination: "$KV.etl_coordination_sb_state.split.x".into(),
             headers_only: false,
         }),
@@ -475,7 +480,7 @@ fn a_job_s_set_up_user_cannot_mirror_source_republish_into_capture_or_claim_anot
 
 #[test]
 fn a_job_that_fills_its_account_s_storage_stops_naming_the_limit_and_another_job_completes() {
-    let s = Secured::start_with(&["fa", "fb"], &[], &[("fa", "16KiB")]);
+    let s = Secured::start_with(&["fa", "fb"], &[], &[("fa", "1KiB")]);
     let (tmp, data) = dataset(6, 40);
     let fa = s.workers_of("fa");
     let (code, err) = refused_child(fa.worker("fa", "a1", &data, &tmp.path().join("a.jsonl"), &SLOW));

@@ -170,7 +170,7 @@ impl Account {
             .map(|u| indent(&permissions(job, u.access).server_config_user(&u.user, &u.password_var)))
             .collect();
         format!(
-            "{}: {{\n  jetstream: {{ max_file: {}, max_mem: 0, max_streams: 2, max_consumers: {} }}\n  users: [\n{users}  ]\n}}\n",
+            "{:?}: {{\n  jetstream: {{ max_file: {}, max_mem: 0, max_streams: 2, max_consumers: {} }}\n  users: [\n{users}  ]\n}}\n",
             self.name, self.limits.max_file, self.limits.max_consumers
         )
     }
@@ -261,7 +261,7 @@ mod tests {
             AccountUser::new("setup-j", "SETUP_J", Access::Create),
         ];
         let text = Account::new(&job("j"), users, AccountLimits::new(1 << 30)).server_config(&job("j"));
-        assert!(text.starts_with("etl_coordination_j: {\n"), "{text}");
+        assert!(text.starts_with("\"etl_coordination_j\": {\n"), "{text}");
         assert!(
             text.contains("jetstream: { max_file: 1073741824, max_mem: 0, max_streams: 2, max_consumers: 1024 }"),
             "{text}"
