@@ -91,7 +91,10 @@ fn assert_generated_accounts(what: &str, conf: &str) {
         n += 1;
     }
     assert!(n >= 1, "{what}: a job's account under its command");
-    assert!(!conf.contains("authorization {\n  users") && !conf.contains("authorization {\n      users"), "{what}: users outside an account");
+    assert!(
+        !conf.contains("authorization {\n  users") && !conf.contains("authorization {\n      users"),
+        "{what}: users outside an account"
+    );
 }
 
 /// `text` with every occurrence of the container path `from` (`count` of them) moved to `to`.
@@ -680,7 +683,10 @@ fn the_kubernetes_deployment_agrees_with_the_worker_and_the_services() {
     assert_eq!(ann["prometheus.io/path"].as_str(), Some("/metrics"));
     let svc = docs.iter().find(|d| d["kind"] == "Service").unwrap();
     let svc_selector = &svc["spec"]["selector"];
-    assert!(svc_selector.as_mapping().is_some_and(|m| !m.is_empty()), "a Service without a selector selects nothing");
+    assert!(
+        svc_selector.as_mapping().is_some_and(|m| !m.is_empty()),
+        "a Service without a selector selects nothing"
+    );
     assert!(selects(svc_selector, &pod["metadata"]["labels"]), "the Service selects the pods");
     assert_eq!(svc["spec"]["ports"][0]["targetPort"].as_str(), Some(port_name));
     let selector = &dep["spec"]["selector"]["matchLabels"];

@@ -2503,7 +2503,10 @@ fn p4_a_leader_renewal_refused_for_good_stops_the_worker_saying_why() {
         renewal = r
             .pending
             .iter()
-            .find(|(_, b, q)| *b == Bucket::Lease && matches!(q, StoreRequest::CompareAndSwap { key, .. } if *key == keys::leader()))
+            .find(|(_, b, q)| {
+                *b == Bucket::Lease
+                    && matches!(q, StoreRequest::CompareAndSwap { key, .. } if *key == keys::leader())
+            })
             .map(|(op, _, _)| *op);
         if renewal.is_some() {
             break;

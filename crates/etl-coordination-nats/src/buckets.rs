@@ -114,7 +114,10 @@ async fn open_or_create(
                             cfg.bucket, cfg.num_replicas
                         )));
                     }
-                    Err(e) if e.contains("insufficient storage resources") || e.contains("resource limits exceeded") => {
+                    Err(e)
+                        if e.contains("insufficient storage resources")
+                            || e.contains("resource limits exceeded") =>
+                    {
                         return Err(setup(format!(
                             "cannot create bucket {} bounded at {} bytes: the server cannot reserve that much \
                              storage ({e}); a bound is reserved from the server's max_file_store and the \

@@ -66,6 +66,7 @@ pub use etl_coordination_core::{JobName, Prefix};
 pub use etl_coordination_store::Store;
 pub use jobs::{JobListing, list_jobs};
 pub use permissions::{
-    Access, Account, AccountLimits, AccountUser, Permissions, account_name, bucket_names, inbox_prefix, permissions,
+    Access, Account, AccountLimits, AccountUser, Permissions, account_name, bucket_names, inbox_prefix,
+    permissions,
 };
 pub use store::NatsStore;

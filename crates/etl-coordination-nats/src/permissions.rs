@@ -263,7 +263,9 @@ mod tests {
         let text = Account::new(&job("j"), users, AccountLimits::new(1 << 30)).server_config(&job("j"));
         assert!(text.starts_with("\"etl_coordination_j\": {\n"), "{text}");
         assert!(
-            text.contains("jetstream: { max_file: 1073741824, max_mem: 0, max_streams: 2, max_consumers: 1024 }"),
+            text.contains(
+                "jetstream: { max_file: 1073741824, max_mem: 0, max_streams: 2, max_consumers: 1024 }"
+            ),
             "{text}"
         );
         for (user, var) in [("etl-j", "ETL_J"), ("setup-j", "SETUP_J")] {

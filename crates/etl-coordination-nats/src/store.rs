@@ -372,7 +372,9 @@ impl Store for NatsStore {
                 Err(StoreError::RevisionMismatch(key.clone()))
             }
             Ok(Err((_, msg))) if msg.contains("maximum bytes exceeded") => Err(self.full(&msg)),
-            Ok(Err((code, msg))) if code == Some(ACCOUNT_RESOURCES) || msg.contains("resource limits exceeded") => {
+            Ok(Err((code, msg)))
+                if code == Some(ACCOUNT_RESOURCES) || msg.contains("resource limits exceeded") =>
+            {
                 Err(self.account_full(&msg))
             }
             Ok(Err((_, msg))) => Err(StoreError::Indeterminate(format!("deleting {key}: {msg}"))),

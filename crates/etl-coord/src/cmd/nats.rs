@@ -104,7 +104,9 @@ pub(crate) fn account(a: NatsAccountArgs) -> anyhow::Result<ExitCode> {
     let name = |u: &str| u.replace("JOB", job.as_str());
     let (user, setup) = (name(&a.user), name(&a.setup_user));
     if user == setup {
-        bail!("--user and --setup-user are both {user:?}: the workers' user must not be the one that creates buckets");
+        bail!(
+            "--user and --setup-user are both {user:?}: the workers' user must not be the one that creates buckets"
+        );
     }
     let mut limits = AccountLimits::new(a.max_file);
     limits.max_consumers = a.max_consumers;
@@ -173,7 +175,10 @@ pub(crate) async fn buckets(a: NatsBucketsArgs) -> anyhow::Result<ExitCode> {
         }
     }
     if !unmet.is_empty() {
-        bail!("{}; run nats-buckets without --check as the job's set-up user to raise them", unmet.join("; "));
+        bail!(
+            "{}; run nats-buckets without --check as the job's set-up user to raise them",
+            unmet.join("; ")
+        );
     }
     let mut differ = false;
     for b in [&stores.state, &stores.lease] {
