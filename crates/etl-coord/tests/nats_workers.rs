@@ -441,20 +441,30 @@ fn a_worker_whose_bounded_state_bucket_fills_exits_naming_the_bound_and_resumes_
     let out = worker(&full, "w1", &data, &sink, &["--nats-max-bytes", "600"]).wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    let stream = format!("KV_etl_coordination_{full}_state");
-    for what in ["is full", "at most 600 bytes", &format!("nats stream edit {stream} --max-bytes")] {
+    let raise = format!("etl-coord nats-buckets --job {full} --nats-max-bytes BYTES");
+    for what in ["is full", "it holds at most 600 bytes", &raise] {
         assert!(err.contains(what), "{what:?} in:\n{err}");
     }
-    // Raised, as the message says (the stream's bound), the job resumes without the flag.
+    // Raised as the message says; a lower bound asked later is not applied (it could make the
+    // server drop records), and --check says the bound differs.
     let url = nats_url();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
-        let mut config = js.get_stream(&stream).await.unwrap().info().await.unwrap().config.clone();
-        assert_eq!(config.max_bytes, 600);
-        config.max_bytes = 1 << 20;
-        js.update_stream(config).await.unwrap();
-    });
+    let (code, out, err) =
+        etl_coord(&["nats-buckets", "--job", &full, "--store", &url, "--nats-max-bytes", "1MiB"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!(
+            "etl_coordination_{full}_state: bound raised to 1048576 bytes (was at most 600 bytes)"
+        )),
+        "{out}"
+    );
+    let (code, _, err) =
+        etl_coord(&["nats-buckets", "--job", &full, "--store", &url, "--nats-max-bytes", "600"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("stays at most 1048576 bytes") && err.contains("never below"), "{err}");
+    let (code, _, err) =
+        etl_coord(&["nats-buckets", "--job", &full, "--store", &url, "--nats-max-bytes", "600", "--check"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("is at most 1048576 bytes, not --nats-max-bytes 600"), "{err}");
     let out = worker(&full, "w1", &data, &sink, &[]).wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(common::records_in(&[&sink]).len(), 12 * 30, "every record, once the bound was raised");

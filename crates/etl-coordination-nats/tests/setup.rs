@@ -137,7 +137,7 @@ async fn a_job_that_fills_its_bounded_buckets_is_stopped_with_the_bound_and_othe
     assert!(err.is_fatal());
     let bucket = format!("etl_coordination_full{id}_state");
     for what in
-        [bucket.as_str(), "is full", "8192 bytes", &format!("nats stream edit KV_{bucket} --max-bytes")]
+        [bucket.as_str(), "is full", "8192 bytes", &format!("nats-buckets --job full{id} --nats-max-bytes")]
     {
         assert!(msg.contains(what), "{what:?} in: {msg}");
     }
@@ -157,7 +157,8 @@ async fn a_job_that_fills_its_bounded_buckets_is_stopped_with_the_bound_and_othe
         assert!(written.len() < 2000);
     };
     assert!(
-        matches!(&err, StoreError::Setup(m) if m.contains(&format!("etl_coordination_full{id}_lease is full"))),
+        matches!(&err, StoreError::Setup(m) if m.contains(&format!("etl_coordination_full{id}_lease is full"))
+            && m.contains("--nats-lease-max-bytes")),
         "{err:?}"
     );
     // Reopened without a bound, the buckets keep theirs.
