@@ -869,3 +869,56 @@ fn skipping_bad_records_needs_a_dead_letter_file_and_only_then_takes_one() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--dead-letter") && err.contains("does not exist"), "{err}");
 }
+
+#[test]
+fn nats_account_gives_each_job_its_own_password_variables_and_refuses_what_would_share_them() {
+    let (code, out, err) = run(etl_coord().args(["nats-account", "--job", "my-job", "--max-file", "1GiB"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"etl_coordination_my-job\": {"), "{out}");
+    for line in [
+        "user: \"etl-my-job\"",
+        "password: $ETL_MY_JOB_NATS_PASSWORD",
+        "user: \"setup-my-job\"",
+        "password: $ETL_MY_JOB_SETUP_NATS_PASSWORD",
+        "max_file: 1073741824, max_mem: 0, max_streams: 2, max_consumers: 1024",
+    ] {
+        assert!(out.contains(line), "{line:?} in:\n{out}");
+    }
+    let refused = |args: &[&str], says: &str| {
+        let (code, _, err) =
+            run(etl_coord().args(["nats-account", "--job", "my-job", "--max-file", "1GiB"]).args(args));
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {says:?} in {err}");
+    };
+    refused(&["--password-var", "SAME", "--setup-password-var", "SAME"], "are both SAME");
+    refused(&["--password-var", "9LIVES"], "not an environment variable name");
+    refused(&["--max-consumers", "2"], "at least 3");
+    refused(&["--setup-user", "etl-JOB"], "are both \"etl-my-job\"");
+    let (code, _, err) = run(etl_coord().args(["nats-account", "--job", "my-job", "--max-file", "lots"]));
+    assert_eq!(code, 2, "{err}");
+}
+
+/// A worker told to stop while it is still connecting (a rollout, a scale down) exits as
+/// drained, having held nothing, instead of dying of the signal.
+#[test]
+fn a_termination_signal_while_the_worker_connects_exits_as_drained() {
+    // A "server" that accepts the connection and never answers: the worker stays in its connect.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("nats://{}", listener.local_addr().unwrap());
+    let (_tmp, data) = data_dir();
+    let mut child = etl_coord()
+        .args(["worker", "--job", "connecting", "--store", &url, "--nats-op-timeout", "60s"])
+        .args(["--source", &format!("files:{}", data.display()), "--sink", "/dev/null"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (_held, _) = listener.accept().unwrap();
+    let t = std::time::Instant::now();
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("termination signal while starting"), "{err}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(10), "exited at once: {:?}", t.elapsed());
+}

@@ -351,11 +351,19 @@ fn last_seq(rt: &tokio::runtime::Runtime, observer: &async_nats::Client, stream:
     info["state"]["last_seq"].as_u64().unwrap_or_else(|| panic!("{stream}: {info}"))
 }
 
-/// Writes `key` = `value` into `bucket` as `client` (an observer of its account).
-fn put(rt: &tokio::runtime::Runtime, client: &async_nats::Client, bucket: &str, key: &str, value: &str) {
+/// Writes `key` = `value` into `bucket` as `client` (an observer of its account); the
+/// sequence the stream stored it at.
+fn put(
+    rt: &tokio::runtime::Runtime,
+    client: &async_nats::Client,
+    bucket: &str,
+    key: &str,
+    value: &str,
+) -> u64 {
     let js = async_nats::jetstream::new(client.clone());
     rt.block_on(async { js.publish(format!("$KV.{bucket}.{key}"), value.to_owned().into()).await?.await })
-        .unwrap_or_else(|e| panic!("{bucket}.{key}: {e}"));
+        .unwrap_or_else(|e| panic!("{bucket}.{key}: {e}"))
+        .sequence
 }
 
 #[test]
@@ -387,6 +395,12 @@ fn an_answer_addressed_into_another_job_s_bucket_stays_in_the_sender_s_account()
     assert!(String::from_utf8_lossy(&answer.payload).contains("KV_etl_coordination_ra_state"));
     // ...and rb's bucket holds nothing of it.
     assert_eq!(last_seq(&rt, &in_b, "KV_etl_coordination_rb_state"), 0, "rb's state bucket was written");
+    // Nor later: rb's next write is the bucket's first message.
+    assert_eq!(
+        put(&rt, &in_b, "etl_coordination_rb_state", "split.after", "rb's"),
+        1,
+        "rb's bucket was written"
+    );
 }
 
 #[test]
@@ -465,6 +479,12 @@ fn a_job_s_set_up_user_cannot_mirror_source_republish_into_capture_or_claim_anot
         .unwrap();
     assert_eq!(&copy.payload[..], b"forged");
     assert_eq!(last_seq(&rt, &in_b, victim), written, "sb's state bucket was written");
+    // Nor later: sb's next write follows its own.
+    assert_eq!(
+        put(&rt, &in_b, "etl_coordination_sb_state", "split.y", "sb's"),
+        written + 1,
+        "sb's bucket was written"
+    );
     delete(own_lease);
     // A stream capturing sb's reply subjects: sb's clients' answers never reach it.
     let capture = async_nats::jetstream::stream::Config {

@@ -445,8 +445,8 @@ fn a_worker_whose_bounded_state_bucket_fills_exits_naming_the_bound_and_resumes_
     for what in ["is full", "it holds at most 600 bytes", &raise] {
         assert!(err.contains(what), "{what:?} in:\n{err}");
     }
-    // Raised as the message says; a lower bound asked later is not applied (it could make the
-    // server drop records), and --check says the bound differs.
+    // Raised as the message says; a lower bound asked later is not applied (it would leave the
+    // bucket full at once), nor is a check for it a failure; a check for a higher one is.
     let url = nats_url();
     let (code, out, err) =
         etl_coord(&["nats-buckets", "--job", &full, "--store", &url, "--nats-max-bytes", "1MiB"]);
@@ -457,14 +457,21 @@ fn a_worker_whose_bounded_state_bucket_fills_exits_naming_the_bound_and_resumes_
         )),
         "{out}"
     );
-    let (code, _, err) =
+    let (code, out, err) =
         etl_coord(&["nats-buckets", "--job", &full, "--store", &url, "--nats-max-bytes", "600"]);
     assert_eq!(code, 0, "{err}");
-    assert!(err.contains("stays at most 1048576 bytes") && err.contains("never below"), "{err}");
-    let (code, _, err) =
-        etl_coord(&["nats-buckets", "--job", &full, "--store", &url, "--nats-max-bytes", "600", "--check"]);
+    assert!(
+        !out.contains("raised")
+            && out.contains("_state: exists, configuration valid, replicas 1, at most 1048576 bytes"),
+        "{out}"
+    );
+    let check = |bound: &str| {
+        etl_coord(&["nats-buckets", "--job", &full, "--store", &url, "--nats-max-bytes", bound, "--check"])
+    };
+    assert_eq!(check("600").0, 0, "a bound above the one asked is no failure");
+    let (code, _, err) = check("2MiB");
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("is at most 1048576 bytes, not --nats-max-bytes 600"), "{err}");
+    assert!(err.contains("is at most 1048576 bytes, not --nats-max-bytes 2097152"), "{err}");
     let out = worker(&full, "w1", &data, &sink, &[]).wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(common::records_in(&[&sink]).len(), 12 * 30, "every record, once the bound was raised");

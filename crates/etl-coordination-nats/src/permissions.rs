@@ -130,16 +130,19 @@ impl AccountUser {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct AccountLimits {
-    /// Bytes of file storage for both buckets together. The server reserves it from its own
-    /// JetStream storage (`max_file_store`) when it loads the account.
+    /// Bytes of file storage, counted over every replica of both buckets. A standalone server
+    /// reserves it from its `max_file_store` when it starts; a cluster reserves only the
+    /// buckets' bounds, on each node that holds a replica.
     pub max_file: i64,
-    /// Consumers at once: each worker holds three watches, and a listing (`status`, a
-    /// worker's start) holds one while it runs.
+    /// Consumers each bucket may have at once: a worker holds two watches on the state bucket
+    /// and one on the lease bucket, and a listing (`status`, a worker's start) one while it
+    /// runs.
     pub max_consumers: i64,
 }
 
 impl AccountLimits {
-    /// Consumers of a job at once by default: three watches of each of some 300 workers.
+    /// Consumers of a bucket at once by default: the two watches on the state bucket of each of
+    /// some 500 workers.
     pub const DEFAULT_MAX_CONSUMERS: i64 = 1024;
 
     /// `max_file` bytes of storage, [`Self::DEFAULT_MAX_CONSUMERS`] consumers.

@@ -190,9 +190,9 @@ impl NatsStore {
 
     /// Raises the bucket's bound to `bytes` (a stream update: the user needs
     /// `$JS.API.STREAM.UPDATE.KV_<bucket>`, which [`Access::Create`](crate::Access::Create)
-    /// grants). Never lowers it: a bound below what the bucket holds would make the server drop
-    /// records. `Ok(false)`: the bound is already at least `bytes`, or the bucket holds more
-    /// than `bytes`; nothing changed.
+    /// grants). Never lowers it: a bound below what the bucket holds leaves it full (a KV
+    /// bucket discards new writes, not old records). `Ok(false)`: the bound is already at least
+    /// `bytes`, or the bucket holds more than `bytes`; nothing changed.
     pub async fn raise_max_bytes(&mut self, bytes: i64) -> Result<bool, StoreError> {
         let update = async {
             let mut stream = self.js.get_stream(&self.stream).await.map_err(|e| e.to_string())?;

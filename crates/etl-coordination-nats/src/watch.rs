@@ -41,11 +41,12 @@ impl NatsStore {
         .map_err(|_| unavailable("timed out creating a watch consumer".into()))?
         .map_err(|e| match api_code(&e) {
             Some(MAX_CONSUMERS) => unavailable(format!(
-                "creating a watch consumer on bucket {}: {e}: the job's NATS account holds its \
-                 maximum number of consumers (three per worker, one per listing in flight); raise \
+                "creating a watch consumer on bucket {}: {e}: bucket {} holds its account's \
+                 maximum number of consumers per stream (a worker holds two on the state bucket, \
+                 one on the lease bucket, and a listing one while it runs); raise \
                  `max_consumers` in its jetstream block (`etl-coord nats-account --max-consumers`) \
                  and reload the server",
-                self.bucket
+                self.bucket, self.bucket
             )),
             _ => unavailable(format!("creating a watch consumer: {e}")),
         })?;

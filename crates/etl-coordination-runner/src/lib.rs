@@ -144,7 +144,16 @@ impl WorkerFlags {
         So: Source,
         Si: Sink<So::Record>,
     {
-        let stores = open_stores(&self.store).await?;
+        // Listening from the start: a worker told to stop while it connects (a rollout, a scale
+        // down) exits as drained, having held nothing, instead of dying of the signal.
+        let mut signals = signals::ShutdownSignals::new().map_err(RunError::Signals)?;
+        let stores = tokio::select! {
+            stores = open_stores(&self.store) => stores?,
+            () = signals.recv() => {
+                tracing::info!("termination signal while starting: exiting before taking any split");
+                return Ok(ExitCode::from(self.exit_code_when_drained));
+            }
+        };
         let config = self.driver_config()?;
         let t = &config.tuning;
         if let Some(wait) = t.handover_wait().filter(|w| *w < t.handover_timeout) {
@@ -164,17 +173,16 @@ impl WorkerFlags {
                 .map_err(|source| RunError::Admin { addr, source })?;
             tokio::spawn(admin::admin_server(listener, metrics, ready.clone()));
         }
-        drain_on_signals(handle.clone(), ready)?;
+        drain_on_signals(handle.clone(), ready, signals);
         exit_code(handle.outcome().await, self.exit_code_when_drained)
     }
 }
 
 /// The first termination signal drains the worker (and makes `/readyz` say so); the second
 /// exits at once with 130.
-fn drain_on_signals(handle: DriverHandle, ready: Arc<AtomicBool>) -> Result<(), RunError> {
-    // The listeners are installed once, before the first signal, so a second signal that comes
-    // while the first is handled is not lost.
-    let mut signals = signals::ShutdownSignals::new().map_err(RunError::Signals)?;
+fn drain_on_signals(handle: DriverHandle, ready: Arc<AtomicBool>, mut signals: signals::ShutdownSignals) {
+    // The listeners were installed once, before the first signal, so a second signal that
+    // comes while the first is handled is not lost.
     tokio::spawn(async move {
         signals.recv().await;
         ready.store(false, Ordering::Relaxed);
@@ -187,7 +195,6 @@ fn drain_on_signals(handle: DriverHandle, ready: Arc<AtomicBool>) -> Result<(), 
         );
         std::process::exit(130);
     });
-    Ok(())
 }
 
 /// The process's exit code for the job's outcome: 0 complete, `when_drained` drained, 0

@@ -36,20 +36,26 @@ pub(crate) struct NatsAccountArgs {
     /// The workers' user (also what `status` and `requeue` connect as).
     #[arg(long, default_value = "etl-JOB")]
     pub(crate) user: String,
-    /// The environment variable the server reads the workers' user's password from.
-    #[arg(long, default_value = "ETL_JOB_NATS_PASSWORD")]
+    /// The environment variable the server reads the workers' user's password from (`<JOB>`:
+    /// the job's name in capitals, `-` as `_`: each job's users their own passwords).
+    #[arg(long, default_value = "ETL_<JOB>_NATS_PASSWORD")]
     pub(crate) password_var: String,
     /// The set-up user, which creates the buckets (`etl-coord nats-buckets`).
     #[arg(long, default_value = "setup-JOB")]
     pub(crate) setup_user: String,
-    /// The environment variable the server reads the set-up user's password from.
-    #[arg(long, default_value = "ETL_SETUP_NATS_PASSWORD")]
+    /// The environment variable the server reads the set-up user's password from (`<JOB>` as
+    /// above).
+    #[arg(long, default_value = "ETL_<JOB>_SETUP_NATS_PASSWORD")]
     pub(crate) setup_password_var: String,
-    /// The job's JetStream file storage, both buckets together (e.g. 1GiB): a job that fills
-    /// it stops with an error naming it; the server reserves it from its own store.
+    /// The job's JetStream file storage (e.g. 4GiB), counted over every replica: at least the
+    /// buckets' bounds times their replicas, with room to spare. A job that fills it stops with
+    /// an error naming it. A standalone server reserves it when it starts; a cluster reserves
+    /// only the buckets' bounds, on each node that holds a replica.
     #[arg(long, value_parser = etl_coordination_runner::parse_bytes)]
     pub(crate) max_file: i64,
-    /// Consumers the job may hold at once (three watches per worker, one per listing in flight).
+    /// Consumers each of the job's buckets may have at once: a worker holds two on the state
+    /// bucket and one on the lease bucket, a listing one while it runs; 1024 serves some 500
+    /// workers (a crashed worker's consumers count for 30 s more).
     #[arg(long, default_value_t = etl_coordination_nats::AccountLimits::DEFAULT_MAX_CONSUMERS)]
     pub(crate) max_consumers: i64,
 }
@@ -98,8 +104,11 @@ pub(crate) fn permissions(a: NatsPermissionsArgs) -> anyhow::Result<ExitCode> {
 pub(crate) fn account(a: NatsAccountArgs) -> anyhow::Result<ExitCode> {
     use etl_coordination_nats::{Access, Account, AccountLimits, AccountUser};
     let job = JobName::new(a.job.clone())?;
-    if a.max_consumers < 1 {
-        bail!("--max-consumers {}: must be at least 1 (a worker holds three)", a.max_consumers);
+    if a.max_consumers < 3 {
+        bail!(
+            "--max-consumers {}: must be at least 3 (a worker holds two watches on the state bucket)",
+            a.max_consumers
+        );
     }
     let name = |u: &str| u.replace("JOB", job.as_str());
     let (user, setup) = (name(&a.user), name(&a.setup_user));
@@ -110,9 +119,27 @@ pub(crate) fn account(a: NatsAccountArgs) -> anyhow::Result<ExitCode> {
     }
     let mut limits = AccountLimits::new(a.max_file);
     limits.max_consumers = a.max_consumers;
+    let var = |v: &str| v.replace("<JOB>", &job.as_str().replace('-', "_").to_uppercase());
+    let (password_var, setup_password_var) = (var(&a.password_var), var(&a.setup_password_var));
+    for (flag, v) in [("--password-var", &password_var), ("--setup-password-var", &setup_password_var)] {
+        let mut chars = v.chars();
+        let valid = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            bail!(
+                "{flag} {v:?}: not an environment variable name (letters, digits and _, not starting with a digit)"
+            );
+        }
+    }
+    if password_var == setup_password_var {
+        bail!(
+            "--password-var and --setup-password-var are both {password_var}: the workers would know the \
+             password of the user that creates and updates the buckets"
+        );
+    }
     let users = vec![
-        AccountUser::new(user, a.password_var, Access::Use),
-        AccountUser::new(setup, a.setup_password_var, Access::Create),
+        AccountUser::new(user, password_var, Access::Use),
+        AccountUser::new(setup, setup_password_var, Access::Create),
     ];
     println!(
         "# The account of etl-coordination job {job}: its workers' user and its set-up user, its two\n\
@@ -153,25 +180,29 @@ pub(crate) async fn buckets(a: NatsBucketsArgs) -> anyhow::Result<ExitCode> {
         }
     }
     // Bounds: a bucket created now got them; an existing one is raised to them, never lowered
-    // (a bound below what a bucket holds would make the server drop records).
+    // (lowering one could leave the bucket full at once).
     let asked = [(cfg.state_max_bytes, "--nats-max-bytes"), (cfg.lease_max_bytes, "--nats-lease-max-bytes")];
     let mut unmet = Vec::new();
     for (store, (want, flag)) in [&mut stores.state, &mut stores.lease].into_iter().zip(asked) {
         let Some(want) = want else { continue };
-        if store.max_bytes() == Some(want) {
+        // At least the bound asked for: nothing to do (a bound is never lowered).
+        if store.max_bytes().is_some_and(|n| n >= want) {
             continue;
         }
         let now = store.max_bytes().map_or("unbounded".to_owned(), |n| format!("at most {n} bytes"));
         if a.check {
             unmet.push(format!("{} is {now}, not {flag} {want}", store.bucket()));
-        } else if store.raise_max_bytes(want).await? {
-            println!("{}: bound raised to {want} bytes (was {now})", store.bucket());
-        } else {
-            eprintln!(
-                "warning: {} stays {now} ({flag} {want}): a bound is only raised, and never below \
-                 what the bucket holds",
+            continue;
+        }
+        // Not raising it is no reason to fail the deployment this runs in (the job works as
+        // before): said on stderr, with why.
+        match store.raise_max_bytes(want).await {
+            Ok(true) => println!("{}: bound raised to {want} bytes (was {now})", store.bucket()),
+            Ok(false) => eprintln!(
+                "warning: {} stays {now} ({flag} {want}): it holds more than that already",
                 store.bucket()
-            );
+            ),
+            Err(e) => eprintln!("warning: {} stays {now} ({flag} {want}): {e}", store.bucket()),
         }
     }
     if !unmet.is_empty() {
