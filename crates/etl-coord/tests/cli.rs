@@ -906,7 +906,7 @@ fn a_termination_signal_while_the_worker_connects_exits_as_drained() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("nats://{}", listener.local_addr().unwrap());
     let (_tmp, data) = data_dir();
-    let mut child = etl_coord()
+    let child = etl_coord()
         .args(["worker", "--job", "connecting", "--store", &url, "--nats-op-timeout", "60s"])
         .args(["--source", &format!("files:{}", data.display()), "--sink", "/dev/null"])
         .stdout(std::process::Stdio::null())
