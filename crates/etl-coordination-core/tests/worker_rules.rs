@@ -2517,6 +2517,47 @@ fn p4_a_leader_renewal_refused_for_good_stops_the_worker_saying_why() {
 }
 
 #[test]
+fn p3_a_presence_recreate_refused_for_good_stops_the_worker_saying_why() {
+    let mut r = running(1);
+    r.auto = false;
+    let is_presence = |q: &StoreRequest| match q {
+        StoreRequest::CompareAndSwap { key, .. }
+        | StoreRequest::Create { key, .. }
+        | StoreRequest::Get { key } => *key == presence_key("w1"),
+        _ => false,
+    };
+    let mut renewal = None;
+    for _ in 0..40 {
+        r.advance(Duration::from_millis(250));
+        renewal = r
+            .pending
+            .iter()
+            .find(|(_, b, q)| {
+                *b == Bucket::Lease && matches!(q, StoreRequest::CompareAndSwap { .. }) && is_presence(q)
+            })
+            .map(|(op, _, _)| *op);
+        if renewal.is_some() {
+            break;
+        }
+    }
+    // The renewal is refused (our key moved), the read finds it gone: the worker announces
+    // itself again, and that create is refused for good.
+    let a = r.answer(
+        renewal.expect("the presence is renewed"),
+        Err(StoreError::RevisionMismatch(presence_key("w1"))),
+    );
+    let nth = |a: &[Action], what: fn(&StoreRequest) -> bool| {
+        let i = store_requests(a).iter().position(|(_, q)| what(q) && is_presence(q));
+        op_of(a, i.unwrap_or_else(|| panic!("no such request: {a:?}")))
+    };
+    let read = nth(&a, |q| matches!(q, StoreRequest::Get { .. }));
+    let a = r.answer(read, Ok(StoreReply::Value(None)));
+    let create = nth(&a, |q| matches!(q, StoreRequest::Create { .. }));
+    r.answer(create, Err(full()));
+    assert!(stopped_for_a_full_bucket(&r.log), "{:?}", r.log);
+}
+
+#[test]
 fn p4_a_term_bump_refused_while_the_head_has_not_moved_is_sent_again_only_after_the_backoff() {
     let mut r = starting_by_hand(1);
     let (op, _) = until_request(&mut r, is_head_create);
