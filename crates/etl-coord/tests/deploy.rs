@@ -1030,25 +1030,6 @@ fn the_kubernetes_nats_config_forms_a_cluster_that_pipeline_pods_complete_a_job_
     peer.stop();
 }
 
-/// The body of an HTTP GET (chunked or not), if the server answers.
-fn http_body(addr: &str, path: &str) -> Option<String> {
-    let response = http_get(addr, path)?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        return Some(body.to_owned());
-    }
-    let (mut rest, mut out) = (body, String::new());
-    loop {
-        let (size, tail) = rest.split_once("\r\n")?;
-        let size = usize::from_str_radix(size.trim(), 16).ok()?;
-        if size == 0 {
-            return Some(out);
-        }
-        out.push_str(tail.get(..size)?);
-        rest = tail.get(size + 2..)?;
-    }
-}
-
 /// A `nats-server` (no JetStream, no authorization: anyone may use it) that dials a cluster's
 /// route port as a peer would, with the route user's password and a TLS certificate if given.
 struct RogueRoute {
@@ -1100,12 +1081,14 @@ impl RogueRoute {
     /// and each attempt ends the same way). Expected: only a listing (or 30 s) decides (a
     /// joining server may close duplicate routes first).
     fn joined(&self, node: u16, expected: bool) -> bool {
-        let name = format!("\"remote_name\":\"{}\"", self.name);
+        let monitor = std::net::SocketAddr::from(([127, 0, 0, 1], node));
         let t = Instant::now();
         loop {
             let closed = self.log().matches("Router connection closed").count();
-            let routez = http_body(&format!("127.0.0.1:{node}"), "/routez").expect("the node's /routez");
-            if routez.split_whitespace().collect::<String>().contains(&name) {
+            let routez =
+                etl_coordination_testkit::monitor_at(monitor, "/routez").expect("the node's /routez");
+            let routes = routez["routes"].as_array().cloned().unwrap_or_default();
+            if routes.iter().any(|r| r["remote_name"] == self.name.as_str()) {
                 return true;
             }
             if closed >= 3 && !expected {

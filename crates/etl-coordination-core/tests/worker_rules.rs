@@ -2446,14 +2446,19 @@ fn p4_a_worker_that_stepped_down_while_its_garbage_listing_was_in_flight_deletes
     assert_eq!(deletes, 0, "garbage is left to the next leader: {a:?}");
 }
 
-#[test]
-fn p4_a_refused_leader_attempt_is_not_repeated_on_every_input() {
+/// A single worker answered by hand until it sends the leader key's create, left unanswered.
+fn until_the_leader_create() -> (Rig, OpId) {
     let mut r = Rig::new(cfg("w1", 1));
     r.auto = false;
     r.feed(Input::Start);
-    // Answer everything until the leader key's create is sent.
     let (op, _) =
         until_request(&mut r, |_, q| matches!(q, StoreRequest::Create { key, .. } if *key == keys::leader()));
+    (r, op)
+}
+
+#[test]
+fn p4_a_refused_leader_attempt_is_not_repeated_on_every_input() {
+    let (mut r, op) = until_the_leader_create();
     // Refused with nothing to report (another worker's create waits at the stream leader).
     let a = r.answer(op, Err(StoreError::Unavailable("creating leader: another write is pending".into())));
     assert_eq!(writes_to(&a, Bucket::Lease, "leader"), 0, "{a:?}");
@@ -2479,11 +2484,7 @@ fn stopped_for_a_full_bucket(log: &[Action]) -> bool {
 
 #[test]
 fn p4_a_leader_create_refused_for_good_stops_the_worker_saying_why() {
-    let mut r = Rig::new(cfg("w1", 1));
-    r.auto = false;
-    r.feed(Input::Start);
-    let (op, _) =
-        until_request(&mut r, |_, q| matches!(q, StoreRequest::Create { key, .. } if *key == keys::leader()));
+    let (mut r, op) = until_the_leader_create();
     r.answer(op, Err(full()));
     assert!(stopped_for_a_full_bucket(&r.log), "{:?}", r.log);
     // Stopped: nothing more is sent, however much time passes.
