@@ -880,7 +880,7 @@ fn nats_account_gives_each_job_its_own_password_variables_and_refuses_what_would
         "password: $ETL_MY_JOB_NATS_PASSWORD",
         "user: \"setup-my-job\"",
         "password: $ETL_MY_JOB_SETUP_NATS_PASSWORD",
-        "max_file: 1073741824, max_mem: 0, max_streams: 2, max_consumers: 1024",
+        "max_file: 1073741824, max_mem: 0, max_streams: 2, max_consumers: 1024, max_bytes_required: true",
     ] {
         assert!(out.contains(line), "{line:?} in:\n{out}");
     }

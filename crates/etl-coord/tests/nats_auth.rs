@@ -62,6 +62,17 @@ impl Secured {
     /// Also with `extra` user entries, each in the account of the job it names, and the
     /// storage of the accounts `max_file` names ([`MAX_FILE`] for the others).
     fn start_with(jobs: &[&str], extra: &[(&str, String)], max_file: &[(&str, &str)]) -> Secured {
+        Self::start_loose(jobs, extra, max_file, &[])
+    }
+
+    /// Also with the accounts of the jobs `loose` names written as a user may write one by
+    /// hand, without `max_bytes_required` (streams in them may be unbounded).
+    fn start_loose(
+        jobs: &[&str],
+        extra: &[(&str, String)],
+        max_file: &[(&str, &str)],
+        loose: &[&str],
+    ) -> Secured {
         let certs = tempfile::tempdir().unwrap();
         dev_certs(certs.path());
         let var = |user: &str| format!("PW_{}", user.replace('-', "_").to_uppercase());
@@ -87,6 +98,10 @@ impl Secured {
                 "--max-file",
                 max_file.iter().find(|(j, _)| j == job).map_or(MAX_FILE, |(_, m)| m),
             ])));
+            if loose.contains(job) {
+                assert!(account.contains(", max_bytes_required: true"), "{account}");
+                account = account.replace(", max_bytes_required: true", "");
+            }
             for (_, entry) in extra.iter().filter(|(j, _)| j == job) {
                 assert!(account.contains("  users: [\n"), "{account}");
                 account = account.replacen("  users: [\n", &format!("  users: [\n{entry}\n"), 1);
@@ -129,10 +144,17 @@ impl Secured {
         rt.block_on(options.connect(self.server.url())).unwrap_or_else(|e| panic!("{user} connects: {e}"))
     }
 
-    /// Creates `job`'s buckets as its set-up user.
+    /// Creates `job`'s buckets as its set-up user, with the bounds its account requires (within
+    /// [`MAX_FILE`]).
     fn create_buckets(&self, job: &str) {
+        self.create_bounded(job, &["--nats-max-bytes", "32MiB", "--nats-lease-max-bytes", "8MiB"]);
+    }
+
+    /// Creates `job`'s buckets as its set-up user with the bound flags `bounds`.
+    fn create_bounded(&self, job: &str, bounds: &[&str]) {
         let setup = self.as_user(&format!("setup-{job}"));
-        let out = stdout(&run(setup.command().args(["nats-buckets", "--job", job, "--store", &setup.url])));
+        let out =
+            stdout(&run(setup.command().args(["nats-buckets", "--job", job, "--store", &setup.url]).args(bounds)));
         assert!(out.contains(&format!("etl_coordination_{job}_lease: created")), "{out}");
         // Created refusing rollups: nothing to close, and the check finds no hole.
         assert!(!out.contains("now refuses"), "{out}");
@@ -419,6 +441,27 @@ fn a_job_s_set_up_user_cannot_mirror_source_republish_into_capture_or_claim_anot
     let delete = |stream: &str| {
         api(&rt, &in_a, &format!("$JS.API.STREAM.DELETE.{stream}"), "");
     };
+    // More storage than its account's: a stream without a bound, or with one past the
+    // account's max_file, is refused, so sa cannot fill the store sb writes to.
+    let code = |config: async_nats::jetstream::stream::Config| {
+        let refused = rt.block_on(js.create_stream(config)).expect_err("a stream beyond the account's storage");
+        refused.to_string()
+    };
+    let unbounded = code(async_nats::jetstream::stream::Config {
+        name: own_state.into(),
+        subjects: vec!["$KV.etl_coordination_sa_state.>".into()],
+        ..Default::default()
+    });
+    assert!(unbounded.contains("10113"), "an unbounded stream: {unbounded}");
+    let past = code(async_nats::jetstream::stream::Config {
+        name: own_state.into(),
+        subjects: vec!["$KV.etl_coordination_sa_state.>".into()],
+        max_bytes: 65 << 20,
+        ..Default::default()
+    });
+    assert!(past.contains("10047"), "a bound past max_file: {past}");
+    // Within it, bounded streams of its own buckets' names, for the routes below.
+    const BOUND: i64 = 1 << 20;
     // A stream sa's set-up user may create (its own bucket's name) mirroring, then sourcing,
     // rb's state: the server reports the source missing, and it holds nothing.
     let source = async_nats::jetstream::stream::Source { name: victim.into(), ..Default::default() };
@@ -428,6 +471,7 @@ fn a_job_s_set_up_user_cannot_mirror_source_republish_into_capture_or_claim_anot
             async_nats::jetstream::stream::Config {
                 name: own_state.into(),
                 mirror: Some(source.clone()),
+                max_bytes: BOUND,
                 ..Default::default()
             },
         ),
@@ -437,6 +481,7 @@ fn a_job_s_set_up_user_cannot_mirror_source_republish_into_capture_or_claim_anot
                 name: own_state.into(),
                 subjects: vec!["$KV.etl_coordination_sa_state.>".into()],
                 sources: Some(vec![source.clone()]),
+                max_bytes: BOUND,
                 ..Default::default()
             },
         ),
@@ -468,6 +513,7 @@ fn a_job_s_set_up_user_cannot_mirror_source_republish_into_capture_or_claim_anot
             destination: "$KV.etl_coordination_sb_state.split.x".into(),
             headers_only: false,
         }),
+        max_bytes: BOUND,
         ..Default::default()
     };
     rt.block_on(js.create_stream(republish)).unwrap();
@@ -490,6 +536,7 @@ fn a_job_s_set_up_user_cannot_mirror_source_republish_into_capture_or_claim_anot
     let capture = async_nats::jetstream::stream::Config {
         name: own_state.into(),
         subjects: vec!["_INBOX_etl_coordination_sb.>".into()],
+        max_bytes: BOUND,
         ..Default::default()
     };
     rt.block_on(js.create_stream(capture)).unwrap();
@@ -502,6 +549,7 @@ fn a_job_s_set_up_user_cannot_mirror_source_republish_into_capture_or_claim_anot
     let claim = async_nats::jetstream::stream::Config {
         name: own_state.into(),
         subjects: vec!["$KV.etl_coordination_sc_state.>".into(), "$KV.etl_coordination_sc_lease.>".into()],
+        max_bytes: BOUND,
         ..Default::default()
     };
     rt.block_on(js.create_stream(claim)).unwrap();
@@ -509,10 +557,48 @@ fn a_job_s_set_up_user_cannot_mirror_source_republish_into_capture_or_claim_anot
 }
 
 #[test]
-fn a_job_that_fills_its_account_s_storage_stops_naming_the_limit_and_another_job_completes() {
+fn a_job_that_fills_its_bounded_buckets_stops_naming_the_bound_and_another_job_completes() {
+    // fa's account holds 1 KiB, every stream in it bounded.
     let s = Secured::start_with(&["fa", "fb"], &[], &[("fa", "1KiB")]);
+    let setup = s.as_user("setup-fa");
+    let set_up = |bounds: &[&str]| {
+        let mut cmd = setup.command();
+        refused(cmd.args(["nats-buckets", "--job", "fa", "--store", &setup.url]).args(bounds))
+    };
+    // A set-up step without bounds is told which flags to give.
+    let (code, err) = set_up(&[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("cannot create bucket etl_coordination_fa_state unbounded")
+            && err.contains("etl-coord nats-buckets --job fa --nats-max-bytes BYTES --nats-lease-max-bytes BYTES"),
+        "{err}"
+    );
+    // Bounds past the account's storage: which to lower.
+    let (code, err) = set_up(&["--nats-max-bytes", "2KiB", "--nats-lease-max-bytes", "256"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("bounded at 2048 bytes") && err.contains("lower --nats-max-bytes"), "{err}");
+    s.create_bounded("fa", &["--nats-max-bytes", "640", "--nats-lease-max-bytes", "384"]);
     let (tmp, data) = dataset(6, 40);
-    let fa = s.workers_of("fa");
+    let fa = s.as_user("etl-fa");
+    let (code, err) = refused_child(fa.worker("fa", "a1", &data, &tmp.path().join("a.jsonl"), &SLOW));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("is full") && err.contains("etl-coord nats-buckets --job fa --nats-"), "{err}");
+    let fb = s.workers_of("fb");
+    let out = fb.worker("fb", "b1", &data, &tmp.path().join("b.jsonl"), &[]).wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(common::records_in(&[&tmp.path().join("b.jsonl")]).len(), 6 * 40);
+}
+
+#[test]
+fn a_job_that_fills_its_account_s_storage_stops_naming_the_limit_and_another_job_completes() {
+    // fa's account is written by hand, without requiring bounds: its buckets are unbounded and
+    // the account's limit is what stops it.
+    let s = Secured::start_loose(&["fa", "fb"], &[], &[("fa", "1KiB")], &["fa"]);
+    let (tmp, data) = dataset(6, 40);
+    let setup = s.as_user("setup-fa");
+    let out = stdout(&run(setup.command().args(["nats-buckets", "--job", "fa", "--store", &setup.url])));
+    assert!(out.contains("etl_coordination_fa_lease: created"), "{out}");
+    let fa = s.as_user("etl-fa");
     let (code, err) = refused_child(fa.worker("fa", "a1", &data, &tmp.path().join("a.jsonl"), &SLOW));
     assert_eq!(code, Some(1), "{err}");
     assert!(

@@ -37,8 +37,7 @@ pub(crate) async fn bucket(
         )));
     }
     if !ttl && stream_config.allow_rollup {
-        let job =
-            name.strip_prefix("etl_coordination_").and_then(|n| n.strip_suffix("_state")).unwrap_or(name);
+        let job = job_of(name);
         tracing::warn!(
             bucket = name,
             "the state bucket accepts rollup headers (an earlier release created it): one message with \
@@ -67,6 +66,12 @@ pub(crate) async fn bucket(
         accepts_rollups: stream_config.allow_rollup,
         max_bytes: stream_config.max_bytes,
     }))
+}
+
+/// The job whose bucket `bucket` is (`etl_coordination_JOB_state` or `_lease`), for messages.
+fn job_of(bucket: &str) -> &str {
+    let job = bucket.strip_prefix("etl_coordination_");
+    job.and_then(|j| j.strip_suffix("_state").or_else(|| j.strip_suffix("_lease"))).unwrap_or(bucket)
 }
 
 /// The error of a bucket that does not exist where workers may not create it.
@@ -112,6 +117,17 @@ async fn open_or_create(
                             "cannot create bucket {} with {} replicas: the server is not clustered ({e}); \
                              use --nats-replicas 1 on a single server",
                             cfg.bucket, cfg.num_replicas
+                        )));
+                    }
+                    Err(e) if e.contains("requires a stream config to have max bytes") => {
+                        return Err(setup(format!(
+                            "cannot create bucket {} unbounded: its NATS account requires every stream to \
+                             be bounded (max_bytes_required, as `etl-coord nats-account` prints it) ({e}); \
+                             create the job's buckets with bounds: `etl-coord nats-buckets --job {} \
+                             --nats-max-bytes BYTES --nats-lease-max-bytes BYTES` as its set-up user, the \
+                             two bounds times --nats-replicas within the account's max_file",
+                            cfg.bucket,
+                            job_of(&cfg.bucket)
                         )));
                     }
                     Err(e)

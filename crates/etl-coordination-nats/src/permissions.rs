@@ -163,8 +163,15 @@ impl Account {
     }
 
     /// The account's entry for the `accounts { ... }` block of a NATS server configuration:
-    /// JetStream on with its limits (two streams, file storage only), and its users with the
-    /// permissions [`permissions`] gives them.
+    /// JetStream on with its limits (two streams, file storage only, each stream bounded), and
+    /// its users with the permissions [`permissions`] gives them.
+    ///
+    /// `max_bytes_required` makes the server refuse a stream without a `max_bytes`: a bound is
+    /// reserved when the stream is created, and the sum of the bounds (times their replicas)
+    /// may not pass `max_file`, so the account cannot take more of the server's storage than
+    /// its entry says, on a cluster as on a single server (a cluster does not reserve
+    /// `max_file` itself). The buckets' bounds are therefore required: `nats-buckets
+    /// --nats-max-bytes --nats-lease-max-bytes`.
     pub fn server_config(&self, job: &JobName) -> String {
         let indent = |text: &str| text.lines().map(|l| format!("    {l}\n")).collect::<String>();
         let users: String = self
@@ -173,7 +180,7 @@ impl Account {
             .map(|u| indent(&permissions(job, u.access).server_config_user(&u.user, &u.password_var)))
             .collect();
         format!(
-            "{:?}: {{\n  jetstream: {{ max_file: {}, max_mem: 0, max_streams: 2, max_consumers: {} }}\n  users: [\n{users}  ]\n}}\n",
+            "{:?}: {{\n  jetstream: {{ max_file: {}, max_mem: 0, max_streams: 2, max_consumers: {}, max_bytes_required: true }}\n  users: [\n{users}  ]\n}}\n",
             self.name, self.limits.max_file, self.limits.max_consumers
         )
     }
@@ -267,7 +274,7 @@ mod tests {
         assert!(text.starts_with("\"etl_coordination_j\": {\n"), "{text}");
         assert!(
             text.contains(
-                "jetstream: { max_file: 1073741824, max_mem: 0, max_streams: 2, max_consumers: 1024 }"
+                "jetstream: { max_file: 1073741824, max_mem: 0, max_streams: 2, max_consumers: 1024, max_bytes_required: true }"
             ),
             "{text}"
         );

@@ -48,9 +48,9 @@ pub(crate) struct NatsAccountArgs {
     #[arg(long, default_value = "ETL_<JOB>_SETUP_NATS_PASSWORD")]
     pub(crate) setup_password_var: String,
     /// The job's JetStream file storage (e.g. 4GiB), counted over every replica: at least the
-    /// buckets' bounds times their replicas, with room to spare. A job that fills it stops with
-    /// an error naming it. A standalone server reserves it when it starts; a cluster reserves
-    /// only the buckets' bounds, on each node that holds a replica.
+    /// buckets' bounds times their replicas. The account requires every stream to be bounded
+    /// (`max_bytes_required`), so the set-up step must give both bounds (`nats-buckets
+    /// --nats-max-bytes --nats-lease-max-bytes`) and the server refuses bounds adding up past it.
     #[arg(long, value_parser = etl_coordination_runner::parse_bytes)]
     pub(crate) max_file: i64,
     /// Consumers each of the job's buckets may have at once: a worker holds two on the state
@@ -144,7 +144,9 @@ pub(crate) fn account(a: NatsAccountArgs) -> anyhow::Result<ExitCode> {
     println!(
         "# The account of etl-coordination job {job}: its workers' user and its set-up user, its two\n\
          # buckets and nothing else; no other job's client can reach it. Paste into\n\
-         # accounts {{ ... }} of the NATS server configuration (with a jetstream block at the top)."
+         # accounts {{ ... }} of the NATS server configuration (with a jetstream block at the top).\n\
+         # Every stream of it must be bounded: create the buckets with `etl-coord nats-buckets --job {job}\n\
+         # --nats-max-bytes BYTES --nats-lease-max-bytes BYTES`, both bounds times the replicas within max_file."
     );
     print!("{}", Account::new(&job, users, limits).server_config(&job));
     Ok(ExitCode::SUCCESS)
