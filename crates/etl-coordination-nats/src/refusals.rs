@@ -20,7 +20,11 @@ pub(crate) enum Refusal {
 }
 
 impl Refusal {
-    /// `Permissions Violation for Publish to "S"` / `... for Subscription to "S"`.
+    /// `Permissions Violation for Publish to "S"` / `... for Subscription to "S"`, or refused
+    /// credentials (`Authorization Violation`, `User Authentication Expired` or `Revoked`).
+    /// `Authentication Timeout` is not one: the server closed a connection that did not
+    /// authenticate in time (a slow TLS handshake on a loaded node), and the client reconnects
+    /// with the same credentials, which the server may well accept.
     pub(crate) fn parse(e: &async_nats::ServerError) -> Option<Refusal> {
         let text = match e {
             async_nats::ServerError::AuthorizationViolation => return Some(Refusal::Credentials),
@@ -28,6 +32,9 @@ impl Refusal {
             async_nats::ServerError::SlowConsumer(_) => return None,
         };
         let lower = text.to_lowercase();
+        if lower.contains("authentication timeout") {
+            return None;
+        }
         if lower.contains("authorization violation") || lower.contains("authentication") {
             return Some(Refusal::Credentials);
         }
@@ -157,5 +164,36 @@ impl Refusals {
             std::future::pending::<()>().await;
         }
         self.error().expect("a refusal was recorded")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use async_nats::ServerError;
+
+    use super::Refusal;
+
+    fn parse(line: &str) -> Option<Refusal> {
+        Refusal::parse(&ServerError::Other(line.to_owned()))
+    }
+
+    #[test]
+    fn refused_credentials_and_permissions_are_refusals_and_a_slow_handshake_is_not() {
+        assert_eq!(Refusal::parse(&ServerError::AuthorizationViolation), Some(Refusal::Credentials));
+        for line in ["Authorization Violation", "User Authentication Expired", "User Authentication Revoked"] {
+            assert_eq!(parse(line), Some(Refusal::Credentials), "{line}");
+        }
+        assert_eq!(
+            parse(r#"Permissions Violation for Subscription to "_INBOX.x.>""#),
+            Some(Refusal::Permission { verb: "subscribe", subject: "_INBOX.x.>".into() })
+        );
+        assert_eq!(
+            parse(r#"Permissions Violation for Publish to "$KV.b.k""#),
+            Some(Refusal::Permission { verb: "publish", subject: "$KV.b.k".into() })
+        );
+        // Transient: the client reconnects with the same credentials.
+        for line in ["Authentication Timeout", "Stale Connection", "Maximum Connections Exceeded"] {
+            assert_eq!(parse(line), None, "{line}");
+        }
     }
 }
