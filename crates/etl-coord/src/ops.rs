@@ -7,9 +7,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use etl_coordination_core::records::{
     self, Descriptor, LeaderRecord, LeaseRecord, ManifestChunk, ManifestRef, PlanHead, PresenceRecord,
-    SplitRecord, SplitState, keys,
+    SplitRecord, SplitState, WorkReport, keys,
 };
-use etl_coordination_core::{Prefix, Revision, SplitId, StoreError};
+use etl_coordination_core::{Incarnation, Prefix, Revision, SplitId, StoreError};
 use etl_coordination_driver::JobStores;
 use etl_coordination_store::Store;
 use serde::Serialize;
@@ -50,6 +50,30 @@ pub struct Summary {
     pub missing: usize,
     /// Done as a share of all, in percent.
     pub percent_complete: f64,
+    /// Progress by work: the planned weight done, the rates, the time left.
+    pub work: WorkSummary,
+}
+
+/// Progress by work, in the unit of the planner's weights (bytes for files, rows for tables),
+/// from the Done splits, the positions the owners report within the splits they read, and the
+/// rates the live workers report (each over its last minute).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct WorkSummary {
+    /// The manifest's total weight.
+    pub planned: u64,
+    /// Done: the Done splits' weight and the owned splits' reported positions.
+    pub done: u64,
+    /// `done` as a share of `planned`, in percent.
+    pub percent_done: f64,
+    /// Records per second, summed over the live workers' reports.
+    pub records_per_sec: f64,
+    /// Weight per second, summed likewise.
+    pub weight_per_sec: f64,
+    /// The weight left (`planned - done`).
+    pub remaining: u64,
+    /// Seconds left at the current pace: `remaining / weight_per_sec` (`None` while nothing
+    /// moves, `0` once nothing remains).
+    pub eta_secs: Option<u64>,
 }
 
 /// A record that cannot be decoded.
@@ -109,6 +133,11 @@ pub struct SplitView {
     pub attempts: u32,
     /// Committed progress, in the source's terms (`object=2 line=340`), never raw bytes.
     pub progress: Option<String>,
+    /// The split's planned weight.
+    pub weight: u64,
+    /// Where an owned split's reading stands, in its weight's unit, as its owner last reported
+    /// (its last commit); `None` where the owner's source cannot say, or for other states.
+    pub position: Option<u64>,
     /// Last error.
     pub last_error: Option<String>,
     /// An unleased split that failed: how long workers wait, from when they see its failure,
@@ -121,6 +150,7 @@ impl SplitView {
     /// A split whose record cannot be read (`Missing`, `Undecodable`), with why as its error.
     fn unreadable(
         id: &SplitId,
+        weight: u64,
         state: &str,
         leased: bool,
         lease_holder: Option<String>,
@@ -135,6 +165,8 @@ impl SplitView {
             epoch: 0,
             attempts: 0,
             progress: None,
+            weight,
+            position: None,
             last_error: Some(why),
             claim_backoff_secs: None,
         }
@@ -180,15 +212,39 @@ pub async fn status<S: Store>(stores: &JobStores<S>) -> anyhow::Result<Status> {
         split_count: h.manifest.map_or(0, |m| m.split_count),
     });
     out.leader = r.leader(stores).await?;
-    out.workers = r.workers(stores).await?;
+    let (workers, incarnations) = r.workers(stores).await?;
+    out.workers = workers;
     let leases = r.leases(stores).await?;
+    // Reports of live workers only, each of the process its presence names (an earlier
+    // process's report lingers until its TTL).
+    let reports: Vec<(String, WorkReport)> = r
+        .reports(stores)
+        .await?
+        .into_iter()
+        .filter(|(id, rep)| incarnations.get(id) == Some(&rep.incarnation))
+        .collect();
     if let Some(m) = head.and_then(|h| h.manifest) {
         let ids = r.manifest_ids(stores, &m).await?;
         out.splits = r.splits(stores, ids, &leases).await?;
     }
-    out.summary = Summary::of(&out.splits);
+    place(&mut out.splits, &reports);
+    out.summary = Summary::of(&out.splits, &reports);
     out.undecodable = r.undecodable;
     Ok(out)
+}
+
+/// Sets each owned split's position from its owner's report, for the tenancy it names.
+fn place(splits: &mut [SplitView], reports: &[(String, WorkReport)]) {
+    let positions: HashMap<(&str, &str, u64), u64> = reports
+        .iter()
+        .flat_map(|(id, rep)| {
+            rep.positions.iter().map(move |(split, epoch, at)| ((id.as_str(), split.as_str(), epoch.0), *at))
+        })
+        .collect();
+    for x in splits.iter_mut().filter(|x| x.state == "Owned") {
+        let Some(owner) = x.owner.as_deref() else { continue };
+        x.position = positions.get(&(owner, x.id.as_str(), x.epoch)).map(|at| (*at).min(x.weight));
+    }
 }
 
 /// What one `status` read found undecodable so far.
@@ -225,18 +281,36 @@ impl Reading {
         }
     }
 
-    async fn workers<S: Store>(&mut self, stores: &JobStores<S>) -> anyhow::Result<Vec<WorkerView>> {
+    /// The live workers, and the incarnation of each.
+    async fn workers<S: Store>(
+        &mut self,
+        stores: &JobStores<S>,
+    ) -> anyhow::Result<(Vec<WorkerView>, HashMap<String, Incarnation>)> {
         let mut out = Vec::new();
+        let mut incarnations = HashMap::new();
         for e in stores.lease.list(&Prefix::new("worker.").expect("valid")).await? {
             let Some(id) = keys::parse_worker(&e.key) else { continue };
             match records::decode::<PresenceRecord>(&e.value) {
                 Ok(p) => {
+                    incarnations.insert(id.to_string(), p.incarnation);
                     out.push(WorkerView { instance: id.to_string(), held: p.held, capacity: p.capacity })
                 }
                 Err(err) => self.bad("lease", e.key.as_str(), &err),
             }
         }
-        Ok(out)
+        Ok((out, incarnations))
+    }
+
+    /// The workers' reports of their work. One that cannot be decoded (another release's)
+    /// is left out, not reported: nothing depends on it.
+    async fn reports<S: Store>(&mut self, stores: &JobStores<S>) -> anyhow::Result<Vec<(String, WorkReport)>> {
+        Ok(stores
+            .lease
+            .list(&keys::report_prefix())
+            .await?
+            .into_iter()
+            .filter_map(|e| Some((keys::parse_report(&e.key)?.to_string(), records::decode(&e.value).ok()?)))
+            .collect())
     }
 
     /// Every live lease, with its holder when the value can be read.
@@ -259,18 +333,18 @@ impl Reading {
         Ok(leases)
     }
 
-    /// The split ids of the published manifest, in chunk order.
+    /// The splits of the published manifest with their weights, in chunk order.
     async fn manifest_ids<S: Store>(
         &mut self,
         stores: &JobStores<S>,
         m: &ManifestRef,
-    ) -> anyhow::Result<Vec<SplitId>> {
-        let mut chunks: Vec<(u32, Vec<SplitId>)> = Vec::new();
+    ) -> anyhow::Result<Vec<(SplitId, u64)>> {
+        let mut chunks: Vec<(u32, Vec<(SplitId, u64)>)> = Vec::new();
         for e in stores.state.list(&keys::manifest_prefix()).await? {
             match keys::parse_manifest(&e.key) {
                 Some((t, v, c)) if t == m.term && v == m.version => {
                     match records::decode::<ManifestChunk>(&e.value) {
-                        Ok(chunk) => chunks.push((c, chunk.splits.into_iter().map(|(id, _)| id).collect())),
+                        Ok(chunk) => chunks.push((c, chunk.splits)),
                         // Found, but its splits are unknown: flagged, and counted as found.
                         Err(err) => {
                             self.bad("state", e.key.as_str(), &err);
@@ -296,7 +370,7 @@ impl Reading {
     async fn splits<S: Store>(
         &mut self,
         stores: &JobStores<S>,
-        ids: Vec<SplitId>,
+        ids: Vec<(SplitId, u64)>,
         leases: &HashMap<SplitId, Option<String>>,
     ) -> anyhow::Result<Vec<SplitView>> {
         let mut records: HashMap<SplitId, (String, Result<SplitRecord, records::RecordError>)> = stores
@@ -309,14 +383,14 @@ impl Reading {
             })
             .collect();
         let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
+        for (id, weight) in ids {
             let (leased, lease_holder) = (leases.contains_key(&id), leases.get(&id).cloned().flatten());
             let Some((key, rec)) = records.remove(&id) else {
                 // Listed, but no record: a plan whose records were deleted by hand, or a listing
                 // from a replica that lags behind the plan (status again will tell).
                 let why = "the plan lists it but the store has no record of it; `etl-coord requeue --reset` \
                            recreates it";
-                out.push(SplitView::unreadable(&id, "Missing", leased, lease_holder, why.into()));
+                out.push(SplitView::unreadable(&id, weight, "Missing", leased, lease_holder, why.into()));
                 continue;
             };
             out.push(match rec {
@@ -329,13 +403,15 @@ impl Reading {
                     epoch: r.epoch.0,
                     attempts: r.attempts,
                     progress: r.progress.map(|p| render_progress(&p)),
+                    weight,
+                    position: None,
                     last_error: r.last_error,
                     claim_backoff_secs: None,
                 },
                 Err(err) => {
                     let advice = undecodable_advice(&key, &err);
                     self.undecodable.push(Undecodable { key, bucket: "state".into(), error: advice.clone() });
-                    SplitView::unreadable(&id, "Undecodable", leased, lease_holder, advice)
+                    SplitView::unreadable(&id, weight, "Undecodable", leased, lease_holder, advice)
                 }
             });
         }
@@ -344,11 +420,12 @@ impl Reading {
 }
 
 impl Summary {
-    /// The counts of `splits` by state.
-    fn of(splits: &[SplitView]) -> Summary {
+    /// The counts of `splits` by state, and the work done and its pace by `reports`.
+    fn of(splits: &[SplitView], reports: &[(String, WorkReport)]) -> Summary {
         let count = |st: &str| splits.iter().filter(|x| x.state == st).count();
         let total = splits.len();
         Summary {
+            work: WorkSummary::of(splits, reports),
             total,
             done: count("Done"),
             owned: count("Owned"),
@@ -357,6 +434,34 @@ impl Summary {
             undecodable: count("Undecodable"),
             missing: count("Missing"),
             percent_complete: if total == 0 { 0.0 } else { 100.0 * count("Done") as f64 / total as f64 },
+        }
+    }
+}
+
+impl WorkSummary {
+    fn of(splits: &[SplitView], reports: &[(String, WorkReport)]) -> WorkSummary {
+        let planned: u64 = splits.iter().map(|x| x.weight).sum();
+        let done: u64 = splits
+            .iter()
+            .map(|x| if x.state == "Done" { x.weight } else { x.position.unwrap_or(0) })
+            .sum::<u64>()
+            .min(planned);
+        let records_per_sec = reports.iter().map(|(_, r)| r.records_per_sec).sum();
+        let weight_per_sec: f64 = reports.iter().map(|(_, r)| r.weight_per_sec).sum();
+        let remaining = planned - done;
+        let eta_secs = match remaining {
+            0 => Some(0),
+            _ if weight_per_sec > 0.0 => Some((remaining as f64 / weight_per_sec).ceil() as u64),
+            _ => None,
+        };
+        WorkSummary {
+            planned,
+            done,
+            percent_done: if planned == 0 { 0.0 } else { 100.0 * done as f64 / planned as f64 },
+            records_per_sec,
+            weight_per_sec,
+            remaining,
+            eta_secs,
         }
     }
 }
@@ -434,10 +539,36 @@ fn render_summary(s: &Status) -> String {
         if m.missing > 0 { format!(", {} missing", m.missing) } else { String::new() },
         m.percent_complete
     ));
+    let w = &m.work;
+    if w.planned > 0 {
+        out.push_str(&format!(
+            "work: {} of {} done ({:.1}%), {} left; {:.0} records/s, {:.0} weight/s; {}\n",
+            w.done,
+            w.planned,
+            w.percent_done,
+            w.remaining,
+            w.records_per_sec,
+            w.weight_per_sec,
+            match w.eta_secs {
+                Some(0) => "nothing left".to_owned(),
+                Some(secs) => format!("about {} left", human_secs(secs)),
+                None => "no estimate (nothing moved in the last minute)".to_owned(),
+            }
+        ));
+    }
     for u in &s.undecodable {
         out.push_str(&format!("UNDECODABLE {} ({} bucket): {}\n", u.key, u.bucket, u.error));
     }
     out
+}
+
+/// `secs` as `1h02m`, `4m05s` or `17s`.
+fn human_secs(secs: u64) -> String {
+    match secs {
+        0..60 => format!("{secs}s"),
+        60..3600 => format!("{}m{:02}s", secs / 60, secs % 60),
+        _ => format!("{}h{:02}m", secs / 3600, secs % 3600 / 60),
+    }
 }
 
 /// The table of splits (every column in full with `Output::Wide`).
@@ -449,7 +580,7 @@ fn render_splits(splits: &[SplitView], output: Output) -> String {
     };
     let mut table = comfy_table::Table::new();
     table.load_preset(comfy_table::presets::NOTHING);
-    let mut header = vec!["SPLIT", "STATE", "OWNER", "EPOCH", "ATTEMPTS", "PROGRESS", "LAST ERROR"];
+    let mut header = vec!["SPLIT", "STATE", "OWNER", "EPOCH", "ATTEMPTS", "DONE", "PROGRESS", "LAST ERROR"];
     if output == Output::Wide {
         header.insert(3, "LEASED");
     }
@@ -465,6 +596,11 @@ fn render_splits(splits: &[SplitView], output: Output) -> String {
             x.owner.clone().unwrap_or_else(|| "-".into()),
             x.epoch.to_string(),
             x.attempts.to_string(),
+            match (x.state.as_str(), x.position) {
+                ("Done", _) => "100%".to_owned(),
+                (_, Some(at)) if x.weight > 0 => format!("{}%", at * 100 / x.weight),
+                _ => "-".to_owned(),
+            },
             cut(x.progress.as_deref().unwrap_or("-"), 32),
             cut(x.last_error.as_deref().unwrap_or(""), 60),
         ];
@@ -706,9 +842,65 @@ mod tests {
             epoch: 3,
             attempts,
             progress: None,
+            weight: 100,
+            position: None,
             last_error: Some("disk full".into()),
             claim_backoff_secs: None,
         }
+    }
+
+    fn report(positions: &[(&str, u64, u64)], records_per_sec: f64, weight_per_sec: f64) -> WorkReport {
+        WorkReport {
+            incarnation: Incarnation(7),
+            records: 0,
+            weight: 0,
+            records_per_sec,
+            weight_per_sec,
+            positions: positions
+                .iter()
+                .map(|(s, e, at)| (SplitId::new(*s).unwrap(), etl_coordination_core::Epoch(*e), *at))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn status_counts_work_by_weight_with_the_owners_positions_and_estimates_the_time_left() {
+        let owned = |id: &str, owner: &str| SplitView {
+            owner: Some(owner.into()),
+            ..split(id, "Owned", 0)
+        };
+        let mut splits = vec![
+            SplitView { weight: 400, ..split("done", "Done", 0) },
+            SplitView { weight: 300, ..owned("a", "w1") },
+            owned("b", "w2"),
+            owned("c", "w2"),
+            SplitView { weight: 100, ..split("q", "Unleased", 0) },
+        ];
+        let reports = vec![
+            // w1 reads a; a position past the weight counts as the weight.
+            ("w1".to_owned(), report(&[("a", 3, 150)], 30.0, 12.5)),
+            // w2 reads b (at its epoch) and reports c at an earlier tenancy's epoch: not c's.
+            ("w2".to_owned(), report(&[("b", 3, 500), ("c", 2, 60)], 20.0, 12.5)),
+        ];
+        place(&mut splits, &reports);
+        let positions: Vec<Option<u64>> = splits.iter().map(|x| x.position).collect();
+        assert_eq!(positions, [None, Some(150), Some(100), None, None]);
+        let w = WorkSummary::of(&splits, &reports);
+        assert_eq!((w.planned, w.done, w.remaining), (1000, 650, 350));
+        assert_eq!((w.records_per_sec, w.weight_per_sec), (50.0, 25.0));
+        assert_eq!(w.eta_secs, Some(14), "350 left at 25 a second");
+        assert!((w.percent_done - 65.0).abs() < 1e-9);
+        let s = Status { summary: Summary { work: w.clone(), ..Summary::default() }, splits, ..Status::default() };
+        let table = render(&s, Output::Table);
+        assert!(table.contains("work: 650 of 1000 done (65.0%), 350 left; 50 records/s, 25 weight/s; about 14s left"), "{table}");
+        assert!(table.contains("DONE") && table.contains("50%") && table.contains("100%"), "{table}");
+        // Nothing moving: no estimate; nothing left: none needed.
+        let still = WorkSummary::of(&s.splits, &[]);
+        assert_eq!(still.eta_secs, None);
+        let all_done = [SplitView { weight: 5, ..split("x", "Done", 0) }];
+        assert_eq!(WorkSummary::of(&all_done, &[]).eta_secs, Some(0));
+        assert_eq!(human_secs(3725), "1h02m");
+        assert_eq!(human_secs(245), "4m05s");
     }
 
     #[test]

@@ -339,6 +339,16 @@ impl SplitReader for AnyReader {
             _ => Ok(self.next().await?.map(|(record, progress)| (vec![record], progress))),
         }
     }
+
+    fn position(&self, progress: &AnyProgress) -> Option<u64> {
+        match (self, progress) {
+            (AnyReader::Files(r), AnyProgress::Files(p)) => r.position(p),
+            (AnyReader::Sqlite(r), AnyProgress::Key(p)) => r.position(p),
+            (AnyReader::Parquet(r), AnyProgress::Parquet(p)) => r.position(p),
+            (AnyReader::Postgres(r), AnyProgress::Key(p)) => r.position(p),
+            _ => None,
+        }
+    }
 }
 
 /// Faults for tests, injected into any source's records.
@@ -436,5 +446,9 @@ impl<R: SplitReader<Record = Line>> SplitReader for FaultyReader<R> {
             return self.inner.next_batch().await;
         }
         Ok(self.next().await?.map(|(record, progress)| (vec![record], progress)))
+    }
+
+    fn position(&self, progress: &R::Progress) -> Option<u64> {
+        self.inner.position(progress)
     }
 }

@@ -473,6 +473,10 @@ pub struct SplitCounts {
     /// Listed by the manifest but without a record in the view (deleted by hand, or not seen
     /// yet): neither claimable nor terminal.
     pub missing: u32,
+    /// The planned weight of the manifest's splits (the `etl_coordination_work_planned` gauge).
+    pub weight_planned: u64,
+    /// The planned weight of its Done splits (`etl_coordination_work_done`).
+    pub weight_done: u64,
 }
 
 fn protocol_advice(stored: u32, local: u32) -> String {

@@ -413,6 +413,27 @@ pub struct PresenceRecord {
     pub capacity: u32,
 }
 
+/// `report.{instance_id}` (lease): what a worker says of its work, for `etl-coord status`
+/// (progress by work, rates, the ETA). Never read by the protocol: the driver writes it every
+/// heartbeat interval with the lease's TTL, so a dead worker's report expires with its presence.
+/// A reader that cannot decode one (another release's) ignores it.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct WorkReport {
+    /// The worker's incarnation (a report of an earlier process of the same id is stale).
+    pub incarnation: Incarnation,
+    /// Records its lanes wrote since it started.
+    pub records: u64,
+    /// Weight its lanes processed since it started (the planner's unit).
+    pub weight: u64,
+    /// Records per second, over the last minute or so.
+    pub records_per_sec: f64,
+    /// Weight per second, over the same window.
+    pub weight_per_sec: f64,
+    /// The splits it reads whose source says where they stand: `(split, epoch, position)`,
+    /// the position in the split's weight unit as of its last commit.
+    pub positions: Vec<(SplitId, Epoch, u64)>,
+}
+
 /// `leader`: the leadership lease (P4).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct LeaderRecord {
@@ -457,6 +478,18 @@ pub mod keys {
     /// `worker.{id}` (lease).
     pub fn worker(id: &InstanceId) -> Key {
         key(format!("worker.{id}"))
+    }
+    /// `report.{id}` (lease): a worker's [`WorkReport`](super::WorkReport).
+    pub fn report(id: &InstanceId) -> Key {
+        key(format!("report.{id}"))
+    }
+    /// `report.` (lease).
+    pub fn report_prefix() -> Prefix {
+        Prefix::new("report.").expect("valid prefix")
+    }
+    /// The instance id of a `report.{id}` key.
+    pub fn parse_report(key: &Key) -> Option<InstanceId> {
+        key.as_str().strip_prefix("report.").and_then(|s| InstanceId::new(s).ok())
     }
     /// `steal.{victim}` (lease): a cooperative steal request to `victim` (P9).
     pub fn steal(victim: &InstanceId) -> Key {

@@ -50,6 +50,10 @@ struct Counted {
     undecodable: bool,
     missing: bool,
     old_incarnation: bool,
+    /// The planned weight it adds to `weight_planned` (in the manifest) and to `weight_done`
+    /// (in the manifest and Done).
+    planned: u64,
+    done_weight: u64,
 }
 
 /// The cached store.
@@ -70,6 +74,9 @@ pub(crate) struct View {
     pub old_incarnation: BTreeSet<SplitId>,
     pub manifest: Option<ManifestRef>,
     pub manifest_len: usize,
+    /// The planned weight of the manifest splits, and of those Done (progress by work).
+    pub weight_planned: u128,
+    pub weight_done: u128,
     pub done: usize,
     pub quarantined: usize,
     /// Manifest splits whose record says Owned.
@@ -114,6 +121,8 @@ impl View {
             old_incarnation: BTreeSet::new(),
             manifest: None,
             manifest_len: 0,
+            weight_planned: 0,
+            weight_done: 0,
             done: 0,
             quarantined: 0,
             owned: 0,
@@ -165,6 +174,8 @@ impl View {
             quarantined: self.quarantined as u32,
             undecodable: self.undecodable_splits as u32,
             missing: self.missing as u32,
+            weight_planned: u64::try_from(self.weight_planned).unwrap_or(u64::MAX),
+            weight_done: u64::try_from(self.weight_done).unwrap_or(u64::MAX),
         }
     }
 
@@ -277,8 +288,9 @@ impl View {
         let old = sv.counted;
         let in_manifest = sv.weight.is_some();
         let state = sv.record.as_ref().map(|r| r.state);
+        let done = in_manifest && state == Some(SplitState::Done);
         let new = Counted {
-            done: in_manifest && state == Some(SplitState::Done),
+            done,
             quarantined: in_manifest && state == Some(SplitState::Quarantined),
             owned: in_manifest && state == Some(SplitState::Owned),
             undecodable: in_manifest && sv.record_undecodable,
@@ -290,6 +302,8 @@ impl View {
                     .as_ref()
                     .and_then(|r| r.owner.as_ref())
                     .is_some_and(|o| o.instance == self.me && o.incarnation != self.incarnation),
+            planned: sv.weight.unwrap_or(0),
+            done_weight: if done { sv.weight.unwrap_or(0) } else { 0 },
         };
         sv.counted = new;
         if let Some(w) = sv.weight
@@ -321,6 +335,8 @@ impl View {
                 self.held_by.entry(holder).or_default().insert((w, id.clone()));
             }
         }
+        self.weight_planned = self.weight_planned - u128::from(old.planned) + u128::from(new.planned);
+        self.weight_done = self.weight_done - u128::from(old.done_weight) + u128::from(new.done_weight);
         adjust(&mut self.done, old.done, new.done);
         adjust(&mut self.quarantined, old.quarantined, new.quarantined);
         adjust(&mut self.owned, old.owned, new.owned);

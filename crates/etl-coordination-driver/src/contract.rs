@@ -57,6 +57,16 @@ pub trait SplitReader: Send + 'static {
     fn next_batch(&mut self) -> impl Future<Output = NextBatch<Self::Record, Self::Progress>> + Send {
         async { Ok(self.next().await?.map(|(record, progress)| (vec![record], progress))) }
     }
+
+    /// How much of the split lies before `progress`, in the unit of the planner's weight for
+    /// it ([`LaneInfo::weight`]: bytes, rows): what `etl-coord status` and the work metrics
+    /// count as done within a split that is still being read. `None` (the default): the
+    /// reader cannot say, and the split counts as done only once it is finished. An estimate
+    /// is fine (a key's place in its range); a value past the weight counts as the weight.
+    fn position(&self, progress: &Self::Progress) -> Option<u64> {
+        let _ = progress;
+        None
+    }
 }
 
 /// What [`SplitReader::next`] gives: a record and the progress after it, the end of the split

@@ -39,6 +39,9 @@ pub(crate) enum LaneMsg {
     GiveUp { split: SplitId, epoch: Epoch, error: String },
     /// A bad record was skipped (for the metrics only).
     Skipped,
+    /// Work done since the lane's last report, and where its split stands (for the work
+    /// metrics and the worker's report only: `Lane::worked`).
+    Worked { split: SplitId, epoch: Epoch, records: u64, position: Option<u64> },
 }
 
 /// Why and by when a lane must stop.
@@ -242,6 +245,16 @@ impl Lane {
             epoch: self.epoch,
             error: error.into(),
         });
+    }
+
+    /// Reports work the lane made durable since its last report: `records` written and
+    /// committed, and `position`, how much of the split lies before its committed progress in
+    /// the unit of its [weight](Lane::weight) (`None`: the source cannot say). For the work
+    /// metrics and `etl-coord status` (progress by work, rates, the ETA), never for the
+    /// protocol: call it after a commit returns `Ok`. The pipeline does; a lane driven by an
+    /// embedder's own loop that never calls it is counted when its split finishes.
+    pub fn worked(&self, records: u64, position: Option<u64>) {
+        let _ = self.tx.send(LaneMsg::Worked { split: self.split.clone(), epoch: self.epoch, records, position });
     }
 
     /// Counts a bad record skipped (`etl_coordination_records_skipped_total`).

@@ -74,6 +74,7 @@ mod stores;
 mod task;
 mod transient;
 mod watches;
+mod work;
 
 pub use config::{
     DEFAULT_BREAKER_THRESHOLD, DEFAULT_BREAKER_WINDOW, DEFAULT_LANE_STALL_TIMEOUT,

@@ -9,4 +9,6 @@ pub(crate) enum Msg {
     Watch { watch: WatchId, generation: u64, event: WatchEvent },
     WatchFailed { watch: WatchId, generation: u64, error: String },
     PlanReady { request: u64, result: Result<Plan, String> },
+    /// The worker's report was written (or not): `crate::work`.
+    Reported(StoreResult),
 }

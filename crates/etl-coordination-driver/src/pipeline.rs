@@ -288,6 +288,10 @@ struct Written<P> {
     /// transient failure) reads them again, and they are not counted twice.
     skipped_since_last: u32,
     last_commit: Instant,
+    /// Where the split stands at `last`, in its weight's unit ([`SplitReader::position`]).
+    position: Option<u64>,
+    /// `emitted` when the lane last reported its work ([`Lane::worked`]).
+    reported: u64,
 }
 
 impl<P: Serialize> Written<P> {
@@ -304,6 +308,12 @@ impl<P: Serialize> Written<P> {
     /// What was written is committed.
     fn committed(&mut self) {
         (self.pending, self.dirty, self.last_commit) = (0, false, Instant::now());
+    }
+
+    /// Reports the records written since the last report and where the split stands.
+    fn report(&mut self, lane: &Lane) {
+        lane.worked(self.emitted - self.reported, self.position);
+        self.reported = self.emitted;
     }
 }
 
@@ -385,6 +395,8 @@ async fn read_lane<So: Source, Si: Sink<So::Record>>(
         skipped: 0,
         skipped_since_last: 0,
         last_commit: Instant::now(),
+        position: None,
+        reported: 0,
     };
     loop {
         let at = w.last.as_ref().map(encode).or_else(|| resume.clone());
@@ -503,19 +515,21 @@ impl<Si: Sink<R>, R: Send + 'static, P: Serialize> Read<'_, Si, R, P> {
             // One read. While it waits, the time cadence commits what was written: the read's
             // future is kept (not dropped and started again), so a reader that is not
             // cancel-safe loses nothing. It is dropped only when the lane stops, with the reader.
-            let read = reader.next_batch();
-            tokio::pin!(read);
-            let next = loop {
-                tokio::select! {
-                    biased;
-                    stop = self.lane.revoked() => return ReadEnd::Stop(stop),
-                    () = tokio::time::sleep_until(self.w.last_commit + self.cadence.interval), if self.w.dirty => {
-                        match self.commit().await {
-                            Ok(()) => {}
-                            Err(end) => return end,
+            let next = {
+                let read = reader.next_batch();
+                tokio::pin!(read);
+                loop {
+                    tokio::select! {
+                        biased;
+                        stop = self.lane.revoked() => return ReadEnd::Stop(stop),
+                        () = tokio::time::sleep_until(self.w.last_commit + self.cadence.interval), if self.w.dirty => {
+                            match self.commit().await {
+                                Ok(()) => {}
+                                Err(end) => return end,
+                            }
                         }
+                        r = &mut read => break r,
                     }
-                    r = &mut read => break r,
                 }
             };
             if next.is_ok() {
@@ -550,14 +564,17 @@ impl<Si: Sink<R>, R: Send + 'static, P: Serialize> Read<'_, Si, R, P> {
                 Err(e) => return ReadEnd::Source(e),
                 Ok(None) => {
                     return match flush_retrying(self.lane, self.out, self.retry).await {
-                        Ok(()) => ReadEnd::Finished(
-                            self.w
-                                .last
-                                .as_ref()
-                                .map(encode)
-                                .or(resume.cloned())
-                                .unwrap_or(Bytes::from_static(NO_PROGRESS)),
-                        ),
+                        Ok(()) => {
+                            self.w.report(self.lane);
+                            ReadEnd::Finished(
+                                self.w
+                                    .last
+                                    .as_ref()
+                                    .map(encode)
+                                    .or(resume.cloned())
+                                    .unwrap_or(Bytes::from_static(NO_PROGRESS)),
+                            )
+                        }
                         Err(FlushEnd::Stop(stop)) => ReadEnd::Stop(stop),
                         Err(FlushEnd::Failed(e)) => ReadEnd::Sink(e),
                     };
@@ -591,6 +608,7 @@ impl<Si: Sink<R>, R: Send + 'static, P: Serialize> Read<'_, Si, R, P> {
                     self.w.emitted += n;
                     self.w.pending += n;
                     self.w.dirty = true;
+                    self.w.position = reader.position(&progress);
                     self.w.last = Some(progress);
                     if self.w.pending >= self.cadence.records
                         || self.w.last_commit.elapsed() >= self.cadence.interval
@@ -613,6 +631,7 @@ impl<Si: Sink<R>, R: Send + 'static, P: Serialize> Read<'_, Si, R, P> {
         match flush_and_commit(self.lane, self.out, self.retry, self.w.progress()).await {
             Ok(true) => {
                 self.w.committed();
+                self.w.report(self.lane);
                 Ok(())
             }
             // A stop came: the next round sees it.

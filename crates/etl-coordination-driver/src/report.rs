@@ -52,6 +52,7 @@ impl JobReport {
                     splits.undecodable,
                     splits.missing,
                 ]);
+                self.metrics.work(splits.weight_planned, splits.weight_done);
                 self.metrics.records_undecodable("state", *undecodable_state);
                 self.metrics.records_undecodable("lease", *undecodable_lease);
                 let blocking = (*undecodable_state, splits.missing);

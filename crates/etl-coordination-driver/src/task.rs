@@ -6,9 +6,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use etl_coordination_core::records::{self, keys};
 use etl_coordination_core::{
-    Action, Breaker, BreakerState, BreakerVerdict, Bucket, CommitOutcome, Config, Epoch, Event, Input,
-    Outage, Outcome, SplitId, StopReason, Timestamp, Worker,
+    Action, Breaker, BreakerState, BreakerVerdict, Bucket, CommitOutcome, Config, Epoch, Event, Incarnation,
+    Input, InstanceId, Outage, Outcome, Revision, SplitId, StopReason, StoreError, StoreReply, StoreRequest,
+    Timestamp, Worker,
 };
 use etl_coordination_metrics::Metrics;
 use etl_coordination_store::layers::{Observed, Timeout};
@@ -26,6 +28,7 @@ use crate::planner::Planner;
 use crate::report::{JobReport, StoreMetrics, log_event};
 use crate::stores::JobStores;
 use crate::watches::Watches;
+use crate::work::Work;
 
 /// Control messages from the [`DriverHandle`](crate::DriverHandle).
 #[derive(Debug)]
@@ -71,6 +74,25 @@ pub(crate) struct Task<S, P> {
     /// A split whose committed progress this release cannot read: the worker drains and ends
     /// with [`DriverError::IncompatibleProgress`] (the first such split is reported).
     incompatible: Option<(SplitId, String)>,
+    /// What the lanes did, reported in `report.{instance}` and the work metrics.
+    work: Work,
+    reporter: Reporter,
+}
+
+/// Writes the worker's [`WorkReport`](records::WorkReport) every heartbeat interval, with the
+/// lease's TTL: a create, then compare-and-swaps on its revision (a read first when a report
+/// of an earlier process of this id is still there). A failed write waits for the next round.
+struct Reporter {
+    instance: InstanceId,
+    incarnation: Incarnation,
+    ttl: Duration,
+    every: Duration,
+    next: Instant,
+    /// The revision of our report, once written or read.
+    rev: Option<Revision>,
+    /// A create found a report there: read its revision next.
+    taken: bool,
+    in_flight: bool,
 }
 
 impl<S: Store, P: Planner> Task<S, P> {
@@ -93,6 +115,16 @@ impl<S: Store, P: Planner> Task<S, P> {
         let op_timeout = config.op_timeout.unwrap_or_else(|| {
             stores.state.op_timeout().map_or(DEFAULT_OP_TIMEOUT, |b| b.max(DEFAULT_OP_TIMEOUT))
         });
+        let reporter = Reporter {
+            instance: cfg.instance_id.clone(),
+            incarnation: cfg.incarnation,
+            ttl: cfg.lease_duration,
+            every: cfg.heartbeat_interval(),
+            next: Instant::now() + cfg.heartbeat_interval(),
+            rev: None,
+            taken: false,
+            in_flight: false,
+        };
         let task = Task {
             worker: Worker::new(cfg),
             state: Arc::new(Observed::new(
@@ -119,6 +151,8 @@ impl<S: Store, P: Planner> Task<S, P> {
             running: LaneTable::default(),
             report: JobReport::new(metrics, state),
             incompatible: None,
+            work: Work::default(),
+            reporter,
             deferred: Vec::new(),
             waiters: BTreeMap::new(),
             done: false,
@@ -186,6 +220,10 @@ impl<S: Store, P: Planner> Task<S, P> {
                     continue;
                 }
                 () = sleep_until(breaker_probe) => self.breaker_probe(),
+                () = tokio::time::sleep_until(self.reporter.next) => {
+                    self.write_report();
+                    continue;
+                }
             };
             self.handle(input);
         }
@@ -207,7 +245,51 @@ impl<S: Store, P: Planner> Task<S, P> {
                 Input::WatchFailed { watch }
             }
             Msg::PlanReady { request, result } => Input::PlanReady { request, result },
+            Msg::Reported(result) => {
+                self.reported(result);
+                return None;
+            }
         })
+    }
+
+    /// Writes the worker's report (one write in flight at a time).
+    fn write_report(&mut self) {
+        let r = &mut self.reporter;
+        r.next = Instant::now() + r.every;
+        if r.in_flight {
+            return;
+        }
+        let report = self.work.report(Instant::now(), r.incarnation);
+        let key = keys::report(&r.instance);
+        let value = records::encode(&report);
+        let request = match (r.rev, r.taken) {
+            (Some(expected), _) => StoreRequest::CompareAndSwap { key, expected, value, ttl: Some(r.ttl) },
+            (None, true) => StoreRequest::Get { key },
+            (None, false) => StoreRequest::Create { key, value, ttl: Some(r.ttl) },
+        };
+        r.in_flight = true;
+        let store = self.lease.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let result = execute(&*store, request).await;
+            let _ = tx.send(Msg::Reported(result));
+        });
+    }
+
+    /// A report write's (or read's) answer: the revision to swap next time.
+    fn reported(&mut self, result: etl_coordination_core::StoreResult) {
+        let r = &mut self.reporter;
+        r.in_flight = false;
+        match result {
+            Ok(StoreReply::Written(rev)) => (r.rev, r.taken) = (Some(rev), false),
+            Ok(StoreReply::Value(Some(entry))) => (r.rev, r.taken) = (Some(entry.revision), false),
+            Ok(_) => (r.rev, r.taken) = (None, false),
+            Err(StoreError::AlreadyExists(_)) => (r.rev, r.taken) = (None, true),
+            Err(e) => {
+                trace!(error = %e, "writing the worker's report failed; next round");
+                (r.rev, r.taken) = (None, false);
+            }
+        }
     }
 
     /// A lane's message as the core's input; a commit's answer is routed back by
@@ -278,6 +360,11 @@ impl<S: Store, P: Planner> Task<S, P> {
                 self.report.metrics.record_skipped();
                 return None;
             }
+            LaneMsg::Worked { split, epoch, records, position } => {
+                let (weight, records) = self.work.worked(&split, epoch, records, position);
+                self.report.metrics.worked(weight, records);
+                return None;
+            }
         })
     }
 
@@ -321,6 +408,7 @@ impl<S: Store, P: Planner> Task<S, P> {
 
     /// The lane of `split` at `epoch` ended: forget it (and its stall).
     fn lane_ended(&mut self, split: &SplitId, epoch: Epoch) {
+        self.work.ended(split, epoch);
         if self.running.end(split, epoch).is_some_and(|l| l.stalled) {
             self.report.metrics.lanes_stalled(self.running.stalled());
         }
@@ -408,9 +496,10 @@ impl<S: Store, P: Planner> Task<S, P> {
                 self.watches.open(watch, store, self.tx.clone());
             }
             Action::Plan { request } => self.run_planner(request),
-            Action::StartLane { split, epoch, descriptor, weight, progress, reason } => self.start_lane(
-                Lane::new(split, epoch, descriptor, weight, progress, reason, self.lane_tx.clone()),
-            ),
+            Action::StartLane { split, epoch, descriptor, weight, progress, reason } => {
+                self.work.started(split.clone(), epoch, weight, progress.is_none());
+                self.start_lane(Lane::new(split, epoch, descriptor, weight, progress, reason, self.lane_tx.clone()))
+            }
             Action::StopLane { split, epoch, reason, deadline } => {
                 self.stop_lane(split, epoch, reason, deadline)
             }
@@ -485,7 +574,11 @@ impl<S: Store, P: Planner> Task<S, P> {
     fn commit_done(&mut self, split: SplitId, epoch: Epoch, outcome: CommitOutcome) {
         if let Some(l) = self.running.get(&split, epoch) {
             match outcome {
-                CommitOutcome::Ok if l.finishing => self.lane_ended(&split, epoch),
+                CommitOutcome::Ok if l.finishing => {
+                    let rest = self.work.finished(&split, epoch);
+                    self.report.metrics.worked(rest, 0);
+                    self.lane_ended(&split, epoch);
+                }
                 CommitOutcome::Ok => {
                     l.progress_at = Instant::now();
                     if std::mem::take(&mut l.stalled) {

@@ -84,8 +84,20 @@ pub mod names {
     /// Counter: peers' requests for one of this worker's splits, by its answer (`answer` label).
     pub const STEAL_REQUESTS_TOTAL: &str = "etl_coordination_steal_requests_total";
 
+    /// Gauge: the published plan's total weight (the planner's unit: bytes, rows), as this
+    /// worker's view has it.
+    pub const WORK_PLANNED: &str = "etl_coordination_work_planned";
+    /// Gauge: the weight of the plan's Done splits, as this worker's view has it.
+    pub const WORK_DONE: &str = "etl_coordination_work_done";
+    /// Counter: weight this worker's lanes processed (committed positions within splits, and
+    /// the rest of each split they finished).
+    pub const WORK_PROCESSED_TOTAL: &str = "etl_coordination_work_processed_total";
+    /// Counter: records this worker's lanes wrote to the sink (counted at each commit and at a
+    /// split's end).
+    pub const RECORDS_WRITTEN_TOTAL: &str = "etl_coordination_records_written_total";
+
     /// Every family.
-    pub const ALL: [&str; 19] = [
+    pub const ALL: [&str; 23] = [
         SPLITS_OWNED,
         LIVE_WORKERS,
         LEADER,
@@ -105,6 +117,10 @@ pub mod names {
         BREAKER_TRIPS_TOTAL,
         STEALS_TOTAL,
         STEAL_REQUESTS_TOTAL,
+        WORK_PLANNED,
+        WORK_DONE,
+        WORK_PROCESSED_TOTAL,
+        RECORDS_WRITTEN_TOTAL,
     ];
 }
 
@@ -237,6 +253,23 @@ pub fn describe() {
         Unit::Count,
         "Cooperative steals this worker asked for, by outcome: handed_over, forced, withdrawn, refused."
     );
+    describe_gauge!(
+        names::WORK_PLANNED,
+        "The published plan's total weight (the planner's unit: bytes, rows), as this worker sees it."
+    );
+    describe_gauge!(
+        names::WORK_DONE,
+        "The weight of the plan's Done splits, as this worker sees it; with work_planned, the job's progress by work."
+    );
+    describe_counter!(
+        names::WORK_PROCESSED_TOTAL,
+        "Weight this worker's lanes processed (positions within splits, and the rest of each split finished); its rate is the job's pace."
+    );
+    describe_counter!(
+        names::RECORDS_WRITTEN_TOTAL,
+        Unit::Count,
+        "Records this worker's lanes wrote to the sink, counted at commits and at a split's end."
+    );
     describe_counter!(
         names::STEAL_REQUESTS_TOTAL,
         Unit::Count,
@@ -261,6 +294,8 @@ impl Metrics {
         m.splits_quarantined(0);
         m.job_state("running");
         m.splits([0; 6]);
+        m.work(0, 0);
+        m.worked(0, 0);
         for bucket in BUCKETS {
             m.records_undecodable(bucket, 0);
         }
@@ -356,6 +391,18 @@ impl Metrics {
             gauge!(names::SPLITS, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone(), "state" => state)
                 .set(f64::from(n));
         }
+    }
+
+    /// `work_planned` and `work_done`: the plan's weight and that of its Done splits.
+    pub fn work(&self, planned: u64, done: u64) {
+        gauge!(names::WORK_PLANNED, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone()).set(planned as f64);
+        gauge!(names::WORK_DONE, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone()).set(done as f64);
+    }
+
+    /// `work_processed_total` and `records_written_total`: `weight` and `records` more.
+    pub fn worked(&self, weight: u64, records: u64) {
+        counter!(names::WORK_PROCESSED_TOTAL, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone()).increment(weight);
+        counter!(names::RECORDS_WRITTEN_TOTAL, "coordination_job" => self.job.clone(), "coordination_instance" => self.instance.clone()).increment(records);
     }
 
     /// `records_undecodable{bucket}` (one of [`BUCKETS`]).
@@ -463,6 +510,9 @@ mod tests {
         m.breaker_trip();
         m.steal("handed_over");
         m.steal_request(true);
+        m.work(3000, 1200);
+        m.worked(700, 35);
+        m.worked(100, 5);
         let text = handle.render();
         for family in names::ALL {
             assert!(text.contains(&format!("# HELP {family}")), "{family} has help text:\n{text}");
@@ -498,6 +548,10 @@ mod tests {
             r#"etl_coordination_steals_total{coordination_job="backfill",coordination_instance="pod-1",outcome="forced"} 0"#,
             r#"etl_coordination_steal_requests_total{coordination_job="backfill",coordination_instance="pod-1",answer="honoured"} 1"#,
             r#"etl_coordination_steal_requests_total{coordination_job="backfill",coordination_instance="pod-1",answer="refused"} 0"#,
+            r#"etl_coordination_work_planned{coordination_job="backfill",coordination_instance="pod-1"} 3000"#,
+            r#"etl_coordination_work_done{coordination_job="backfill",coordination_instance="pod-1"} 1200"#,
+            r#"etl_coordination_work_processed_total{coordination_job="backfill",coordination_instance="pod-1"} 800"#,
+            r#"etl_coordination_records_written_total{coordination_job="backfill",coordination_instance="pod-1"} 40"#,
         ];
         for line in expect {
             assert!(text.contains(line), "missing {line:?} in:\n{text}");

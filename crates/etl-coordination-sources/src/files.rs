@@ -609,6 +609,21 @@ impl SplitReader for FilesReader {
     type Record = Line;
     type Progress = FileProgress;
 
+    /// Bytes of the split before `p`, as the planner weighs it: the objects before, and the
+    /// offset within the current one (a byte range counts from its start). A compressed
+    /// object's offset counts decompressed bytes, so it counts as nothing until it is read.
+    fn position(&self, p: &FileProgress) -> Option<u64> {
+        if let Some(r) = self.split.range {
+            return Some(p.offset.saturating_sub(r.start).min(r.end - r.start));
+        }
+        let before: u64 = self.split.objects.iter().take(p.object).map(|(_, size)| *size).sum();
+        let within = match self.split.objects.get(p.object) {
+            Some((path, size)) if compression(path) == Compression::None => p.offset.min(*size),
+            _ => 0,
+        };
+        Some(before + within)
+    }
+
     async fn next(&mut self) -> NextRecord<Line, FileProgress> {
         loop {
             let Some((path, size)) = self.split.objects.get(self.progress.object).cloned() else {
@@ -854,6 +869,45 @@ mod tests {
             out.push(rec);
         }
         out
+    }
+
+    #[tokio::test]
+    async fn positions_climb_to_the_weight_by_bytes_read() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.txt"), "one\ntwo\n").unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(b"four\nfive\n").unwrap();
+        std::fs::write(dir.path().join("c.txt.gz"), gz.finish().unwrap()).unwrap();
+        let gz_size = std::fs::metadata(dir.path().join("c.txt.gz")).unwrap().len();
+        // Each object a split of its own (target 1 byte), and a.txt in 4-byte ranges.
+        for ranges in [false, true] {
+            let src = FilesSource::open(dir.path().to_str().unwrap(), if ranges { 4 } else { 1 })
+                .unwrap()
+                .split_large_objects(ranges);
+            for split in src.plan_splits().await.unwrap() {
+                let desc: FileSplit = serde_json::from_slice(&split.descriptor).unwrap();
+                let lane =
+                    LaneInfo::new(split.id.clone(), Epoch(1), InstanceId::new("t").unwrap(), split.descriptor.clone(), 1);
+                let r = src.open(&lane, None).await.unwrap();
+                let read = read_all(&src, &split, None).await;
+                let positions: Vec<u64> = read.iter().map(|(_, p)| r.position(p).unwrap()).collect();
+                let end = FileProgress { object: desc.objects.len(), offset: 0, line: 0 };
+                assert_eq!(r.position(&end), Some(split.weight), "{desc:?}");
+                let expected: Vec<u64> = match (desc.objects[0].0.as_str(), desc.range) {
+                    ("a.txt", None) => vec![4, 8],
+                    // Each range's one line; the first ends on its range's end, the second's
+                    // read starts a byte early and counts from the range's start.
+                    ("a.txt", Some(_)) => vec![4],
+                    // Decompressed bytes say nothing of the compressed size: done at the end.
+                    ("c.txt.gz", None) => vec![0, 0],
+                    other => panic!("unexpected split {other:?}"),
+                };
+                assert_eq!(positions, expected, "{desc:?}");
+                if desc.objects[0].0 == "c.txt.gz" {
+                    assert_eq!(split.weight, gz_size);
+                }
+            }
+        }
     }
 
     /// Every line of `text` (the reader's semantics: a last line without its newline counts).

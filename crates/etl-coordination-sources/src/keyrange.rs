@@ -31,6 +31,16 @@ impl IdRange {
         if self.lo == i64::MAX { i64::MAX } else { self.hi - 1 }
     }
 
+    /// An estimate of the rows of a range of `rows` rows up to and including the key `last`:
+    /// the key's place in the range, as if its keys were spread evenly (what
+    /// [`SplitReader::position`](etl_coordination_driver::SplitReader::position) reports for
+    /// a key range; exact for dense keys).
+    pub fn position(&self, rows: u64, last: i64) -> u64 {
+        let span = (i128::from(self.last_key()) - i128::from(self.lo) + 1).max(1);
+        let done = (i128::from(last) - i128::from(self.lo) + 1).clamp(0, span);
+        u64::try_from(i128::from(rows) * done / span).unwrap_or(rows)
+    }
+
     /// Whether `key` is in the range.
     pub fn contains(&self, key: i64) -> bool {
         key >= self.lo && key <= self.last_key()
@@ -184,6 +194,19 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn a_key_s_position_is_its_place_in_the_range() {
+        let r = IdRange { lo: 100, hi: 200 };
+        assert_eq!(r.position(50, 99), 0, "before the range");
+        assert_eq!(r.position(50, 149), 25);
+        assert_eq!(r.position(50, 199), 50, "the last key");
+        assert_eq!(r.position(50, i64::MAX), 50, "never past the rows");
+        let max = IdRange { lo: i64::MAX, hi: i64::MAX };
+        assert_eq!(max.position(1, i64::MAX), 1);
+        let all = IdRange { lo: i64::MIN, hi: i64::MAX };
+        assert_eq!(all.position(1000, 0), 500);
+    }
 
     /// A table's keys in memory, counting the index entries each query steps over.
     struct Keys {

@@ -569,6 +569,7 @@ impl Source for PostgresSource {
             source: self.clone(),
             client: None,
             range,
+            rows: lane.weight(),
             after: from,
             buffer: Vec::new(),
             done: false,
@@ -581,6 +582,8 @@ pub struct PostgresReader {
     source: PostgresSource,
     client: Option<Client>,
     range: IdRange,
+    /// The range's rows as planned (its weight).
+    rows: u64,
     after: Option<i64>,
     /// Rows fetched and not handed on yet, last first.
     buffer: Vec<(i64, String)>,
@@ -616,6 +619,11 @@ impl PostgresReader {
 impl SplitReader for PostgresReader {
     type Record = Line;
     type Progress = i64;
+
+    /// The rows of the range up to the key `last`, estimated from its place in the range.
+    fn position(&self, last: &i64) -> Option<u64> {
+        Some(self.range.position(self.rows, *last))
+    }
 
     async fn next(&mut self) -> NextRecord<Line, i64> {
         if self.buffer.is_empty() && !self.done {
@@ -672,6 +680,10 @@ pub struct TypedReader<T> {
 impl<T: serde::de::DeserializeOwned + Send + 'static> SplitReader for TypedReader<T> {
     type Record = T;
     type Progress = i64;
+
+    fn position(&self, last: &i64) -> Option<u64> {
+        self.rows.position(last)
+    }
 
     async fn next(&mut self) -> NextRecord<T, i64> {
         let Some((line, key)) = self.rows.next().await? else { return Ok(None) };

@@ -269,7 +269,14 @@ impl Source for SqliteSource {
     async fn open(&self, lane: &LaneInfo, from: Option<i64>) -> Result<SqliteReader, SourceError> {
         let range: IdRange = serde_json::from_slice(lane.descriptor())
             .map_err(|e| SourceError::unprocessable(format!("undecodable sqlite descriptor: {e}")))?;
-        Ok(SqliteReader { source: self.clone(), range, after: from, buffer: Vec::new(), done: false })
+        Ok(SqliteReader {
+            source: self.clone(),
+            range,
+            rows: lane.weight(),
+            after: from,
+            buffer: Vec::new(),
+            done: false,
+        })
     }
 }
 
@@ -277,6 +284,8 @@ impl Source for SqliteSource {
 pub struct SqliteReader {
     source: SqliteSource,
     range: IdRange,
+    /// The range's rows as planned (its weight).
+    rows: u64,
     after: Option<i64>,
     buffer: Vec<(i64, String)>,
     done: bool,
@@ -325,6 +334,11 @@ impl SqliteReader {
 impl SplitReader for SqliteReader {
     type Record = Line;
     type Progress = i64;
+
+    /// The rows of the range up to the key `last`, estimated from its place in the range.
+    fn position(&self, last: &i64) -> Option<u64> {
+        Some(self.range.position(self.rows, *last))
+    }
 
     async fn next(&mut self) -> NextRecord<Line, i64> {
         if self.buffer.is_empty() && !self.done {
