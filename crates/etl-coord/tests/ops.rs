@@ -178,3 +178,58 @@ fn progress_renders_as_text_never_as_raw_bytes() {
     assert!(binary.starts_with("0x000102ff") && binary.contains("4 bytes"), "{binary}");
     assert!(!binary.contains('\0'));
 }
+
+#[tokio::test]
+async fn status_shows_progress_by_work_and_a_time_left_that_the_job_keeps() {
+    // A job of known size: 4 files of 50 lines, one lane reading 50 lines a second at most
+    // (20 ms a line): about 4 s of work, a quarter of it per file.
+    let dir = tempfile::tempdir().unwrap();
+    for f in 0..4 {
+        let text: String = (0..50).map(|i| format!("file {f} line {i:02}\n")).collect();
+        std::fs::write(dir.path().join(format!("f{f}.txt")), text).unwrap();
+    }
+    let source = AnySource::open(&format!("files:{}", dir.path().display()), 1, 1, false).unwrap();
+    let stores = JobStores::memory(JobName::new("eta").unwrap());
+    let mut config = DriverConfig::default();
+    config.instance_id = Some(InstanceId::new("w1").unwrap());
+    config.tuning.lease_duration = Duration::from_secs(3);
+    config.tuning.max_in_flight = 1;
+    let faults = Faults { record_delay: Duration::from_millis(20), ..Faults::default() };
+    let started = tokio::time::Instant::now();
+    let handle = Pipeline::new(stores.clone(), Faulty { source, faults }, JsonlSink::discard())
+        .config(config)
+        .commit_every(etl_coordination_driver::CommitCadence::new(5, Duration::from_millis(100)))
+        .start()
+        .unwrap();
+    // Asked until the worker has reported a pace and a split in progress (every heartbeat
+    // interval, a second here), and at least one file is left.
+    let (asked, st) = loop {
+        let st = ops::status(&stores).await.unwrap();
+        let reading = st.splits.iter().any(|x| x.state == "Owned" && x.position.is_some_and(|p| p > 0));
+        if reading && st.summary.work.eta_secs.is_some_and(|e| e > 0) && st.summary.done < 3 {
+            break (tokio::time::Instant::now(), st);
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "no estimate while the job ran: {st:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let w = &st.summary.work;
+    let planned: u64 = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+    assert_eq!(w.planned, planned, "the files' bytes");
+    assert!(w.done > 0 && w.done < planned && w.remaining == planned - w.done, "{w:?}");
+    // A split being read counts its bytes read, never past its weight.
+    let owned = st.splits.iter().find(|x| x.state == "Owned").unwrap();
+    assert!(owned.position.unwrap() <= owned.weight, "{owned:?}");
+    assert!(ops::render(&st, ops::Output::Table).contains("work: "), "the summary line");
+    // The pace is the lane's: at most 50 lines a second, and not far below.
+    assert!((10.0..=55.0).contains(&w.records_per_sec), "{w:?}");
+    let eta = Duration::from_secs(w.eta_secs.unwrap());
+    assert!(matches!(handle.outcome().await.unwrap(), JobOutcome::Complete));
+    let took = asked.elapsed();
+    assert!(
+        eta <= took * 3 + Duration::from_secs(2) && took <= eta * 3 + Duration::from_secs(2),
+        "estimated {eta:?} left, the job took {took:?} more"
+    );
+    let end = ops::status(&stores).await.unwrap();
+    let w = &end.summary.work;
+    assert_eq!((w.done, w.remaining, w.eta_secs, w.percent_done), (planned, 0, Some(0), 100.0));
+}
