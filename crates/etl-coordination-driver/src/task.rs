@@ -17,7 +17,7 @@ use etl_coordination_store::layers::{Observed, Timeout};
 use etl_coordination_store::{Store, execute};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
-use tracing::{error, info, trace, warn};
+use tracing::{debug, error, info, trace, warn};
 
 use crate::config::{DEFAULT_OP_TIMEOUT, DriverConfig, OnLaneStall, OnStall};
 use crate::lane::{Lane, LaneMsg, Lanes, Stop};
@@ -77,6 +77,8 @@ pub(crate) struct Task<S, P> {
     /// What the lanes did, reported in `report.{instance}` and the work metrics.
     work: Work,
     reporter: Reporter,
+    /// The worker's outcome, published once its report is retired.
+    result: Option<Result<JobOutcome, DriverError>>,
 }
 
 /// Writes the worker's [`WorkReport`](records::WorkReport) every heartbeat interval, with the
@@ -153,6 +155,7 @@ impl<S: Store, P: Planner> Task<S, P> {
             incompatible: None,
             work: Work::default(),
             reporter,
+            result: None,
             deferred: Vec::new(),
             waiters: BTreeMap::new(),
             done: false,
@@ -228,6 +231,10 @@ impl<S: Store, P: Planner> Task<S, P> {
             self.handle(input);
         }
         self.watches.abort_all();
+        self.retire_report().await;
+        if let Some(result) = self.result.take() {
+            let _ = self.outcome.send(Some(result));
+        }
         if self.outcome.borrow().is_none() {
             let _ = self.outcome.send(Some(Err(DriverError::Gone)));
         }
@@ -668,7 +675,29 @@ impl<S: Store, P: Planner> Task<S, P> {
         for (_, reply) in std::mem::take(&mut self.waiters) {
             let _ = reply.send(CommitOutcome::Lost);
         }
-        let _ = self.outcome.send(Some(result));
+        self.result = Some(result);
+    }
+
+    /// A worker that ends deletes its report (a crash's, or a kill's, expires with its TTL):
+    /// after the answer of a write in flight, if one is, within a heartbeat interval.
+    async fn retire_report(&mut self) {
+        if matches!(self.result, Some(Err(DriverError::Killed))) {
+            return;
+        }
+        let deadline = Instant::now() + self.reporter.every;
+        while self.reporter.in_flight {
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(Msg::Reported(result))) => self.reported(result),
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        if let Some(expected) = self.reporter.rev {
+            let key = keys::report(&self.reporter.instance);
+            if let Err(e) = execute(&*self.lease, StoreRequest::Delete { key, expected }).await {
+                debug!(error = %e, "deleting the worker's report failed: it expires with its TTL");
+            }
+        }
     }
 }
 
