@@ -199,7 +199,7 @@ pub fn render_progress(p: &[u8]) -> String {
 
 /// Reads the whole job state in a fixed number of requests, whatever the number of splits:
 /// the plan head and the leader key, then one listing each of manifests, split records,
-/// leases and workers. An undecodable record is reported, never fatal.
+/// leases, workers and their reports. An undecodable record is reported, never fatal.
 pub async fn status<S: Store>(stores: &JobStores<S>) -> anyhow::Result<Status> {
     let mut r = Reading::default();
     let mut out = Status::default();
@@ -303,7 +303,10 @@ impl Reading {
 
     /// The workers' reports of their work. One that cannot be decoded (another release's)
     /// is left out, not reported: nothing depends on it.
-    async fn reports<S: Store>(&mut self, stores: &JobStores<S>) -> anyhow::Result<Vec<(String, WorkReport)>> {
+    async fn reports<S: Store>(
+        &mut self,
+        stores: &JobStores<S>,
+    ) -> anyhow::Result<Vec<(String, WorkReport)>> {
         Ok(stores
             .lease
             .list(&keys::report_prefix())
@@ -865,10 +868,7 @@ mod tests {
 
     #[test]
     fn status_counts_work_by_weight_with_the_owners_positions_and_estimates_the_time_left() {
-        let owned = |id: &str, owner: &str| SplitView {
-            owner: Some(owner.into()),
-            ..split(id, "Owned", 0)
-        };
+        let owned = |id: &str, owner: &str| SplitView { owner: Some(owner.into()), ..split(id, "Owned", 0) };
         let mut splits = vec![
             SplitView { weight: 400, ..split("done", "Done", 0) },
             SplitView { weight: 300, ..owned("a", "w1") },
@@ -890,9 +890,18 @@ mod tests {
         assert_eq!((w.records_per_sec, w.weight_per_sec), (50.0, 25.0));
         assert_eq!(w.eta_secs, Some(14), "350 left at 25 a second");
         assert!((w.percent_done - 65.0).abs() < 1e-9);
-        let s = Status { summary: Summary { work: w.clone(), ..Summary::default() }, splits, ..Status::default() };
+        let s = Status {
+            summary: Summary { work: w.clone(), ..Summary::default() },
+            splits,
+            ..Status::default()
+        };
         let table = render(&s, Output::Table);
-        assert!(table.contains("work: 650 of 1000 done (65.0%), 350 left; 50 records/s, 25 weight/s; about 14s left"), "{table}");
+        assert!(
+            table.contains(
+                "work: 650 of 1000 done (65.0%), 350 left; 50 records/s, 25 weight/s; about 14s left"
+            ),
+            "{table}"
+        );
         assert!(table.contains("DONE") && table.contains("50%") && table.contains("100%"), "{table}");
         // Nothing moving: no estimate; nothing left: none needed.
         let still = WorkSummary::of(&s.splits, &[]);

@@ -153,8 +153,10 @@ impl Secured {
     /// Creates `job`'s buckets as its set-up user with the bound flags `bounds`.
     fn create_bounded(&self, job: &str, bounds: &[&str]) {
         let setup = self.as_user(&format!("setup-{job}"));
-        let out =
-            stdout(&run(setup.command().args(["nats-buckets", "--job", job, "--store", &setup.url]).args(bounds)));
+        let out = stdout(&run(setup
+            .command()
+            .args(["nats-buckets", "--job", job, "--store", &setup.url])
+            .args(bounds)));
         assert!(out.contains(&format!("etl_coordination_{job}_lease: created")), "{out}");
         // Created refusing rollups: nothing to close, and the check finds no hole.
         assert!(!out.contains("now refuses"), "{out}");
@@ -444,7 +446,8 @@ fn a_job_s_set_up_user_cannot_mirror_source_republish_into_capture_or_claim_anot
     // More storage than its account's: a stream without a bound, or with one past the
     // account's max_file, is refused, so sa cannot fill the store sb writes to.
     let code = |config: async_nats::jetstream::stream::Config| {
-        let refused = rt.block_on(js.create_stream(config)).expect_err("a stream beyond the account's storage");
+        let refused =
+            rt.block_on(js.create_stream(config)).expect_err("a stream beyond the account's storage");
         refused.to_string()
     };
     let unbounded = code(async_nats::jetstream::stream::Config {
@@ -570,14 +573,17 @@ fn a_job_that_fills_its_bounded_buckets_stops_naming_the_bound_and_another_job_c
     assert_eq!(code, Some(1), "{err}");
     assert!(
         err.contains("cannot create bucket etl_coordination_fa_state unbounded")
-            && err.contains("etl-coord nats-buckets --job fa --nats-max-bytes BYTES --nats-lease-max-bytes BYTES"),
+            && err.contains(
+                "etl-coord nats-buckets --job fa --nats-max-bytes BYTES --nats-lease-max-bytes BYTES"
+            ),
         "{err}"
     );
     // Bounds past the account's storage: which to lower.
     let (code, err) = set_up(&["--nats-max-bytes", "2KiB", "--nats-lease-max-bytes", "256"]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("bounded at 2048 bytes") && err.contains("lower --nats-max-bytes"), "{err}");
-    s.create_bounded("fa", &["--nats-max-bytes", "640", "--nats-lease-max-bytes", "384"]);
+    // Below the account's storage: the buckets' bounds are what stops the job.
+    s.create_bounded("fa", &["--nats-max-bytes", "512", "--nats-lease-max-bytes", "256"]);
     let (tmp, data) = dataset(6, 40);
     let fa = s.as_user("etl-fa");
     let (code, err) = refused_child(fa.worker("fa", "a1", &data, &tmp.path().join("a.jsonl"), &SLOW));

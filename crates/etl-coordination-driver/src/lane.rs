@@ -254,7 +254,8 @@ impl Lane {
     /// protocol: call it after a commit returns `Ok`. The pipeline does; a lane driven by an
     /// embedder's own loop that never calls it is counted when its split finishes.
     pub fn worked(&self, records: u64, position: Option<u64>) {
-        let _ = self.tx.send(LaneMsg::Worked { split: self.split.clone(), epoch: self.epoch, records, position });
+        let _ =
+            self.tx.send(LaneMsg::Worked { split: self.split.clone(), epoch: self.epoch, records, position });
     }
 
     /// Counts a bad record skipped (`etl_coordination_records_skipped_total`).

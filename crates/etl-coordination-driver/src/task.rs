@@ -120,9 +120,9 @@ impl<S: Store, P: Planner> Task<S, P> {
         let reporter = Reporter {
             instance: cfg.instance_id.clone(),
             incarnation: cfg.incarnation,
-            ttl: cfg.lease_duration,
-            every: cfg.heartbeat_interval(),
-            next: Instant::now() + cfg.heartbeat_interval(),
+            ttl: cfg.tuning.lease_duration,
+            every: cfg.tuning.heartbeat_interval(),
+            next: Instant::now() + cfg.tuning.heartbeat_interval(),
             rev: None,
             taken: false,
             in_flight: false,
@@ -505,7 +505,15 @@ impl<S: Store, P: Planner> Task<S, P> {
             Action::Plan { request } => self.run_planner(request),
             Action::StartLane { split, epoch, descriptor, weight, progress, reason } => {
                 self.work.started(split.clone(), epoch, weight, progress.is_none());
-                self.start_lane(Lane::new(split, epoch, descriptor, weight, progress, reason, self.lane_tx.clone()))
+                self.start_lane(Lane::new(
+                    split,
+                    epoch,
+                    descriptor,
+                    weight,
+                    progress,
+                    reason,
+                    self.lane_tx.clone(),
+                ))
             }
             Action::StopLane { split, epoch, reason, deadline } => {
                 self.stop_lane(split, epoch, reason, deadline)

@@ -180,7 +180,8 @@ mod tests {
     #[test]
     fn refused_credentials_and_permissions_are_refusals_and_a_slow_handshake_is_not() {
         assert_eq!(Refusal::parse(&ServerError::AuthorizationViolation), Some(Refusal::Credentials));
-        for line in ["Authorization Violation", "User Authentication Expired", "User Authentication Revoked"] {
+        for line in ["Authorization Violation", "User Authentication Expired", "User Authentication Revoked"]
+        {
             assert_eq!(parse(line), Some(Refusal::Credentials), "{line}");
         }
         assert_eq!(

@@ -614,7 +614,9 @@ impl SplitReader for FilesReader {
     /// object's offset counts decompressed bytes, so it counts as nothing until it is read.
     fn position(&self, p: &FileProgress) -> Option<u64> {
         if let Some(r) = self.split.range {
-            return Some(p.offset.saturating_sub(r.start).min(r.end - r.start));
+            // Past its one object: the whole range.
+            let at = if p.object > 0 { r.end } else { p.offset };
+            return Some(at.saturating_sub(r.start).min(r.end - r.start));
         }
         let before: u64 = self.split.objects.iter().take(p.object).map(|(_, size)| *size).sum();
         let within = match self.split.objects.get(p.object) {
@@ -886,8 +888,13 @@ mod tests {
                 .split_large_objects(ranges);
             for split in src.plan_splits().await.unwrap() {
                 let desc: FileSplit = serde_json::from_slice(&split.descriptor).unwrap();
-                let lane =
-                    LaneInfo::new(split.id.clone(), Epoch(1), InstanceId::new("t").unwrap(), split.descriptor.clone(), 1);
+                let lane = LaneInfo::new(
+                    split.id.clone(),
+                    Epoch(1),
+                    InstanceId::new("t").unwrap(),
+                    split.descriptor.clone(),
+                    1,
+                );
                 let r = src.open(&lane, None).await.unwrap();
                 let read = read_all(&src, &split, None).await;
                 let positions: Vec<u64> = read.iter().map(|(_, p)| r.position(p).unwrap()).collect();
