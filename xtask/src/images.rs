@@ -255,6 +255,94 @@ pub fn worker(tag: &str) -> Result<Image> {
     })
 }
 
+/// The worker image for the container suites of `cargo xtask ci`, made without a release build:
+/// deploy/Dockerfile's runtime stage (its last `FROM` on: the packages, the user, the
+/// entrypoint) on the same base as [`worker`], with this machine's `etl-coord` (with `cloud`,
+/// in the test profile: what the object-store suite has just built) in place of the build
+/// stage's. A release build in a Rust image costs a cold CI run some ten minutes; the build
+/// stage is one `cargo build` line, checked by the deploy tests and built by `cargo xtask
+/// itest` (which uses [`worker`]). The host is Debian 12 like the runtime base (the binary
+/// links glibc 2.36).
+pub fn worker_from_host(tag: &str) -> Result<Image> {
+    let runtime = public_or_local(RUNTIME_IMAGE, "etl-coordination/debian:bookworm", build_debian)?;
+    crate::cargo(&["build", "--profile", "test", "-p", "etl-coord", "--features", "cloud"])?;
+    let dir = target_dir().join("images").join("worker-from-host");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let bin = dir.join("etl-coord");
+    std::fs::copy(target_dir().join("debug").join("etl-coord"), &bin)
+        .context("copying target/debug/etl-coord")?;
+    // Its debug information is most of its 200 MB; without `strip`, it goes as it is.
+    let _ = Command::new("strip").arg("--strip-debug").arg(&bin).status();
+    let dockerfile = std::fs::read_to_string(crate::util::repo_root().join("deploy/Dockerfile"))
+        .context("reading deploy/Dockerfile")?;
+    std::fs::write(dir.join("Dockerfile"), runtime_stage(&dockerfile)?)?;
+    let runtime_arg = format!("RUNTIME_IMAGE={}", runtime.tag);
+    let context = dir.to_string_lossy();
+    let args = [
+        "build",
+        "--quiet",
+        "--force-rm",
+        "--build-arg",
+        &runtime_arg,
+        "--label",
+        "org.etl-coordination.build=worker",
+        "-t",
+        tag,
+        &context,
+    ];
+    println!("$ docker {}", args.join(" "));
+    let t0 = std::time::Instant::now();
+    docker_ok(&args)?;
+    let _ = docker(&["image", "prune", "-f", "--filter", "label=org.etl-coordination.build=worker"]);
+    Ok(Image {
+        tag: tag.to_owned(),
+        how: format!(
+            "deploy/Dockerfile's runtime stage built in {:.0} s on {} ({}) with this machine's etl-coord \
+             (its build stage is what `cargo xtask itest` builds)",
+            t0.elapsed().as_secs_f64(),
+            runtime.tag,
+            runtime.how
+        ),
+    })
+}
+
+/// The runtime stage of a Dockerfile like deploy/Dockerfile: its `RUNTIME_IMAGE` argument, and
+/// its lines from the last `FROM` on, the binary copied from the context instead of from the
+/// build stage. An error if the file no longer has that shape (so that a change to it is seen
+/// here, not papered over).
+fn runtime_stage(dockerfile: &str) -> Result<String> {
+    let lines: Vec<&str> = dockerfile.lines().collect();
+    let arg = lines
+        .iter()
+        .find(|l| l.starts_with("ARG RUNTIME_IMAGE"))
+        .context("deploy/Dockerfile has no `ARG RUNTIME_IMAGE`")?;
+    let from = lines.iter().rposition(|l| l.starts_with("FROM ")).context("deploy/Dockerfile has no FROM")?;
+    if !lines[from].contains("${RUNTIME_IMAGE}") {
+        bail!("deploy/Dockerfile's last stage is not FROM ${{RUNTIME_IMAGE}}: {}", lines[from]);
+    }
+    let mut copied = false;
+    let mut out = format!("{arg}\n");
+    for line in &lines[from..] {
+        match line.strip_prefix("COPY --from=build ") {
+            Some(rest) if rest.split_whitespace().next().is_some_and(|src| src.ends_with("/etl-coord")) => {
+                let dest = rest.split_whitespace().last().context("a COPY without a destination")?;
+                out.push_str(&format!("COPY etl-coord {dest}\n"));
+                copied = true;
+            }
+            Some(_) => bail!("deploy/Dockerfile copies something else from its build stage: {line}"),
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    if !copied {
+        bail!("deploy/Dockerfile's runtime stage does not copy etl-coord from its build stage");
+    }
+    Ok(out)
+}
+
 /// A Debian 12 root file system made with debootstrap (minbase) and imported as `tag`.
 fn build_debian(tag: &str) -> Result<()> {
     if Command::new("debootstrap").arg("--version").output().is_err() {
@@ -449,6 +537,22 @@ fn fnv(bytes: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_runtime_stage_is_deploy_dockerfile_s_with_the_binary_from_the_context() {
+        let file = std::fs::read_to_string(crate::util::repo_root().join("deploy/Dockerfile")).unwrap();
+        let stage = runtime_stage(&file).unwrap();
+        assert!(
+            stage.starts_with("ARG RUNTIME_IMAGE=debian:bookworm-slim\nFROM ${RUNTIME_IMAGE}\n"),
+            "{stage}"
+        );
+        assert!(stage.contains("COPY etl-coord /usr/local/bin/etl-coord\n"), "{stage}");
+        assert!(!stage.contains("--from=build") && !stage.contains("cargo"), "{stage}");
+        for kept in ["useradd", "USER 10001", "ENTRYPOINT [\"etl-coord\"]"] {
+            assert!(stage.contains(kept), "{kept} in {stage}");
+        }
+        assert!(runtime_stage("FROM rust AS build\nRUN cargo build\n").is_err());
+    }
 
     #[test]
     fn the_mirror_is_the_first_debian_uri_not_security_nor_a_third_party_repository() {

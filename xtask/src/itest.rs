@@ -68,7 +68,7 @@ pub(crate) fn run() -> Result<()> {
     for (name, args, uses, own) in suites {
         rows.push(run_suite(name, args, &servers.env(), path(uses, own))?);
     }
-    rows.extend(container_rows()?);
+    rows.extend(container_rows(false)?);
     for p in servers.nats() {
         println!("NATS {}: {}", p.what, p.how);
     }
@@ -142,7 +142,7 @@ const CONTAINER_SUITES: [(&str, &[&str]); 2] = [
 
 /// The environment of [`CONTAINER_SUITES`] (the NATS image and the worker image, built here if
 /// needed), or `None` without an engine.
-pub(crate) fn container_env() -> Result<Option<Vec<(&'static str, String)>>> {
+pub(crate) fn container_env(from_host: bool) -> Result<Option<Vec<(&'static str, String)>>> {
     if nats::engine().is_none() {
         return Ok(None);
     }
@@ -153,15 +153,16 @@ pub(crate) fn container_env() -> Result<Option<Vec<(&'static str, String)>>> {
         explicit.is_some(),
     )?;
     println!("NATS image of the container suites: {} ({})", nats.tag, nats.how);
-    let worker = images::worker("etl-coordination/etl-coord:itest")?;
+    let tag = "etl-coordination/etl-coord:itest";
+    let worker = if from_host { images::worker_from_host(tag)? } else { images::worker(tag)? };
     println!("worker image: {} ({})", worker.tag, worker.how);
     Ok(Some(vec![("HOSTS_NATS_IMAGE", nats.tag), ("HOSTS_WORKER_IMAGE", worker.tag)]))
 }
 
 /// The rows of [`CONTAINER_SUITES`] where an engine answers: the images made first; if that
 /// fails, the suites are FAILED rows (with the reason printed), so the rest of the table stands.
-fn container_rows() -> Result<Vec<Row>> {
-    let env = match container_env() {
+fn container_rows(from_host: bool) -> Result<Vec<Row>> {
+    let env = match container_env(from_host) {
         Ok(Some(env)) => env,
         Ok(None) => {
             println!(
@@ -189,8 +190,9 @@ fn container_rows() -> Result<Vec<Row>> {
         .collect()
 }
 
-/// Runs [`CONTAINER_SUITES`] where an engine answers (part of `ci`).
+/// Runs [`CONTAINER_SUITES`] where an engine answers (part of `ci`), on a worker image made
+/// from this machine's binary ([`images::worker_from_host`]).
 pub(crate) fn container_suites() -> Result<()> {
-    let rows = container_rows()?;
+    let rows = container_rows(true)?;
     if rows.is_empty() { Ok(()) } else { print_rows(&rows) }
 }

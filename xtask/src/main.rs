@@ -40,14 +40,18 @@ fn main() -> Result<()> {
         Some("mutants") => mutants::run(&args[1..]),
         Some("bench") => bench::run(&args[1..]),
         Some("previous") => previous::etl_coord().map(|bin| println!("{}", bin.display())),
-        Some("images") => itest::container_env().map(|env| match env {
-            Some(env) => env.iter().for_each(|(k, v)| println!("{k}={v}")),
-            None => println!("no Docker engine answers (or NATS_NO_CONTAINERS is set): no images to make"),
-        }),
+        Some("images") => {
+            itest::container_env(args.get(1).is_some_and(|a| a == "--from-host")).map(|env| match env {
+                Some(env) => env.iter().for_each(|(k, v)| println!("{k}={v}")),
+                None => {
+                    println!("no Docker engine answers (or NATS_NO_CONTAINERS is set): no images to make")
+                }
+            })
+        }
         _ => {
             eprintln!(
                 "usage: cargo xtask <ci | itest | sim --seeds N [--start S] [--stop-on-violation] | sim --seed S \
-                 | mutants [--seeds N] [--only NAME[,NAME...]] | bench [--quick | --objects] | images | previous>"
+                 | mutants [--seeds N] [--only NAME[,NAME...]] | bench [--quick | --objects] | images [--from-host] | previous>"
             );
             std::process::exit(2);
         }
