@@ -181,10 +181,10 @@ fn progress_renders_as_text_never_as_raw_bytes() {
 
 #[tokio::test]
 async fn status_shows_progress_by_work_and_a_time_left_that_the_job_keeps() {
-    // A job of known size: 4 files of 50 lines, one lane reading 50 lines a second at most
-    // (20 ms a line): about 4 s of work, a quarter of it per file.
+    // A job of known size: 6 files of 50 lines, one lane reading 50 lines a second at most
+    // (20 ms a line): about 6 s of work, a sixth of it per file.
     let dir = tempfile::tempdir().unwrap();
-    for f in 0..4 {
+    for f in 0..6 {
         let text: String = (0..50).map(|i| format!("file {f} line {i:02}\n")).collect();
         std::fs::write(dir.path().join(format!("f{f}.txt")), text).unwrap();
     }
@@ -195,18 +195,32 @@ async fn status_shows_progress_by_work_and_a_time_left_that_the_job_keeps() {
     config.tuning.lease_duration = Duration::from_secs(3);
     config.tuning.max_in_flight = 1;
     let faults = Faults { record_delay: Duration::from_millis(20), ..Faults::default() };
+    // An earlier process of w1 left its report (until its TTL): the worker takes the key over.
+    use etl_coordination_core::records::{self, WorkReport, keys};
+    let stale = |records_per_sec: f64| WorkReport {
+        incarnation: etl_coordination_core::Incarnation(1),
+        records: 0,
+        weight: 0,
+        records_per_sec,
+        weight_per_sec: 1e9,
+        positions: vec![],
+    };
+    let w1 = InstanceId::new("w1").unwrap();
+    stores.lease.create(&keys::report(&w1), records::encode(&stale(1e9)), Some(Duration::from_secs(60))).await.unwrap();
     let started = tokio::time::Instant::now();
     let handle = Pipeline::new(stores.clone(), Faulty { source, faults }, JsonlSink::discard())
         .config(config)
         .commit_every(etl_coordination_driver::CommitCadence::new(5, Duration::from_millis(100)))
         .start()
         .unwrap();
-    // Asked until the worker has reported a pace and a split in progress (every heartbeat
-    // interval, a second here), and at least one file is left.
+    // Asked until the worker has reported its pace (every heartbeat interval, a second here:
+    // the first report has no rate, the next a second's) and a split in progress, with at
+    // least two files left.
     let (asked, st) = loop {
         let st = ops::status(&stores).await.unwrap();
         let reading = st.splits.iter().any(|x| x.state == "Owned" && x.position.is_some_and(|p| p > 0));
-        if reading && st.summary.work.eta_secs.is_some_and(|e| e > 0) && st.summary.done < 3 {
+        let w = &st.summary.work;
+        if reading && w.records_per_sec >= 20.0 && w.eta_secs.is_some_and(|e| e > 0) && st.summary.done < 4 {
             break (tokio::time::Instant::now(), st);
         }
         assert!(started.elapsed() < Duration::from_secs(30), "no estimate while the job ran: {st:?}");
@@ -233,4 +247,11 @@ async fn status_shows_progress_by_work_and_a_time_left_that_the_job_keeps() {
     let end = ops::status(&stores).await.unwrap();
     let w = &end.summary.work;
     assert_eq!((w.done, w.remaining, w.eta_secs, w.percent_done), (planned, 0, Some(0), 100.0));
+    // The worker deleted its report when it ended; one of a process that is not live (no
+    // presence of its incarnation) counts for nothing.
+    let reports = stores.lease.list(&keys::report_prefix()).await.unwrap();
+    assert!(reports.is_empty(), "{reports:?}");
+    stores.lease.create(&keys::report(&w1), records::encode(&stale(1e9)), None).await.unwrap();
+    let ghost = ops::status(&stores).await.unwrap();
+    assert_eq!((ghost.summary.work.records_per_sec, ghost.summary.work.weight_per_sec), (0.0, 0.0));
 }

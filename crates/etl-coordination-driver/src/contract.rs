@@ -62,7 +62,9 @@ pub trait SplitReader: Send + 'static {
     /// it ([`LaneInfo::weight`]: bytes, rows): what `etl-coord status` and the work metrics
     /// count as done within a split that is still being read. `None` (the default): the
     /// reader cannot say, and the split counts as done only once it is finished. An estimate
-    /// is fine (a key's place in its range); a value past the weight counts as the weight.
+    /// is fine (a key's place in its range); a value past the weight counts as the weight. The
+    /// pipeline asks after every batch it reads (every record, for a reader without batches):
+    /// keep it cheap (arithmetic on the progress, no I/O).
     fn position(&self, progress: &Self::Progress) -> Option<u64> {
         let _ = progress;
         None

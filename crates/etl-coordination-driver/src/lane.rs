@@ -251,7 +251,8 @@ impl Lane {
     /// committed, and `position`, how much of the split lies before its committed progress in
     /// the unit of its [weight](Lane::weight) (`None`: the source cannot say). For the work
     /// metrics and `etl-coord status` (progress by work, rates, the ETA), never for the
-    /// protocol: call it after a commit returns `Ok`. The pipeline does; a lane driven by an
+    /// protocol: call it after a commit returns `Ok`, and before finishing (the rest of the
+    /// split's weight is counted when the finish lands). The pipeline does; a lane driven by an
     /// embedder's own loop that never calls it is counted when its split finishes.
     pub fn worked(&self, records: u64, position: Option<u64>) {
         let _ =

@@ -408,6 +408,14 @@ async fn read_lane<So: Source, Si: Sink<So::Record>>(
         let reader = match opened {
             Ok(r) => {
                 lane.read_at = Some(Instant::now());
+                // Where a resumed lane starts, as the base of what it reports (what an earlier
+                // tenancy read is not this one's work).
+                if w.position.is_none()
+                    && let Some(p) = at.as_ref().and_then(|b| serde_json::from_slice::<So::Progress>(b).ok())
+                {
+                    w.position = r.position(&p);
+                    lane.worked(0, w.position);
+                }
                 r
             }
             Err(e) if e.is_transient() => {

@@ -30,6 +30,9 @@ use crate::stores::JobStores;
 use crate::watches::Watches;
 use crate::work::Work;
 
+/// How long a worker that ends spends retiring its report at most.
+const RETIRE_WITHIN: Duration = Duration::from_secs(1);
+
 /// Control messages from the [`DriverHandle`](crate::DriverHandle).
 #[derive(Debug)]
 pub(crate) enum Control {
@@ -291,10 +294,13 @@ impl<S: Store, P: Planner> Task<S, P> {
             Ok(StoreReply::Written(rev)) => (r.rev, r.taken) = (Some(rev), false),
             Ok(StoreReply::Value(Some(entry))) => (r.rev, r.taken) = (Some(entry.revision), false),
             Ok(_) => (r.rev, r.taken) = (None, false),
-            Err(StoreError::AlreadyExists(_)) => (r.rev, r.taken) = (None, true),
+            // Nothing was written: the same request next round.
+            Err(e @ StoreError::Unavailable(_)) => trace!(error = %e, "the worker's report was not written; next round"),
+            // A report is there (an earlier process's, or ours from a write whose answer was
+            // lost): read its revision next round.
             Err(e) => {
-                trace!(error = %e, "writing the worker's report failed; next round");
-                (r.rev, r.taken) = (None, false);
+                trace!(error = %e, "writing the worker's report failed; reading it next round");
+                (r.rev, r.taken) = (None, true);
             }
         }
     }
@@ -447,6 +453,7 @@ impl<S: Store, P: Planner> Task<S, P> {
                 }
                 OnLaneStall::Release => {
                     warn!(%split, %epoch, "lane stalled: no progress committed for {timeout:?}; stopping it and releasing the split as failed");
+                    self.work.ended(&split, epoch);
                     let l = self.running.end(&split, epoch).expect("looked up");
                     let _ = l.stop.send(Some(Stop { reason: StopReason::Fenced, deadline: None }));
                     let error = format!(
@@ -687,12 +694,13 @@ impl<S: Store, P: Planner> Task<S, P> {
     }
 
     /// A worker that ends deletes its report (a crash's, or a kill's, expires with its TTL):
-    /// after the answer of a write in flight, if one is, within a heartbeat interval.
+    /// after the answer of a write in flight, if one is. All of it within a second: the
+    /// report's TTL removes it anyway, and the worker's outcome waits for this.
     async fn retire_report(&mut self) {
         if matches!(self.result, Some(Err(DriverError::Killed))) {
             return;
         }
-        let deadline = Instant::now() + self.reporter.every;
+        let deadline = Instant::now() + self.reporter.every.min(RETIRE_WITHIN);
         while self.reporter.in_flight {
             match tokio::time::timeout_at(deadline, self.rx.recv()).await {
                 Ok(Some(Msg::Reported(result))) => self.reported(result),
@@ -702,8 +710,10 @@ impl<S: Store, P: Planner> Task<S, P> {
         }
         if let Some(expected) = self.reporter.rev {
             let key = keys::report(&self.reporter.instance);
-            if let Err(e) = execute(&*self.lease, StoreRequest::Delete { key, expected }).await {
-                debug!(error = %e, "deleting the worker's report failed: it expires with its TTL");
+            match tokio::time::timeout_at(deadline, execute(&*self.lease, StoreRequest::Delete { key, expected })).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => debug!(error = %e, "deleting the worker's report failed: it expires with its TTL"),
+                Err(_) => debug!("no answer deleting the worker's report: it expires with its TTL"),
             }
         }
     }

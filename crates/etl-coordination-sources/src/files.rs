@@ -449,9 +449,19 @@ impl Source for FilesSource {
     async fn open(&self, lane: &LaneInfo, from: Option<FileProgress>) -> Result<FilesReader, SourceError> {
         let split: FileSplit = serde_json::from_slice(lane.descriptor())
             .map_err(|e| SourceError::unprocessable(format!("undecodable files descriptor: {e}")))?;
+        let before = split
+            .objects
+            .iter()
+            .scan(0u64, |sum, (_, size)| {
+                let at = *sum;
+                *sum += size;
+                Some(at)
+            })
+            .collect();
         Ok(FilesReader {
             store: self.store.clone(),
             split,
+            before,
             progress: from.unwrap_or_default(),
             current: None,
         })
@@ -473,6 +483,8 @@ struct Current {
 pub struct FilesReader {
     store: Arc<dyn ObjectStore>,
     split: FileSplit,
+    /// The bytes of the objects before each (what [`SplitReader::position`] adds up).
+    before: Vec<u64>,
     progress: FileProgress,
     current: Option<Current>,
 }
@@ -618,12 +630,12 @@ impl SplitReader for FilesReader {
             let at = if p.object > 0 { r.end } else { p.offset };
             return Some(at.saturating_sub(r.start).min(r.end - r.start));
         }
-        let before: u64 = self.split.objects.iter().take(p.object).map(|(_, size)| *size).sum();
-        let within = match self.split.objects.get(p.object) {
-            Some((path, size)) if compression(path) == Compression::None => p.offset.min(*size),
-            _ => 0,
+        let Some((path, size)) = self.split.objects.get(p.object) else {
+            // Past the last object: all of it.
+            return Some(self.split.objects.iter().map(|(_, size)| *size).sum());
         };
-        Some(before + within)
+        let within = if compression(path) == Compression::None { p.offset.min(*size) } else { 0 };
+        Some(self.before[p.object] + within)
     }
 
     async fn next(&mut self) -> NextRecord<Line, FileProgress> {
