@@ -877,9 +877,10 @@ mod tests {
             SplitView { weight: 100, ..split("q", "Unleased", 0) },
         ];
         let reports = vec![
-            // w1 reads a; a position past the weight counts as the weight.
+            // w1 is half way through a.
             ("w1".to_owned(), report(&[("a", 3, 150)], 30.0, 12.5)),
-            // w2 reads b (at its epoch) and reports c at an earlier tenancy's epoch: not c's.
+            // w2 reads b (a position past its weight counts as the weight), and reports c at an
+            // earlier tenancy's epoch: not c's position now.
             ("w2".to_owned(), report(&[("b", 3, 500), ("c", 2, 60)], 20.0, 12.5)),
         ];
         place(&mut splits, &reports);
