@@ -266,7 +266,9 @@ pub fn worker(tag: &str) -> Result<Image> {
 pub fn worker_from_host(tag: &str) -> Result<Image> {
     let os = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
     if !(os.contains("ID=debian") && os.contains("VERSION_ID=\"12\"")) {
-        println!("this machine is not Debian 12 (its binary may not run on the image's base): building deploy/Dockerfile");
+        println!(
+            "this machine is not Debian 12 (its binary may not run on the image's base): building deploy/Dockerfile"
+        );
         return worker(tag);
     }
     let runtime = public_or_local(RUNTIME_IMAGE, "etl-coordination/debian:bookworm", build_debian)?;

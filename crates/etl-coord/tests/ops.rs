@@ -206,7 +206,11 @@ async fn status_shows_progress_by_work_and_a_time_left_that_the_job_keeps() {
         positions: vec![],
     };
     let w1 = InstanceId::new("w1").unwrap();
-    stores.lease.create(&keys::report(&w1), records::encode(&stale(1e9)), Some(Duration::from_secs(60))).await.unwrap();
+    stores
+        .lease
+        .create(&keys::report(&w1), records::encode(&stale(1e9)), Some(Duration::from_secs(60)))
+        .await
+        .unwrap();
     let started = tokio::time::Instant::now();
     let handle = Pipeline::new(stores.clone(), Faulty { source, faults }, JsonlSink::discard())
         .config(config)

@@ -295,7 +295,9 @@ impl<S: Store, P: Planner> Task<S, P> {
             Ok(StoreReply::Value(Some(entry))) => (r.rev, r.taken) = (Some(entry.revision), false),
             Ok(_) => (r.rev, r.taken) = (None, false),
             // Nothing was written: the same request next round.
-            Err(e @ StoreError::Unavailable(_)) => trace!(error = %e, "the worker's report was not written; next round"),
+            Err(e @ StoreError::Unavailable(_)) => {
+                trace!(error = %e, "the worker's report was not written; next round")
+            }
             // A report is there (an earlier process's, or ours from a write whose answer was
             // lost): read its revision next round.
             Err(e) => {
@@ -710,9 +712,16 @@ impl<S: Store, P: Planner> Task<S, P> {
         }
         if let Some(expected) = self.reporter.rev {
             let key = keys::report(&self.reporter.instance);
-            match tokio::time::timeout_at(deadline, execute(&*self.lease, StoreRequest::Delete { key, expected })).await {
+            match tokio::time::timeout_at(
+                deadline,
+                execute(&*self.lease, StoreRequest::Delete { key, expected }),
+            )
+            .await
+            {
                 Ok(Ok(_)) => {}
-                Ok(Err(e)) => debug!(error = %e, "deleting the worker's report failed: it expires with its TTL"),
+                Ok(Err(e)) => {
+                    debug!(error = %e, "deleting the worker's report failed: it expires with its TTL")
+                }
                 Err(_) => debug!("no answer deleting the worker's report: it expires with its TTL"),
             }
         }
