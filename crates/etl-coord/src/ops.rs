@@ -449,8 +449,9 @@ impl WorkSummary {
             .map(|x| if x.state == "Done" { x.weight } else { x.position.unwrap_or(0) })
             .sum::<u64>()
             .min(planned);
-        let records_per_sec = reports.iter().map(|(_, r)| r.records_per_sec).sum();
-        let weight_per_sec: f64 = reports.iter().map(|(_, r)| r.weight_per_sec).sum();
+        // From +0.0 (a float `sum` starts from -0.0, which JSON would show as such).
+        let records_per_sec = reports.iter().fold(0.0, |sum, (_, r)| sum + r.records_per_sec);
+        let weight_per_sec: f64 = reports.iter().fold(0.0, |sum, (_, r)| sum + r.weight_per_sec);
         let remaining = planned - done;
         let eta_secs = match remaining {
             0 => Some(0),
@@ -907,6 +908,7 @@ mod tests {
         // Nothing moving: no estimate; nothing left: none needed.
         let still = WorkSummary::of(&s.splits, &[]);
         assert_eq!(still.eta_secs, None);
+        assert!(serde_json::to_string(&still).unwrap().contains("\"records_per_sec\":0.0,"), "not -0.0");
         let all_done = [SplitView { weight: 5, ..split("x", "Done", 0) }];
         assert_eq!(WorkSummary::of(&all_done, &[]).eta_secs, Some(0));
         assert_eq!(human_secs(3725), "1h02m");
