@@ -143,11 +143,20 @@ fn build_nats(version: &str, tag: &str) -> Result<()> {
 
 /// `docker build` of the context `dir` (its Dockerfile) into `tag`.
 fn build(dir: &Path, tag: &str, labels: &[(&str, &str)]) -> Result<()> {
+    build_with(dir, tag, labels, &[])
+}
+
+/// [`build`] with build arguments.
+fn build_with(dir: &Path, tag: &str, labels: &[(&str, &str)], build_args: &[(&str, &str)]) -> Result<()> {
     let context = dir.to_string_lossy();
     let mut args = vec!["build", "--quiet", "--force-rm", "-t", tag];
     let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
     for l in &labels {
         args.extend(["--label", l]);
+    }
+    let build_args: Vec<String> = build_args.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    for a in &build_args {
+        args.extend(["--build-arg", a]);
     }
     args.push(&context);
     println!("$ docker {}", args.join(" "));
@@ -284,23 +293,8 @@ pub fn worker_from_host(tag: &str) -> Result<Image> {
     let dockerfile = std::fs::read_to_string(crate::util::repo_root().join("deploy/Dockerfile"))
         .context("reading deploy/Dockerfile")?;
     std::fs::write(dir.join("Dockerfile"), runtime_stage(&dockerfile)?)?;
-    let runtime_arg = format!("RUNTIME_IMAGE={}", runtime.tag);
-    let context = dir.to_string_lossy();
-    let args = [
-        "build",
-        "--quiet",
-        "--force-rm",
-        "--build-arg",
-        &runtime_arg,
-        "--label",
-        "org.etl-coordination.build=worker",
-        "-t",
-        tag,
-        &context,
-    ];
-    println!("$ docker {}", args.join(" "));
     let t0 = std::time::Instant::now();
-    docker_ok(&args)?;
+    build_with(&dir, tag, &[("org.etl-coordination.build", "worker")], &[("RUNTIME_IMAGE", &runtime.tag)])?;
     let _ = docker(&["image", "prune", "-f", "--filter", "label=org.etl-coordination.build=worker"]);
     Ok(Image {
         tag: tag.to_owned(),
