@@ -15,6 +15,9 @@
 //! The peers (static partitioning, PostgreSQL `SKIP LOCKED`) run beside the first target (the
 //! single node) on the same work; the PostgreSQL ones need `--postgres`.
 
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod measure;
 mod objects;
 mod peers;
@@ -116,6 +119,10 @@ async fn measure(id: &str, run: &mut Run, a: &Args, t: &Target, first: bool) -> 
 
 #[tokio::main]
 async fn main() -> Result<()> {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    if raw.first().map(String::as_str) == Some("t6-worker") {
+        return scenarios::t6_worker(&raw[1..]).await;
+    }
     let a = args()?;
     let mut targets = vec![Target { name: "NATS single node", url: a.nats.clone(), replicas: 1 }];
     if let Some(c) = &a.cluster {

@@ -308,39 +308,62 @@ pub async fn traffic(t: &Target, window: Duration) -> Result<Vec<(String, f64, f
 /// What T6 measured.
 pub struct LargePlan {
     pub splits: usize,
-    pub workers: usize,
     pub first_lane: f64,
     pub all_claimed: f64,
     pub complete: f64,
     pub ops_per_split: f64,
-    pub peak_rss_mb: f64,
+    /// The peak resident set of each worker's process (one worker each), in MB.
+    pub worker_rss_mb: Vec<f64>,
     /// Seconds `etl-coord status` takes to read and summarise the finished job (best of 3).
     pub status_s: f64,
 }
 
-/// T6: a Final plan of `splits` splits with no records, four workers: seconds to the first lane
-/// (plan published), to every split claimed once, to the job complete; store operations per
-/// split; the process's peak RSS (all workers share this process).
+/// What one T6 worker process reports on its last line of output.
+#[derive(Debug)]
+struct ChildReport {
+    openings: u64,
+    first_ms: u64,
+    last_ms: u64,
+    ops: u64,
+    rss_mb: f64,
+}
+
+/// T6: a Final plan of `splits` splits with no records, four workers, each in a process of its
+/// own (this program, run as [`t6_worker`]) so that each one's memory is its own: seconds to
+/// the first lane (plan published), to every split claimed once, to the job complete; store
+/// operations per split; each worker process's peak RSS; `status` on the finished job.
 pub async fn large_plan(t: &Target, splits: usize) -> Result<LargePlan> {
     let workers_n = 4;
     let job = Job::new(&t.url, t.replicas, "t6", Work::new(splits, 0, Duration::ZERO));
-    let t0 = Instant::now();
-    let mut workers = Vec::new();
+    let exe = std::env::current_exe().context("finding this program to run its workers")?;
+    let t0 = crate::world::unix_ms();
+    let mut children = Children(Vec::new());
     for id in ids(workers_n) {
-        workers.push(job.start(&id).await?);
+        let child = std::process::Command::new(&exe)
+            .args(["t6-worker", &t.url, &t.replicas.to_string(), job.name.as_str(), &id, &splits.to_string()])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .context("starting a T6 worker process")?;
+        children.0.push(child);
     }
-    let log = job.work.log.clone();
-    let limit = Duration::from_secs(1800);
-    until("the first lane", limit, || log.len() > 0).await?;
-    let first_lane = t0.elapsed().as_secs_f64();
-    until("every split claimed", limit, || log.distinct() >= splits).await?;
-    let all_claimed = t0.elapsed().as_secs_f64();
-    for w in &workers {
-        let outcome = w.handle.outcome().await?;
-        anyhow::ensure!(outcome == JobOutcome::Complete, "a worker ended {outcome:?}");
+    let mut reports = Vec::new();
+    for child in &mut children.0 {
+        let mut stdout = child.stdout.take().expect("piped");
+        let text = tokio::task::spawn_blocking(move || {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut stdout, &mut text).map(|_| text)
+        })
+        .await?
+        .context("reading a T6 worker process's report")?;
+        let status = child.wait()?;
+        anyhow::ensure!(status.success(), "a T6 worker process failed ({status}): {text}");
+        reports.push(parse_child(&text)?);
     }
-    let complete = t0.elapsed().as_secs_f64();
-    let ops: u64 = workers.iter().map(|w| OpCounts::of(&w.ops)).map(|c| c.writes + c.reads).sum();
+    let complete = (crate::world::unix_ms() - t0) as f64 / 1e3;
+    let since = |ms: u64| ms.saturating_sub(t0) as f64 / 1e3;
+    let opened: u64 = reports.iter().map(|r| r.openings).sum();
+    anyhow::ensure!(opened >= splits as u64, "{opened} lanes opened for {splits} splits");
+    let ops: u64 = reports.iter().map(|r| r.ops).sum();
     let stores = etl_coordination_driver::JobStores::nats(&job.nats, &job.name).await?;
     let mut status_s = f64::INFINITY;
     for _ in 0..3 {
@@ -352,13 +375,60 @@ pub async fn large_plan(t: &Target, splits: usize) -> Result<LargePlan> {
     Ok(LargePlan {
         status_s,
         splits,
-        workers: workers_n,
-        first_lane,
-        all_claimed,
+        first_lane: since(reports.iter().filter(|r| r.openings > 0).map(|r| r.first_ms).min().unwrap_or(t0)),
+        all_claimed: since(reports.iter().map(|r| r.last_ms).max().unwrap_or(t0)),
         complete,
         ops_per_split: ops as f64 / splits as f64,
-        peak_rss_mb: peak_rss_mb(),
+        worker_rss_mb: reports.iter().map(|r| r.rss_mb).collect(),
     })
+}
+
+/// Worker processes, killed if the measurement ends before they do (a time limit, an error).
+struct Children(Vec<std::process::Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            if c.try_wait().ok().flatten().is_none() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+fn parse_child(text: &str) -> Result<ChildReport> {
+    let line = text.lines().last().context("a T6 worker process printed nothing")?;
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let bad = || format!("a T6 worker process's report {line:?} is not `openings first_ms last_ms ops rss_mb`");
+    anyhow::ensure!(f.len() == 5, bad());
+    Ok(ChildReport {
+        openings: f[0].parse().with_context(bad)?,
+        first_ms: f[1].parse().with_context(bad)?,
+        last_ms: f[2].parse().with_context(bad)?,
+        ops: f[3].parse().with_context(bad)?,
+        rss_mb: f[4].parse().with_context(bad)?,
+    })
+}
+
+/// `etl-coordination-bench t6-worker URL REPLICAS JOB ID SPLITS`: one worker of T6's job, the
+/// only one in this process; prints `openings first_ms last_ms ops rss_mb` once the job is
+/// complete (lane openings, the wall clock of the first and last, store operations, and this
+/// process's peak RSS).
+pub async fn t6_worker(args: &[String]) -> Result<()> {
+    let [url, replicas, job, id, splits] = args else {
+        anyhow::bail!("t6-worker wants URL REPLICAS JOB ID SPLITS, got {args:?}");
+    };
+    let work = Work::new(splits.parse()?, 0, Duration::ZERO).light();
+    let openings = work.openings.clone().expect("light work counts openings");
+    let job = Job::named(url, replicas.parse()?, etl_coordination_driver::JobName::new(job.as_str())?, work);
+    let w = job.start(id).await?;
+    let outcome = w.handle.outcome().await?;
+    anyhow::ensure!(outcome == JobOutcome::Complete, "worker {id} ended {outcome:?}");
+    let o = *openings.lock().unwrap();
+    let ops = OpCounts::of(&w.ops);
+    println!("{} {} {} {} {:.1}", o.count, o.first_ms, o.last_ms, ops.writes + ops.reads, peak_rss_mb());
+    Ok(())
 }
 
 /// The process's peak resident set (VmHWM), in MB.

@@ -93,6 +93,22 @@ pub struct Work {
     /// Whether the plan reports `weights` to the planner's consumers (else weight 1 each: the
     /// balance a planner that reports no weight gets, by split count).
     pub report_weights: bool,
+    /// When set, lane openings are only counted here instead of logged (see [`Work::light`]).
+    pub openings: Option<Arc<Mutex<Openings>>>,
+}
+
+/// A worker's lane openings, counted without keeping them: how many, and the wall clock
+/// (milliseconds since the Unix epoch) of the first and the last.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Openings {
+    pub count: u64,
+    pub first_ms: u64,
+    pub last_ms: u64,
+}
+
+/// Milliseconds since the Unix epoch (comparable between processes on one machine).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Work {
@@ -107,7 +123,15 @@ impl Work {
             seen: None,
             weights: None,
             report_weights: false,
+            openings: None,
         }
+    }
+
+    /// The same work counting its lane openings instead of logging each (a log entry per split
+    /// would weigh on the memory T6 measures per worker process).
+    pub fn light(mut self) -> Work {
+        self.openings = Some(Arc::default());
+        self
     }
 
     /// The same work with split `i` weighing `weights[i]`, reported in the plan when `report` (a
@@ -170,14 +194,24 @@ impl Work {
         reason: Option<AcquisitionReason>,
         from: u64,
     ) -> WorkReader {
-        self.log.1.lock().unwrap().insert(split.to_owned());
         let at = Instant::now();
-        self.log.0.lock().unwrap().push(Opened {
-            at,
-            worker: worker.to_owned(),
-            split: split.to_owned(),
-            reason,
-        });
+        if let Some(openings) = &self.openings {
+            let mut o = openings.lock().unwrap();
+            let now = unix_ms();
+            if o.count == 0 {
+                o.first_ms = now;
+            }
+            o.count += 1;
+            o.last_ms = now;
+        } else {
+            self.log.1.lock().unwrap().insert(split.to_owned());
+            self.log.0.lock().unwrap().push(Opened {
+                at,
+                worker: worker.to_owned(),
+                split: split.to_owned(),
+                reason,
+            });
+        }
         WorkReader {
             worker: worker.to_owned(),
             ends: self.log.2.clone(),
@@ -418,9 +452,14 @@ impl Job {
     /// A fresh job (its own buckets) on `url`.
     pub fn new(url: &str, replicas: usize, what: &str, work: Work) -> Job {
         let n = JOBS.fetch_add(1, Ordering::Relaxed);
+        let name = JobName::new(format!("bench-{what}-{}-{n}", std::process::id())).expect("valid job name");
+        Job::named(url, replicas, name, work)
+    }
+
+    /// The job `name` on `url` (another process's, for a worker in a process of its own).
+    pub fn named(url: &str, replicas: usize, name: JobName, work: Work) -> Job {
         let mut nats = NatsConfig::new(url);
         nats.replicas = replicas;
-        let name = JobName::new(format!("bench-{what}-{}-{n}", std::process::id())).expect("valid job name");
         Job {
             nats,
             name,

@@ -40,14 +40,16 @@ macro_rules! name_type {
         $(#[$doc])*
         #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
-        pub struct $name(String);
+        // Shared, not owned: a worker keeps each id in several indices (issue 32, a million
+        // splits), and a clone is a reference count.
+        pub struct $name(std::sync::Arc<str>);
 
         impl $name {
             /// Validates `value` (charset `[A-Za-z0-9_-]`, 1 to 128 characters).
             pub fn new(value: impl Into<String>) -> Result<Self, NameError> {
                 let value = value.into();
                 validate($kind, &value)?;
-                Ok(Self(value))
+                Ok(Self(value.into()))
             }
 
             /// The name as a string slice.
@@ -65,7 +67,7 @@ macro_rules! name_type {
 
         impl From<$name> for String {
             fn from(value: $name) -> String {
-                value.0
+                value.0.to_string()
             }
         }
 
@@ -113,7 +115,7 @@ impl SplitId {
     /// Below every valid split id (the empty string is never valid): a bound for range lookups
     /// in sets ordered by `(weight, id)`, never a split's id.
     pub(crate) fn floor() -> Self {
-        SplitId(String::new())
+        SplitId("".into())
     }
 }
 

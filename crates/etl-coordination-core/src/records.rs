@@ -233,7 +233,7 @@ pub struct Descriptor {
 }
 
 /// The lifecycle state of a split record.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize, PartialOrd, Ord)]
 pub enum SplitState {
     /// In the queue.
     Unleased,
@@ -246,7 +246,7 @@ pub enum SplitState {
 }
 
 /// How the last tenancy of a split ended.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize, PartialOrd, Ord)]
 pub enum EndReason {
     /// Graceful release (drain, plan shrink).
     Released,
@@ -274,7 +274,7 @@ impl EndReason {
 }
 
 /// `split.{id}` in the state bucket: the small mutable record every commit rewrites.
-#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, PartialOrd, Ord)]
 pub struct SplitRecord {
     /// Bumped on every ownership change.
     pub epoch: Epoch,

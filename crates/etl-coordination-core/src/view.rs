@@ -6,6 +6,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use crate::ids::{Incarnation, InstanceId, Revision, SplitId};
 use crate::io::SplitCounts;
@@ -14,31 +15,38 @@ use crate::records::{
 };
 use crate::store::{Bucket, Key};
 
-/// What the view knows of one split.
+/// What the view knows of one split: what the protocol decides on, kept small (issue 32: a
+/// worker holds one of these per split of the plan, a million of them for a large plan).
+/// Records are shared ([`RecordCache`]): every fresh record, and every Done record of one
+/// epoch, is one allocation; a Done record keeps no progress or error, which nothing reads
+/// once the split is terminal. A lease (live tenancies only) is boxed.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct SplitView {
-    pub record: Option<SplitRecord>,
+    pub record: Option<Arc<SplitRecord>>,
     /// Latest revision seen for the record key (put or delete).
     pub record_rev: Revision,
-    /// The value at `record_rev` could not be decoded (`record` is `None`): the split can be
-    /// neither claimed nor completed until someone rewrites it (`etl-coord requeue --reset`).
-    pub record_undecodable: bool,
-    pub lease: Option<LeaseRecord>,
+    pub lease: Option<Box<LeaseRecord>>,
     /// Latest revision seen for the lease key (put or delete).
     pub lease_rev: Revision,
     /// `Some(weight)` iff the split is in the loaded manifest.
     pub weight: Option<u64>,
-    // Contributions to the indices, so they can be withdrawn on change.
-    claim_key: Option<u64>,
+    /// The planned weight it adds to `weight_planned` (in the manifest), and to `weight_done`
+    /// when Done; the key it has in `claimable` when claimable.
+    planned: u64,
+    /// The holder this split's lease adds `effective_weight(planned)` to `loads` and `held_by`
+    /// for.
+    counted_lease: Option<Box<InstanceId>>,
+    /// The value at `record_rev` could not be decoded (`record` is `None`): the split can be
+    /// neither claimed nor completed until someone rewrites it (`etl-coord requeue --reset`).
+    pub record_undecodable: bool,
+    // Contributions to the counters and indices, so they can be withdrawn on change.
     counted: Counted,
-    /// The holder and effective weight this split's lease adds to `loads` and `held_by`.
-    counted_lease: Option<(InstanceId, u64)>,
 }
 
 impl SplitView {
     /// Whether the split is in the claimable index.
     pub fn claim_key_set(&self) -> bool {
-        self.claim_key.is_some()
+        self.counted.claimable
     }
 }
 
@@ -50,10 +58,44 @@ struct Counted {
     undecodable: bool,
     missing: bool,
     old_incarnation: bool,
-    /// The planned weight it adds to `weight_planned` (in the manifest) and to `weight_done`
-    /// (in the manifest and Done).
-    planned: u64,
-    done_weight: u64,
+    claimable: bool,
+}
+
+/// Shares the records many splits hold alike: a fresh record, and a Done record (stripped of
+/// what a terminal split no longer needs) per epoch and outcome. Other records (owned, released
+/// with progress) are few at a time and kept as they come.
+#[derive(Debug, Default)]
+pub(crate) struct RecordCache {
+    shared: BTreeSet<Arc<SplitRecord>>,
+}
+
+impl RecordCache {
+    /// How many distinct shared records may be kept: beyond it a record is kept unshared (a
+    /// plan whose splits end at many different epochs costs a record each, as before).
+    const MAX: usize = 4096;
+
+    fn intern(&mut self, mut record: SplitRecord) -> Arc<SplitRecord> {
+        let shareable = match record.state {
+            SplitState::Done => {
+                record.progress = None;
+                record.last_error = None;
+                true
+            }
+            SplitState::Unleased => record.progress.is_none() && record.owner.is_none(),
+            SplitState::Owned | SplitState::Quarantined => false,
+        };
+        if !shareable {
+            return Arc::new(record);
+        }
+        if let Some(r) = self.shared.get(&record) {
+            return r.clone();
+        }
+        let r = Arc::new(record);
+        if self.shared.len() < Self::MAX {
+            self.shared.insert(r.clone());
+        }
+        r
+    }
 }
 
 /// The cached store.
@@ -100,6 +142,7 @@ pub(crate) struct View {
     /// was a delete: a read older than it, or absent while the head was last seen present,
     /// comes from a lagging replica. Never lowered (a listing that lacks the head may lag too).
     pub plan_head_seen: (Revision, bool),
+    records: RecordCache,
 }
 
 impl View {
@@ -135,6 +178,7 @@ impl View {
             leader_seen: Revision(0),
             plan_head: None,
             plan_head_seen: (Revision(0), false),
+            records: RecordCache::default(),
         }
     }
 
@@ -192,7 +236,7 @@ impl View {
             return;
         }
         sv.record_rev = rev;
-        sv.record = Some(record);
+        sv.record = Some(self.records.intern(record));
         sv.record_undecodable = false;
         self.refresh(id);
     }
@@ -228,7 +272,7 @@ impl View {
             return;
         }
         sv.lease_rev = rev;
-        sv.lease = Some(lease);
+        sv.lease = Some(Box::new(lease));
         self.refresh(id);
     }
 
@@ -281,16 +325,17 @@ impl View {
     /// Recomputes one split's contribution to every index.
     fn refresh(&mut self, id: &SplitId) {
         let Some(sv) = self.splits.get_mut(id) else { return };
-        // Withdraw old contributions.
-        if let Some(w) = sv.claim_key.take() {
-            self.claimable.remove(&(Reverse(w), id.clone()));
-        }
         let old = sv.counted;
+        let old_planned = sv.planned;
+        // Withdraw the old claimable entry.
+        if old.claimable {
+            self.claimable.remove(&(Reverse(old_planned), id.clone()));
+        }
         let in_manifest = sv.weight.is_some();
         let state = sv.record.as_ref().map(|r| r.state);
-        let done = in_manifest && state == Some(SplitState::Done);
+        let planned = sv.weight.unwrap_or(0);
         let new = Counted {
-            done,
+            done: in_manifest && state == Some(SplitState::Done),
             quarantined: in_manifest && state == Some(SplitState::Quarantined),
             owned: in_manifest && state == Some(SplitState::Owned),
             undecodable: in_manifest && sv.record_undecodable,
@@ -302,41 +347,46 @@ impl View {
                     .as_ref()
                     .and_then(|r| r.owner.as_ref())
                     .is_some_and(|o| o.instance == self.me && o.incarnation != self.incarnation),
-            planned: sv.weight.unwrap_or(0),
-            done_weight: if done { sv.weight.unwrap_or(0) } else { 0 },
+            claimable: in_manifest
+                && matches!(state, Some(SplitState::Unleased | SplitState::Owned))
+                && sv.lease.is_none(),
         };
         sv.counted = new;
-        if let Some(w) = sv.weight
-            && matches!(state, Some(SplitState::Unleased | SplitState::Owned))
-            && sv.lease.is_none()
-        {
-            sv.claim_key = Some(w);
-            self.claimable.insert((Reverse(w), id.clone()));
+        sv.planned = planned;
+        if new.claimable {
+            self.claimable.insert((Reverse(planned), id.clone()));
         }
-        let lease = match (&sv.lease, sv.weight) {
-            (Some(l), Some(w)) => Some((l.owner.instance.clone(), effective_weight(w))),
+        // The lease's load is counted at the effective weight of the planned weight it was
+        // counted with: withdrawn with the old, added with the new.
+        let holder = match (&sv.lease, sv.weight) {
+            (Some(l), Some(_)) => Some(&l.owner.instance),
             _ => None,
         };
-        if sv.counted_lease != lease {
-            if let Some((prev, w)) = std::mem::replace(&mut sv.counted_lease, lease.clone()) {
-                if let Some(load) = self.loads.get_mut(&prev) {
+        let moved = sv.counted_lease.as_deref() != holder || (holder.is_some() && old_planned != planned);
+        if moved {
+            let holder = holder.cloned();
+            if let Some(prev) = std::mem::replace(&mut sv.counted_lease, holder.clone().map(Box::new)) {
+                let w = effective_weight(old_planned);
+                if let Some(load) = self.loads.get_mut(&*prev) {
                     *load -= u128::from(w);
                 }
-                if let Some(set) = self.held_by.get_mut(&prev) {
+                if let Some(set) = self.held_by.get_mut(&*prev) {
                     set.remove(&(w, id.clone()));
                     if set.is_empty() {
-                        self.held_by.remove(&prev);
-                        self.loads.remove(&prev);
+                        self.held_by.remove(&*prev);
+                        self.loads.remove(&*prev);
                     }
                 }
             }
-            if let Some((holder, w)) = lease {
+            if let Some(holder) = holder {
+                let w = effective_weight(planned);
                 *self.loads.entry(holder.clone()).or_default() += u128::from(w);
                 self.held_by.entry(holder).or_default().insert((w, id.clone()));
             }
         }
-        self.weight_planned = self.weight_planned - u128::from(old.planned) + u128::from(new.planned);
-        self.weight_done = self.weight_done - u128::from(old.done_weight) + u128::from(new.done_weight);
+        let done_weight = |c: Counted, p: u64| u128::from(if c.done { p } else { 0 });
+        self.weight_planned = self.weight_planned - u128::from(old_planned) + u128::from(planned);
+        self.weight_done = self.weight_done - done_weight(old, old_planned) + done_weight(new, planned);
         adjust(&mut self.done, old.done, new.done);
         adjust(&mut self.quarantined, old.quarantined, new.quarantined);
         adjust(&mut self.owned, old.owned, new.owned);

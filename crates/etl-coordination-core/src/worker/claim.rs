@@ -77,7 +77,7 @@ impl Worker {
     /// epoch, because every epoch bump needs the lease first.
     pub(super) fn start_acquire(&mut self, now: Timestamp, id: &SplitId, reason: AcquisitionReason) {
         let Some(sv) = self.view.splits.get(id) else { return };
-        let Some(base) = sv.record.clone() else { return };
+        let Some(base) = sv.record.as_deref().cloned() else { return };
         let Some(weight) = sv.weight else { return };
         if base.is_terminal() {
             return;

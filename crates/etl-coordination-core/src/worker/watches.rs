@@ -2,7 +2,6 @@
 //! triggers they carry: our lease, our presence or the leader key moving to someone else.
 //! The view only triggers attempts and revocations; ownership is decided by CAS (S6).
 
-use std::collections::BTreeSet;
 
 use crate::ids::{Revision, SplitId};
 use crate::io::{Action, StopReason, WatchId};
@@ -61,23 +60,30 @@ impl Worker {
     }
 
     /// Replaces everything the view holds under `watch`'s scope with `entries`.
-    pub(super) fn apply_snapshot(&mut self, watch: WatchId, entries: Vec<Entry>) {
-        let present: BTreeSet<Key> = entries.iter().map(|e| e.key.clone()).collect();
+    pub(super) fn apply_snapshot(&mut self, watch: WatchId, mut entries: Vec<Entry>) {
+        // Membership by binary search over the entries sorted by key (stable: a key's later
+        // value stays later), not a set of copied keys: a snapshot of a million splits would
+        // double its memory (issue 32).
+        if !entries.is_sorted_by(|a, b| a.key <= b.key) {
+            entries.sort_by(|a, b| a.key.cmp(&b.key));
+        }
+        let sorted = &entries;
+        let present = |key: &Key| sorted.binary_search_by(|e| e.key.cmp(key)).is_ok();
         match watch {
             WatchId::Leases => {
                 let gone: Vec<SplitId> = self
                     .view
                     .splits
                     .iter()
-                    .filter(|(id, sv)| sv.lease.is_some() && !present.contains(&keys::split(id)))
+                    .filter(|(id, sv)| sv.lease.is_some() && !present(&keys::split(id)))
                     .map(|(id, _)| id.clone())
                     .collect();
                 for id in gone {
                     self.view.forget_lease(&id);
                 }
-                self.view.workers.retain(|id, _| present.contains(&keys::worker(id)));
-                self.view.steal_requests.retain(|victim, _| present.contains(&keys::steal(victim)));
-                if !present.contains(&keys::leader()) {
+                self.view.workers.retain(|id, _| present(&keys::worker(id)));
+                self.view.steal_requests.retain(|victim, _| present(&keys::steal(victim)));
+                if !present(&keys::leader()) {
                     self.view.leader = None;
                 }
             }
@@ -87,7 +93,7 @@ impl Worker {
                     .splits
                     .iter()
                     .filter(|(id, sv)| {
-                        (sv.record.is_some() || sv.record_undecodable) && !present.contains(&keys::split(id))
+                        (sv.record.is_some() || sv.record_undecodable) && !present(&keys::split(id))
                     })
                     .map(|(id, _)| id.clone())
                     .collect();
@@ -96,14 +102,14 @@ impl Worker {
                 }
             }
             WatchId::Plan => {
-                if !present.contains(&keys::plan_head()) {
+                if !present(&keys::plan_head()) {
                     self.view.plan_head = None;
                 }
             }
         }
         // Undecodable values this snapshot no longer shows are gone (deleted or expired).
         let (bucket, prefix) = (watch.bucket(), watch.prefix());
-        self.view.undecodable.retain(|(b, k), _| *b != bucket || !prefix.matches(k) || present.contains(k));
+        self.view.undecodable.retain(|(b, k), _| *b != bucket || !prefix.matches(k) || present(k));
         for e in entries {
             self.apply_entry(watch, e);
         }
