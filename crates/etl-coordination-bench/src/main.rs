@@ -15,9 +15,6 @@
 //! The peers (static partitioning, PostgreSQL `SKIP LOCKED`) run beside the first target (the
 //! single node) on the same work; the PostgreSQL ones need `--postgres`.
 
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 mod measure;
 mod objects;
 mod peers;

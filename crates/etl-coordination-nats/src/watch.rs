@@ -64,7 +64,12 @@ impl NatsStore {
         let ev = match MessageKind::of(msg.headers.as_ref()) {
             MessageKind::Deleted => WatchEvent::Delete { key, revision, cause: DeleteCause::Deleted },
             MessageKind::Expired => WatchEvent::Delete { key, revision, cause: DeleteCause::Expired },
-            MessageKind::Value => WatchEvent::Put(Entry { key, value: msg.payload.clone(), revision }),
+            // A copy, not the client's slice of its read buffer: a slice keeps the whole buffer
+            // it was cut from alive, and a snapshot holds every entry until it ends (issue 32:
+            // 22 MB of read buffers pinned by a 100,000-split snapshot, measured).
+            MessageKind::Value => {
+                WatchEvent::Put(Entry { key, value: bytes::Bytes::copy_from_slice(&msg.payload), revision })
+            }
         };
         Some((ev, info.pending))
     }

@@ -156,7 +156,7 @@ impl Worker {
         }
         self.phase = Phase::Joining;
         for w in WatchId::ALL {
-            self.watches.insert(w, WatchState { ready: false, snapshot: Some(Vec::new()) });
+            self.watches.insert(w, WatchState { ready: false, snapshot: Some(Default::default()) });
             self.outbox.push(Action::Watch { watch: w });
         }
         self.create_presence();

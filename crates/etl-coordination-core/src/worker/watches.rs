@@ -2,6 +2,7 @@
 //! triggers they carry: our lease, our presence or the leader key moving to someone else.
 //! The view only triggers attempts and revocations; ownership is decided by CAS (S6).
 
+use std::collections::BTreeSet;
 
 use crate::ids::{Revision, SplitId};
 use crate::io::{Action, StopReason, WatchId};
@@ -15,12 +16,50 @@ use super::outbox::Pending;
 use super::tenancy::Stage;
 use super::{Phase, Worker};
 
-/// One watch: whether its snapshot is complete, and the snapshot being received.
+/// One watch: whether its snapshot is complete, and what the snapshot in progress has shown.
 #[derive(Debug, Default)]
 pub(super) struct WatchState {
     pub(super) ready: bool,
-    /// Entries of a snapshot in progress, applied as a whole at `SnapshotComplete`.
-    pub(super) snapshot: Option<Vec<Entry>>,
+    /// The keys a snapshot in progress has shown so far (its entries go into the view as they
+    /// come); at `SnapshotComplete` whatever it did not show leaves the view.
+    pub(super) snapshot: Option<Seen>,
+}
+
+/// The keys a snapshot (or a resync's listing) has shown: split ids apart, since a snapshot of
+/// a large plan shows a million of them and an id is shared, not copied (issue 32: a snapshot is
+/// never held whole; its entries go into the view one by one).
+#[derive(Debug, Default)]
+pub(super) struct Seen {
+    splits: BTreeSet<SplitId>,
+    others: BTreeSet<Key>,
+}
+
+impl Seen {
+    fn see(&mut self, key: &Key) {
+        match keys::parse_split(key) {
+            Some(id) => self.splits.insert(id),
+            None => self.others.insert(key.clone()),
+        };
+    }
+
+    /// A delete during the snapshot: the key is absent at its end, as if never shown.
+    fn unsee(&mut self, key: &Key) {
+        match keys::parse_split(key) {
+            Some(id) => self.splits.remove(&id),
+            None => self.others.remove(key),
+        };
+    }
+
+    fn split(&self, id: &SplitId) -> bool {
+        self.splits.contains(id)
+    }
+
+    fn contains(&self, key: &Key) -> bool {
+        match keys::parse_split(key) {
+            Some(id) => self.splits.contains(&id),
+            None => self.others.contains(key),
+        }
+    }
 }
 
 impl Worker {
@@ -28,21 +67,24 @@ impl Worker {
     pub(super) fn on_watch_failed(&mut self, watch: WatchId) {
         if let Some(w) = self.watches.get_mut(&watch) {
             w.ready = false;
-            w.snapshot = Some(Vec::new());
+            w.snapshot = Some(Seen::default());
             self.outbox.push(Action::Watch { watch });
         }
     }
 
     pub(super) fn on_watch(&mut self, now: Timestamp, watch: WatchId, event: WatchEvent) {
         let Some(ws) = self.watches.get_mut(&watch) else { return };
-        if let Some(buf) = &mut ws.snapshot {
+        if let Some(seen) = &mut ws.snapshot {
             match event {
-                WatchEvent::Put(e) => buf.push(e),
-                WatchEvent::Delete { key, .. } => buf.retain(|e| e.key != key),
+                WatchEvent::Put(e) => {
+                    seen.see(&e.key);
+                    self.apply_entry(watch, e);
+                }
+                WatchEvent::Delete { key, .. } => seen.unsee(&key),
                 WatchEvent::SnapshotComplete => {
-                    let entries = ws.snapshot.take().expect("snapshot");
+                    let seen = ws.snapshot.take().expect("snapshot");
                     ws.ready = true;
-                    self.apply_snapshot(watch, entries);
+                    self.end_snapshot(watch, seen);
                 }
             }
             return;
@@ -59,31 +101,36 @@ impl Worker {
         WatchId::ALL.iter().all(|w| self.watches.get(w).is_some_and(|s| s.ready))
     }
 
-    /// Replaces everything the view holds under `watch`'s scope with `entries`.
-    pub(super) fn apply_snapshot(&mut self, watch: WatchId, mut entries: Vec<Entry>) {
-        // Membership by binary search over the entries sorted by key (stable: a key's later
-        // value stays later), not a set of copied keys: a snapshot of a million splits would
-        // double its memory (issue 32).
-        if !entries.is_sorted_by(|a, b| a.key <= b.key) {
-            entries.sort_by(|a, b| a.key.cmp(&b.key));
+    /// Replaces everything the view holds under `watch`'s scope with `entries` (a resync's
+    /// listing): each into the view, then whatever they did not show out of it.
+    pub(super) fn apply_snapshot(&mut self, watch: WatchId, entries: Vec<Entry>) {
+        let mut seen = Seen::default();
+        for e in entries {
+            seen.see(&e.key);
+            self.apply_entry(watch, e);
         }
-        let sorted = &entries;
-        let present = |key: &Key| sorted.binary_search_by(|e| e.key.cmp(key)).is_ok();
+        self.end_snapshot(watch, seen);
+    }
+
+    /// The end of a snapshot whose entries are in the view: what it did not show is gone from
+    /// `watch`'s scope (deleted or expired while the watch was away), then the fencing triggers
+    /// a missed event would have fired.
+    fn end_snapshot(&mut self, watch: WatchId, seen: Seen) {
         match watch {
             WatchId::Leases => {
                 let gone: Vec<SplitId> = self
                     .view
                     .splits
                     .iter()
-                    .filter(|(id, sv)| sv.lease.is_some() && !present(&keys::split(id)))
+                    .filter(|(id, sv)| sv.lease.is_some() && !seen.split(id))
                     .map(|(id, _)| id.clone())
                     .collect();
                 for id in gone {
                     self.view.forget_lease(&id);
                 }
-                self.view.workers.retain(|id, _| present(&keys::worker(id)));
-                self.view.steal_requests.retain(|victim, _| present(&keys::steal(victim)));
-                if !present(&keys::leader()) {
+                self.view.workers.retain(|id, _| seen.contains(&keys::worker(id)));
+                self.view.steal_requests.retain(|victim, _| seen.contains(&keys::steal(victim)));
+                if !seen.contains(&keys::leader()) {
                     self.view.leader = None;
                 }
             }
@@ -92,9 +139,7 @@ impl Worker {
                     .view
                     .splits
                     .iter()
-                    .filter(|(id, sv)| {
-                        (sv.record.is_some() || sv.record_undecodable) && !present(&keys::split(id))
-                    })
+                    .filter(|(id, sv)| (sv.record.is_some() || sv.record_undecodable) && !seen.split(id))
                     .map(|(id, _)| id.clone())
                     .collect();
                 for id in gone {
@@ -102,17 +147,14 @@ impl Worker {
                 }
             }
             WatchId::Plan => {
-                if !present(&keys::plan_head()) {
+                if !seen.contains(&keys::plan_head()) {
                     self.view.plan_head = None;
                 }
             }
         }
         // Undecodable values this snapshot no longer shows are gone (deleted or expired).
         let (bucket, prefix) = (watch.bucket(), watch.prefix());
-        self.view.undecodable.retain(|(b, k), _| *b != bucket || !prefix.matches(k) || present(k));
-        for e in entries {
-            self.apply_entry(watch, e);
-        }
+        self.view.undecodable.retain(|(b, k), _| *b != bucket || !prefix.matches(k) || seen.contains(k));
         self.fence_after_snapshot(watch);
     }
 
