@@ -415,3 +415,97 @@ fn adjust(counter: &mut usize, old: bool, new: bool) {
         _ => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{Epoch, Owner};
+    use crate::records::EndReason;
+
+    fn id(s: &str) -> SplitId {
+        SplitId::new(s).unwrap()
+    }
+
+    fn owner(name: &str) -> Owner {
+        Owner { instance: InstanceId::new(name).unwrap(), incarnation: Incarnation(7) }
+    }
+
+    fn done(epoch: u64, progress: &'static [u8]) -> SplitRecord {
+        SplitRecord {
+            epoch: Epoch(epoch),
+            state: SplitState::Done,
+            progress: Some(bytes::Bytes::from_static(progress)),
+            last_end: Some(EndReason::Finished),
+            last_error: Some("an earlier failure".into()),
+            progressed: true,
+            ..SplitRecord::new()
+        }
+    }
+
+    fn view_of(n: usize) -> View {
+        let mut v = View::new(InstanceId::new("w1").unwrap(), Incarnation(1));
+        let m = ManifestRef { term: 1, version: 1, chunks: 1, split_count: n as u64, kind: crate::plan::PlanKind::Final };
+        v.set_manifest(m, (0..n).map(|i| (id(&format!("s{i}")), 10)).collect());
+        v
+    }
+
+    #[test]
+    fn a_split_costs_the_view_a_small_fixed_size() {
+        // What a worker holds per split of a plan of a million (issue 32): the record and the
+        // lease are a pointer each, not inline.
+        let size = std::mem::size_of::<SplitView>();
+        assert!(size <= 80, "SplitView is {size} bytes");
+    }
+
+    #[test]
+    fn done_records_of_one_epoch_are_one_allocation_without_progress_and_others_are_kept_whole() {
+        let mut v = view_of(3);
+        v.put_record(&id("s0"), Revision(5), done(1, b"offset 10"));
+        v.put_record(&id("s1"), Revision(6), done(1, b"offset 99"));
+        let (a, b) = (v.splits[&id("s0")].record.clone().unwrap(), v.splits[&id("s1")].record.clone().unwrap());
+        assert!(Arc::ptr_eq(&a, &b), "two Done records of epoch 1 share one allocation");
+        assert_eq!((a.progress.clone(), a.last_error.clone()), (None, None), "a Done record keeps no progress");
+        assert_eq!((a.epoch, a.state, a.last_end), (Epoch(1), SplitState::Done, Some(EndReason::Finished)));
+        // An owned record, and a quarantined one's error, are kept as read.
+        let owned = SplitRecord {
+            epoch: Epoch(2),
+            owner: Some(owner("w2")),
+            state: SplitState::Owned,
+            progress: Some(bytes::Bytes::from_static(b"p")),
+            ..SplitRecord::new()
+        };
+        v.put_record(&id("s2"), Revision(7), owned.clone());
+        assert_eq!(*v.splits[&id("s2")].record.clone().unwrap(), owned);
+        let quarantined = SplitRecord { state: SplitState::Quarantined, last_error: Some("bad".into()), ..owned };
+        v.put_record(&id("s2"), Revision(8), quarantined.clone());
+        assert_eq!(*v.splits[&id("s2")].record.clone().unwrap(), quarantined);
+        assert_eq!((v.done, v.quarantined, v.weight_done), (2, 1, 20));
+    }
+
+    #[test]
+    fn a_leased_split_whose_planned_weight_changes_moves_its_load_with_it() {
+        let mut v = view_of(2);
+        let lease = LeaseRecord { owner: owner("w2"), epoch: Epoch(1), write: 1 };
+        v.put_lease(&id("s0"), Revision(3), lease.clone());
+        let w2 = InstanceId::new("w2").unwrap();
+        assert_eq!(v.loads[&w2], 10);
+        assert!(v.held_by[&w2].contains(&(10, id("s0"))));
+        // A new manifest weighs s0 at 40: the load follows, nothing of the old weight stays.
+        let m = ManifestRef { term: 1, version: 2, chunks: 1, split_count: 2, kind: crate::plan::PlanKind::Final };
+        v.set_manifest(m, vec![(id("s0"), 40), (id("s1"), 10)]);
+        assert_eq!(v.loads[&w2], 40);
+        assert_eq!(v.held_by[&w2].iter().collect::<Vec<_>>(), vec![&(40, id("s0"))]);
+        assert_eq!(v.weight_planned, 50);
+        // The lease moves to another holder, then goes: no load is left behind.
+        v.put_lease(&id("s0"), Revision(4), LeaseRecord { owner: owner("w3"), ..lease });
+        let w3 = InstanceId::new("w3").unwrap();
+        assert!(!v.loads.contains_key(&w2) && !v.held_by.contains_key(&w2));
+        assert_eq!(v.loads[&w3], 40);
+        v.delete_lease(&id("s0"), Revision(5));
+        assert!(v.loads.is_empty() && v.held_by.is_empty(), "{:?}", v.loads);
+        // Claimable again at its new weight, largest first.
+        v.put_record(&id("s0"), Revision(6), SplitRecord::new());
+        v.put_record(&id("s1"), Revision(7), SplitRecord::new());
+        assert_eq!(v.claimable.iter().next(), Some(&(Reverse(40), id("s0"))));
+    }
+}

@@ -3349,3 +3349,39 @@ fn p4_a_head_read_that_misses_the_head_seen_is_a_lagging_replica_and_decides_not
         records::decode(&r2.kv.get(Bucket::State, "plan.head").unwrap().value).unwrap();
     assert_eq!((head.term, head.status), (2, records::PlanStatus::Published));
 }
+
+/// The splits counted missing in the gauges among `actions`, if they report any.
+fn missing_in(actions: &[Action]) -> Option<u32> {
+    actions.iter().rev().find_map(|a| match a {
+        Action::Event(Event::Gauges { splits, .. }) => Some(splits.missing),
+        _ => None,
+    })
+}
+
+#[test]
+fn p7_a_reopened_watch_streams_its_snapshot_into_the_view_and_forgets_only_at_its_end_what_it_did_not_show() {
+    let mut r = running(3);
+    let Some(Event::Gauges { splits, .. }) = r.last_gauges() else { panic!("gauges") };
+    assert_eq!((splits.owned, splits.missing), (3, 0), "{splits:?}");
+    // The splits watch fails; its new snapshot (fed by hand, event by event) shows s0, shows s1
+    // and then its delete, and never shows s2.
+    r.w.handle(r.now, Input::WatchFailed { watch: WatchId::Splits });
+    let watch = WatchId::Splits;
+    let s0 = r.kv.get(Bucket::State, "split.s0").expect("in the store");
+    let s1 = r.kv.get(Bucket::State, "split.s1").expect("in the store");
+    let s1_deleted = Revision(s1.revision.0 + 1000);
+    let mut seen_missing = Vec::new();
+    for event in [
+        WatchEvent::Put(s0),
+        WatchEvent::Put(s1),
+        WatchEvent::Delete { key: Key::new("split.s1").unwrap(), revision: s1_deleted, cause: DeleteCause::Deleted },
+    ] {
+        let a = r.w.handle(r.now, Input::Watch { watch, event });
+        seen_missing.extend(missing_in(&a));
+    }
+    // Until the snapshot ends, the view keeps what it knew: nothing is missing yet.
+    assert!(seen_missing.iter().all(|m| *m == 0), "forgotten before the snapshot ended: {seen_missing:?}");
+    let a = r.w.handle(r.now, Input::Watch { watch, event: WatchEvent::SnapshotComplete });
+    // At its end, s1 (deleted during it) and s2 (never shown) are gone; s0 stays.
+    assert_eq!(missing_in(&a), Some(2), "{a:?}");
+}
