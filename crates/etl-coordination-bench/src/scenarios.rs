@@ -400,7 +400,8 @@ impl Drop for Children {
 fn parse_child(text: &str) -> Result<ChildReport> {
     let line = text.lines().last().context("a T6 worker process printed nothing")?;
     let f: Vec<&str> = line.split_whitespace().collect();
-    let bad = || format!("a T6 worker process's report {line:?} is not `openings first_ms last_ms ops rss_mb`");
+    let bad =
+        || format!("a T6 worker process's report {line:?} is not `openings first_ms last_ms ops rss_mb`");
     anyhow::ensure!(f.len() == 5, bad());
     Ok(ChildReport {
         openings: f[0].parse().with_context(bad)?,

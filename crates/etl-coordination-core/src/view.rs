@@ -444,7 +444,13 @@ mod tests {
 
     fn view_of(n: usize) -> View {
         let mut v = View::new(InstanceId::new("w1").unwrap(), Incarnation(1));
-        let m = ManifestRef { term: 1, version: 1, chunks: 1, split_count: n as u64, kind: crate::plan::PlanKind::Final };
+        let m = ManifestRef {
+            term: 1,
+            version: 1,
+            chunks: 1,
+            split_count: n as u64,
+            kind: crate::plan::PlanKind::Final,
+        };
         v.set_manifest(m, (0..n).map(|i| (id(&format!("s{i}")), 10)).collect());
         v
     }
@@ -462,9 +468,14 @@ mod tests {
         let mut v = view_of(3);
         v.put_record(&id("s0"), Revision(5), done(1, b"offset 10"));
         v.put_record(&id("s1"), Revision(6), done(1, b"offset 99"));
-        let (a, b) = (v.splits[&id("s0")].record.clone().unwrap(), v.splits[&id("s1")].record.clone().unwrap());
+        let (a, b) =
+            (v.splits[&id("s0")].record.clone().unwrap(), v.splits[&id("s1")].record.clone().unwrap());
         assert!(Arc::ptr_eq(&a, &b), "two Done records of epoch 1 share one allocation");
-        assert_eq!((a.progress.clone(), a.last_error.clone()), (None, None), "a Done record keeps no progress");
+        assert_eq!(
+            (a.progress.clone(), a.last_error.clone()),
+            (None, None),
+            "a Done record keeps no progress"
+        );
         assert_eq!((a.epoch, a.state, a.last_end), (Epoch(1), SplitState::Done, Some(EndReason::Finished)));
         // An owned record, and a quarantined one's error, are kept as read.
         let owned = SplitRecord {
@@ -476,7 +487,8 @@ mod tests {
         };
         v.put_record(&id("s2"), Revision(7), owned.clone());
         assert_eq!(*v.splits[&id("s2")].record.clone().unwrap(), owned);
-        let quarantined = SplitRecord { state: SplitState::Quarantined, last_error: Some("bad".into()), ..owned };
+        let quarantined =
+            SplitRecord { state: SplitState::Quarantined, last_error: Some("bad".into()), ..owned };
         v.put_record(&id("s2"), Revision(8), quarantined.clone());
         assert_eq!(*v.splits[&id("s2")].record.clone().unwrap(), quarantined);
         assert_eq!((v.done, v.quarantined, v.weight_done), (2, 1, 20));
@@ -491,7 +503,13 @@ mod tests {
         assert_eq!(v.loads[&w2], 10);
         assert!(v.held_by[&w2].contains(&(10, id("s0"))));
         // A new manifest weighs s0 at 40: the load follows, nothing of the old weight stays.
-        let m = ManifestRef { term: 1, version: 2, chunks: 1, split_count: 2, kind: crate::plan::PlanKind::Final };
+        let m = ManifestRef {
+            term: 1,
+            version: 2,
+            chunks: 1,
+            split_count: 2,
+            kind: crate::plan::PlanKind::Final,
+        };
         v.set_manifest(m, vec![(id("s0"), 40), (id("s1"), 10)]);
         assert_eq!(v.loads[&w2], 40);
         assert_eq!(v.held_by[&w2].iter().collect::<Vec<_>>(), vec![&(40, id("s0"))]);

@@ -3374,7 +3374,11 @@ fn p7_a_reopened_watch_streams_its_snapshot_into_the_view_and_forgets_only_at_it
     for event in [
         WatchEvent::Put(s0),
         WatchEvent::Put(s1),
-        WatchEvent::Delete { key: Key::new("split.s1").unwrap(), revision: s1_deleted, cause: DeleteCause::Deleted },
+        WatchEvent::Delete {
+            key: Key::new("split.s1").unwrap(),
+            revision: s1_deleted,
+            cause: DeleteCause::Deleted,
+        },
     ] {
         let a = r.w.handle(r.now, Input::Watch { watch, event });
         seen_missing.extend(missing_in(&a));
