@@ -323,7 +323,8 @@ pub struct LargePlan {
 struct ChildReport {
     openings: u64,
     first_ms: u64,
-    last_ms: u64,
+    creates: u64,
+    last_create_ms: u64,
     ops: u64,
     rss_mb: f64,
 }
@@ -355,14 +356,21 @@ pub async fn large_plan(t: &Target, splits: usize) -> Result<LargePlan> {
         })
         .await?
         .context("reading a T6 worker process's report")?;
-        let status = child.wait()?;
+        // Its output ended; it exits right after. Waited for without blocking, so that the
+        // measurement's time limit still applies.
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
         anyhow::ensure!(status.success(), "a T6 worker process failed ({status}): {text}");
         reports.push(parse_child(&text)?);
     }
     let complete = (crate::world::unix_ms() - t0) as f64 / 1e3;
     let since = |ms: u64| ms.saturating_sub(t0) as f64 / 1e3;
-    let opened: u64 = reports.iter().map(|r| r.openings).sum();
-    anyhow::ensure!(opened >= splits as u64, "{opened} lanes opened for {splits} splits");
+    let created: u64 = reports.iter().map(|r| r.creates).sum();
+    anyhow::ensure!(created == splits as u64, "{created} first claims for {splits} splits");
     let ops: u64 = reports.iter().map(|r| r.ops).sum();
     let stores = etl_coordination_driver::JobStores::nats(&job.nats, &job.name).await?;
     let mut status_s = f64::INFINITY;
@@ -376,7 +384,7 @@ pub async fn large_plan(t: &Target, splits: usize) -> Result<LargePlan> {
         status_s,
         splits,
         first_lane: since(reports.iter().filter(|r| r.openings > 0).map(|r| r.first_ms).min().unwrap_or(t0)),
-        all_claimed: since(reports.iter().map(|r| r.last_ms).max().unwrap_or(t0)),
+        all_claimed: since(reports.iter().map(|r| r.last_create_ms).max().unwrap_or(t0)),
         complete,
         ops_per_split: ops as f64 / splits as f64,
         worker_rss_mb: reports.iter().map(|r| r.rss_mb).collect(),
@@ -400,22 +408,26 @@ impl Drop for Children {
 fn parse_child(text: &str) -> Result<ChildReport> {
     let line = text.lines().last().context("a T6 worker process printed nothing")?;
     let f: Vec<&str> = line.split_whitespace().collect();
-    let bad =
-        || format!("a T6 worker process's report {line:?} is not `openings first_ms last_ms ops rss_mb`");
-    anyhow::ensure!(f.len() == 5, bad());
+    let bad = || {
+        format!(
+            "a T6 worker process's report {line:?} is not `openings first_ms creates last_create_ms ops rss_mb`"
+        )
+    };
+    anyhow::ensure!(f.len() == 6, bad());
     Ok(ChildReport {
         openings: f[0].parse().with_context(bad)?,
         first_ms: f[1].parse().with_context(bad)?,
-        last_ms: f[2].parse().with_context(bad)?,
-        ops: f[3].parse().with_context(bad)?,
-        rss_mb: f[4].parse().with_context(bad)?,
+        creates: f[2].parse().with_context(bad)?,
+        last_create_ms: f[3].parse().with_context(bad)?,
+        ops: f[4].parse().with_context(bad)?,
+        rss_mb: f[5].parse().with_context(bad)?,
     })
 }
 
 /// `etl-coordination-bench t6-worker URL REPLICAS JOB ID SPLITS`: one worker of T6's job, the
-/// only one in this process; prints `openings first_ms last_ms ops rss_mb` once the job is
-/// complete (lane openings, the wall clock of the first and last, store operations, and this
-/// process's peak RSS).
+/// only one in this process; prints `openings first_ms creates last_create_ms ops rss_mb` once
+/// the job is complete (lane openings and the wall clock of the first, first claims and the wall
+/// clock of the last, store operations, and this process's peak RSS).
 pub async fn t6_worker(args: &[String]) -> Result<()> {
     let [url, replicas, job, id, splits] = args else {
         anyhow::bail!("t6-worker wants URL REPLICAS JOB ID SPLITS, got {args:?}");
@@ -428,7 +440,15 @@ pub async fn t6_worker(args: &[String]) -> Result<()> {
     anyhow::ensure!(outcome == JobOutcome::Complete, "worker {id} ended {outcome:?}");
     let o = *openings.lock().unwrap();
     let ops = OpCounts::of(&w.ops);
-    println!("{} {} {} {} {:.1}", o.count, o.first_ms, o.last_ms, ops.writes + ops.reads, peak_rss_mb());
+    println!(
+        "{} {} {} {} {} {:.1}",
+        o.count,
+        o.first_ms,
+        o.creates,
+        o.last_create_ms,
+        ops.writes + ops.reads,
+        peak_rss_mb()
+    );
     Ok(())
 }
 
@@ -722,4 +742,19 @@ pub async fn cost(t: &Target, splits: usize, workers: usize, window: Duration) -
         writes: per(writes),
         cpu: cpu / window.as_secs_f64() / workers as f64,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_t6_worker_report_is_read_from_its_last_line_and_a_bad_one_is_named() {
+        let r = parse_child("some log line\n12 1000 10 2000 345 48.5\n").unwrap();
+        assert_eq!((r.openings, r.first_ms, r.creates, r.last_create_ms, r.ops), (12, 1000, 10, 2000, 345));
+        assert!((r.rss_mb - 48.5).abs() < 1e-9);
+        let e = parse_child("12 1000 2000 345 48.5").unwrap_err().to_string();
+        assert!(e.contains("is not `openings first_ms creates last_create_ms ops rss_mb`"), "{e}");
+        assert!(parse_child("").is_err());
+    }
 }

@@ -98,12 +98,14 @@ pub struct Work {
 }
 
 /// A worker's lane openings, counted without keeping them: how many, and the wall clock
-/// (milliseconds since the Unix epoch) of the first and the last.
+/// (milliseconds since the Unix epoch) of the first; how many were a split's first claim
+/// (`Create`: once per split, whoever makes it), and the last of those.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Openings {
     pub count: u64,
     pub first_ms: u64,
-    pub last_ms: u64,
+    pub creates: u64,
+    pub last_create_ms: u64,
 }
 
 /// Milliseconds since the Unix epoch (comparable between processes on one machine).
@@ -202,7 +204,10 @@ impl Work {
                 o.first_ms = now;
             }
             o.count += 1;
-            o.last_ms = now;
+            if reason == Some(AcquisitionReason::Create) {
+                o.creates += 1;
+                o.last_create_ms = now;
+            }
         } else {
             self.log.1.lock().unwrap().insert(split.to_owned());
             self.log.0.lock().unwrap().push(Opened {

@@ -81,7 +81,13 @@ impl RecordCache {
                 record.last_error = None;
                 true
             }
-            SplitState::Unleased => record.progress.is_none() && record.owner.is_none(),
+            // Fresh or released without progress or failures: alike but for the epoch.
+            SplitState::Unleased => {
+                record.progress.is_none()
+                    && record.owner.is_none()
+                    && record.attempts == 0
+                    && record.last_error.is_none()
+            }
             SplitState::Owned | SplitState::Quarantined => false,
         };
         if !shareable {
@@ -89,6 +95,10 @@ impl RecordCache {
         }
         if let Some(r) = self.shared.get(&record) {
             return r.clone();
+        }
+        if self.shared.len() >= Self::MAX {
+            // Records no split holds any more make room first.
+            self.shared.retain(|r| Arc::strong_count(r) > 1);
         }
         let r = Arc::new(record);
         if self.shared.len() < Self::MAX {
@@ -324,6 +334,10 @@ impl View {
 
     /// Recomputes one split's contribution to every index.
     fn refresh(&mut self, id: &SplitId) {
+        // The map's own id goes into the indices (a clone shares it): the caller's may be a
+        // copy parsed from a key or decoded from a manifest.
+        let Some((id, _)) = self.splits.get_key_value(id) else { return };
+        let id = &id.clone();
         let Some(sv) = self.splits.get_mut(id) else { return };
         let old = sv.counted;
         let old_planned = sv.planned;

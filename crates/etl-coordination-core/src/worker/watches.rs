@@ -35,9 +35,13 @@ pub(super) struct Seen {
 }
 
 impl Seen {
-    fn see(&mut self, key: &Key) {
+    /// `key` was shown; a split's id is kept as `view` holds it (shared, not a copy).
+    fn see(&mut self, key: &Key, view: &crate::view::View) {
         match keys::parse_split(key) {
-            Some(id) => self.splits.insert(id),
+            Some(id) => {
+                let id = view.splits.get_key_value(&id).map_or(id, |(k, _)| k.clone());
+                self.splits.insert(id)
+            }
             None => self.others.insert(key.clone()),
         };
     }
@@ -74,14 +78,23 @@ impl Worker {
 
     pub(super) fn on_watch(&mut self, now: Timestamp, watch: WatchId, event: WatchEvent) {
         let Some(ws) = self.watches.get_mut(&watch) else { return };
-        if let Some(seen) = &mut ws.snapshot {
+        if ws.snapshot.is_some() {
             match event {
                 WatchEvent::Put(e) => {
-                    seen.see(&e.key);
+                    let key = e.key.clone();
                     self.apply_entry(watch, e);
+                    if let Some(seen) = self.watches.get_mut(&watch).and_then(|w| w.snapshot.as_mut()) {
+                        seen.see(&key, &self.view);
+                    }
                 }
-                WatchEvent::Delete { key, .. } => seen.unsee(&key),
+                WatchEvent::Delete { key, revision, .. } => {
+                    self.deleted_in_snapshot(watch, &key, revision);
+                    if let Some(seen) = self.watches.get_mut(&watch).and_then(|w| w.snapshot.as_mut()) {
+                        seen.unsee(&key);
+                    }
+                }
                 WatchEvent::SnapshotComplete => {
+                    let Some(ws) = self.watches.get_mut(&watch) else { return };
                     let seen = ws.snapshot.take().expect("snapshot");
                     ws.ready = true;
                     self.end_snapshot(watch, seen);
@@ -106,10 +119,44 @@ impl Worker {
     pub(super) fn apply_snapshot(&mut self, watch: WatchId, entries: Vec<Entry>) {
         let mut seen = Seen::default();
         for e in entries {
-            seen.see(&e.key);
+            let key = e.key.clone();
             self.apply_entry(watch, e);
+            seen.see(&key, &self.view);
         }
         self.end_snapshot(watch, seen);
+    }
+
+    /// A delete during a snapshot: into the view with its revision (so that a later read older
+    /// than it decides nothing), without the triggers a live delete fires: the snapshot's end
+    /// checks every held split (a lease of ours the view lacks is read again), as it did when
+    /// a snapshot was applied whole.
+    fn deleted_in_snapshot(&mut self, watch: WatchId, key: &Key, rev: Revision) {
+        match watch {
+            WatchId::Leases => {
+                if let Some(id) = keys::parse_split(key) {
+                    self.view.delete_lease(&id, rev);
+                } else if *key == keys::leader() {
+                    self.view.leader_seen = self.view.leader_seen.max(rev);
+                    if self.view.leader.as_ref().is_some_and(|(r, _)| *r < rev) {
+                        self.view.leader = None;
+                    }
+                }
+            }
+            WatchId::Splits => {
+                if let Some(id) = keys::parse_split(key) {
+                    self.view.delete_record(&id, rev);
+                }
+            }
+            WatchId::Plan => {
+                if *key == keys::plan_head() {
+                    self.view.saw_plan_head(rev, true);
+                    if self.view.plan_head.as_ref().is_some_and(|(r, _)| *r < rev) {
+                        self.view.plan_head = None;
+                    }
+                }
+            }
+        }
+        self.note_decodable(watch.bucket(), key, rev);
     }
 
     /// The end of a snapshot whose entries are in the view: what it did not show is gone from
