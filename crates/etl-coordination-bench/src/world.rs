@@ -109,9 +109,7 @@ pub struct Openings {
 }
 
 /// Milliseconds since the Unix epoch (comparable between processes on one machine).
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+pub use etl_coord::sink::unix_ms;
 
 impl Work {
     pub fn new(splits: usize, records: u64, cost: Duration) -> Work {

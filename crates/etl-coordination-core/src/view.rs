@@ -509,6 +509,18 @@ mod tests {
     }
 
     #[test]
+    fn a_full_record_cache_makes_room_from_records_no_split_holds() {
+        let mut cache = RecordCache::default();
+        let held: Vec<_> = (0..RecordCache::MAX as u64).map(|e| cache.intern(done(e, b""))).collect();
+        assert_eq!(cache.shared.len(), RecordCache::MAX);
+        drop(held);
+        // Full, but nothing holds what it keeps: a new Done record is shared again.
+        let (a, b) = (cache.intern(done(99_999, b"")), cache.intern(done(99_999, b"x")));
+        assert!(Arc::ptr_eq(&a, &b), "a full cache stopped sharing");
+        assert!(cache.shared.len() <= 1, "{} records kept that no split holds", cache.shared.len());
+    }
+
+    #[test]
     fn a_leased_split_whose_planned_weight_changes_moves_its_load_with_it() {
         let mut v = view_of(2);
         let lease = LeaseRecord { owner: owner("w2"), epoch: Epoch(1), write: 1 };
