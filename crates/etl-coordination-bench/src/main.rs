@@ -6,6 +6,7 @@
 //! ```text
 //! etl-coordination-bench --nats URL [--cluster URLS] [--postgres CONNINFO] [--quick]
 //!     [--only T1,...,T7,COST,PEERS,OBJECTS,TABLES] [--out FILE [--splice NAME]] [--plots DIR]
+//!     [--t6-splits N,...]
 //!     [--command TEXT]
 //! ```
 //!
@@ -44,6 +45,8 @@ struct Args {
     only: Vec<String>,
     /// Replace only the region between `<!-- NAME -->` and `<!-- /NAME -->` of `--out`.
     splice: Option<String>,
+    /// T6's plan sizes instead of its own (one size measured by hand).
+    t6_splits: Vec<usize>,
 }
 
 fn args() -> Result<Args> {
@@ -57,6 +60,7 @@ fn args() -> Result<Args> {
         command: String::new(),
         only: Vec::new(),
         splice: None,
+        t6_splits: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -71,6 +75,17 @@ fn args() -> Result<Args> {
             "--command" => a.command = value("--command")?,
             "--splice" => a.splice = Some(value("--splice")?),
             "--only" => a.only = value("--only")?.split(',').map(|t| t.trim().to_uppercase()).collect(),
+            "--t6-splits" => {
+                a.t6_splits = value("--t6-splits")?
+                    .split(',')
+                    .map(|n| {
+                        n.trim()
+                            .replace('_', "")
+                            .parse()
+                            .with_context(|| format!("--t6-splits: {n:?} is not a number of splits"))
+                    })
+                    .collect::<Result<_>>()?
+            }
             other => bail!("unknown argument {other:?} (see the crate documentation)"),
         }
     }
@@ -118,6 +133,15 @@ async fn measure(id: &str, run: &mut Run, a: &Args, t: &Target, first: bool) -> 
 async fn main() -> Result<()> {
     let raw: Vec<String> = std::env::args().skip(1).collect();
     if raw.first().map(String::as_str) == Some("t6-worker") {
+        // A worker process's warnings (a failed watch, a slow consumer) reach the bench's
+        // standard error; its report goes to standard output.
+        tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            )
+            .with_writer(std::io::stderr)
+            .init();
         return scenarios::t6_worker(&raw[1..]).await;
     }
     let a = args()?;

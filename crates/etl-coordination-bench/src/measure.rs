@@ -223,7 +223,13 @@ pub async fn t5_traffic(run: &mut Run, a: &Args, t: &Target) -> Result<()> {
 /// 500 MB per worker and `status` under 5 s at 1,000,000.
 pub async fn t6_large_plan(run: &mut Run, a: &Args, t: &Target) -> Result<()> {
     eprintln!("T6 large plan");
-    let sizes: &[usize] = if a.quick { &[500] } else { &[100_000, 1_000_000] };
+    let sizes: &[usize] = if !a.t6_splits.is_empty() {
+        &a.t6_splits
+    } else if a.quick {
+        &[500]
+    } else {
+        &[100_000, 1_000_000]
+    };
     writeln!(run.doc, "### T6 a Final plan of many splits, 4 workers (a process each), no records\n")?;
     writeln!(
         run.doc,

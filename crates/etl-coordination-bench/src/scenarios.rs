@@ -370,7 +370,10 @@ pub async fn large_plan(t: &Target, splits: usize) -> Result<LargePlan> {
     let complete = (crate::world::unix_ms() - t0) as f64 / 1e3;
     let since = |ms: u64| ms.saturating_sub(t0) as f64 / 1e3;
     let created: u64 = reports.iter().map(|r| r.creates).sum();
-    anyhow::ensure!(created == splits as u64, "{created} first claims for {splits} splits");
+    // At most one lane per split opens for its first tenancy (`Create`), and none when that
+    // tenancy ends before its lane opens (given up to a peer under a leader change, say): the
+    // job's completeness is checked on the store below, not from these.
+    anyhow::ensure!(created <= splits as u64, "{created} first claims for {splits} splits");
     let ops: u64 = reports.iter().map(|r| r.ops).sum();
     let stores = etl_coordination_driver::JobStores::nats(&job.nats, &job.name).await?;
     let mut status_s = f64::INFINITY;
@@ -379,6 +382,11 @@ pub async fn large_plan(t: &Target, splits: usize) -> Result<LargePlan> {
         let status = etl_coord::ops::status(&stores).await?;
         status_s = status_s.min(t.elapsed().as_secs_f64());
         anyhow::ensure!(status.splits.len() == splits, "status saw {} splits", status.splits.len());
+        anyhow::ensure!(
+            status.summary.done == splits,
+            "the job ended with {} of {splits} splits done",
+            status.summary.done
+        );
     }
     Ok(LargePlan {
         status_s,

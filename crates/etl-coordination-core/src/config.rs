@@ -204,10 +204,21 @@ impl Tuning {
         self.lease_duration - self.lease_duration / 20
     }
 
-    /// Interval of the full listing that guards against missed watch events (P7). Deliberately
-    /// rare: steady-state traffic must be renewals and commits only (T5).
+    /// Interval of the resync that guards against missed watch events (P7: every watch reopened,
+    /// its snapshot read again) for a plan of under 10,000 splits; a larger plan adds a lease per
+    /// 10,000 splits. Deliberately rare: steady-state traffic must be renewals and commits only
+    /// (T5).
     pub fn resync_interval(&self) -> Duration {
         self.lease_duration * 10
+    }
+
+    /// The resync interval for a plan of `splits`: [`Self::resync_interval`] and one lease more
+    /// per 10,000 splits, so that a resync (every split's record sent again to every worker)
+    /// stays a bounded share of a large plan's traffic (issue 32: at a million splits every ten
+    /// leases, a worker would spend most of its time reading the plan again).
+    pub fn resync_interval_for(&self, splits: usize) -> Duration {
+        let extra = u32::try_from(splits / 10_000).unwrap_or(u32::MAX);
+        self.resync_interval().saturating_add(self.lease_duration.saturating_mul(extra))
     }
 }
 
@@ -253,6 +264,17 @@ mod tests {
         assert_eq!((c.tuning.max_in_flight, c.tuning.max_attempts), (8, 4));
         assert_eq!(c.tuning.replan_interval, Duration::from_secs(60));
         assert_eq!(c.tuning.heartbeat_interval(), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn the_resync_interval_grows_by_a_lease_per_ten_thousand_splits() {
+        let c = cfg();
+        let lease = c.tuning.lease_duration;
+        assert_eq!(c.tuning.resync_interval_for(0), lease * 10);
+        assert_eq!(c.tuning.resync_interval_for(9_999), lease * 10);
+        assert_eq!(c.tuning.resync_interval_for(100_000), lease * 20);
+        assert_eq!(c.tuning.resync_interval_for(1_000_000), lease * 110);
+        assert!(c.tuning.resync_interval_for(usize::MAX) > lease * 110, "no overflow");
     }
 
     #[test]

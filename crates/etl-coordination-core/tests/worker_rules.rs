@@ -3307,14 +3307,13 @@ fn p4_a_head_read_that_misses_the_head_seen_is_a_lagging_replica_and_decides_not
         matches!(&req, StoreRequest::CompareAndSwap { expected, .. } if *expected == published.revision),
         "{req:?}"
     );
-    // Its answer is lost; the read that resolves it is slow. Meanwhile the periodic resync's
-    // listing of the plan is answered by a replica from before the head existed (the view
+    // Its answer is lost; the read that resolves it is slow. Meanwhile the plan watch is
+    // reopened and its snapshot comes from a replica from before the head existed (the view
     // forgets the head; the revision seen must not be forgotten with it).
     r2.answer(bump, Err(StoreError::Indeterminate("no answer".into())));
     let (read, _) = until_request_in_time(&mut r2, is_head_read);
-    let is_plan_listing = |_: Bucket, q: &StoreRequest| matches!(q, StoreRequest::List { prefix } if *prefix == WatchId::Plan.prefix());
-    let (listing, _) = until_request_in_time(&mut r2, is_plan_listing);
-    r2.answer(listing, Ok(StoreReply::Entries(Vec::new())));
+    r2.w.handle(r2.now, Input::WatchFailed { watch: WatchId::Plan });
+    r2.w.handle(r2.now, Input::Watch { watch: WatchId::Plan, event: WatchEvent::SnapshotComplete });
     // Then the read is answered by a replica that has not got the head at all (sweep seed
     // 4496670).
     r2.answer(read, Ok(StoreReply::Value(None)));
@@ -3394,4 +3393,77 @@ fn p7_a_reopened_watch_streams_its_snapshot_into_the_view_and_forgets_at_its_end
     let stale = r.kv.get(Bucket::State, "split.s1").expect("in the store");
     let a = r.w.handle(r.now, Input::Watch { watch, event: WatchEvent::Put(stale) });
     assert_eq!(missing_in(&a), None, "the stale record changed the view: {a:?}");
+}
+
+/// P7: the periodic resync reopens every watch (no listing beside the running watch), and the
+/// worker goes on deciding while the new snapshots stream in. A listing cut at one revision
+/// while the old watch went on forgot, at its end, the records the watch had delivered after
+/// the cut: at a million splits the leader was still creating records during a resync, and the
+/// 503 it forgot were never claimed (issue 32, the T6 stall).
+#[test]
+fn p7_a_resync_reopens_the_watches_keeps_what_they_deliver_meanwhile_and_decides_throughout() {
+    let mut r = running(6); // max_in_flight 4: s5..s2 run, s0 and s1 wait
+    assert_eq!(r.started().len(), 4, "{:?}", r.started());
+    let since = r.kv.history.len();
+    r.hold_snapshots = true;
+    let running = r.started();
+    r.take_log();
+    let resync = r.w.config().tuning.resync_interval();
+    let mut waited = Duration::ZERO;
+    while !r.log.iter().any(|a| matches!(a, Action::Watch { .. })) {
+        assert!(waited <= resync, "no resync within {resync:?}");
+        r.advance(Duration::from_secs(1));
+        waited += Duration::from_secs(1);
+    }
+    let reopened: Vec<WatchId> = r
+        .log
+        .iter()
+        .filter_map(|a| if let Action::Watch { watch } = a { Some(*watch) } else { None })
+        .collect();
+    assert_eq!(reopened, WatchId::ALL.to_vec(), "every watch is reopened");
+    assert!(
+        !r.kv.history[since..].iter().any(|(_, q)| matches!(q, StoreRequest::List { .. })),
+        "no listing beside the watches: {:?}",
+        &r.kv.history[since..]
+    );
+    // The leases and plan snapshots arrive whole; the splits snapshot, cut now, only begins.
+    for watch in [WatchId::Leases, WatchId::Plan] {
+        for e in r.kv.list(watch.bucket(), &watch.prefix()) {
+            r.feed(Input::Watch { watch, event: WatchEvent::Put(e) });
+        }
+        r.feed(Input::Watch { watch, event: WatchEvent::SnapshotComplete });
+    }
+    let cut = r.kv.list(Bucket::State, &WatchId::Splits.prefix());
+    let (first, rest) = cut.split_at(2);
+    for e in first {
+        r.feed(Input::Watch { watch: WatchId::Splits, event: WatchEvent::Put(e.clone()) });
+    }
+    // A lane finishes meanwhile: its end is written (the new watch delivers it live, after the
+    // cut) and the worker claims a waiting split at once, without waiting for the snapshot.
+    let (split, epoch) = running[0].clone();
+    r.feed(Input::Finish { split: split.clone(), epoch, progress: Bytes::from_static(b"end") });
+    assert_eq!(r.kv.record(split.as_str()).state, SplitState::Done);
+    assert_eq!(r.started().len(), 1, "a claim during the snapshot: {:?}", r.log);
+    // The rest of the snapshot as cut (older than what the live events brought), then its end:
+    // what the live events delivered stays.
+    for e in rest {
+        r.feed(Input::Watch { watch: WatchId::Splits, event: WatchEvent::Put(e.clone()) });
+    }
+    let a = r.feed(Input::Watch { watch: WatchId::Splits, event: WatchEvent::SnapshotComplete });
+    let Some(Event::Gauges { splits, .. }) = r.last_gauges() else { panic!("gauges: {a:?}") };
+    assert_eq!((splits.missing, splits.done, splits.owned), (0, 1, 4), "{splits:?}");
+    // Every split runs to its end and the job completes on the view the resync left.
+    r.hold_snapshots = false;
+    for _ in 0..6 {
+        let Some((split, epoch)) = running
+            .iter()
+            .cloned()
+            .chain(r.started())
+            .find(|(s, _)| r.kv.record(s.as_str()).state != SplitState::Done)
+        else {
+            break;
+        };
+        r.feed(Input::Finish { split, epoch, progress: Bytes::from_static(b"end") });
+    }
+    assert!(r.log.iter().any(|a| matches!(a, Action::Finished(Outcome::Complete))), "{:?}", r.events());
 }

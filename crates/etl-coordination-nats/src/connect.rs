@@ -106,9 +106,27 @@ async fn options(
     if let Some(inbox) = inbox {
         opts = opts.custom_inbox_prefix(inbox);
     }
+    // Messages the client dropped because a subscription's queue was full: an ordered consumer
+    // (every watch and listing) notices the gap and recreates itself, so nothing is lost, but a
+    // burst of them means a worker cannot keep up with what the store sends it.
+    let dropped = Arc::new(std::sync::atomic::AtomicU64::new(0));
     opts = opts.event_callback(move |event| {
         let refused = refused.clone();
+        let dropped = dropped.clone();
         async move {
+            if let async_nats::Event::SlowConsumer(sid) = &event {
+                let n = dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                if n.is_power_of_two() {
+                    tracing::warn!(
+                        subscription = sid,
+                        dropped_so_far = n,
+                        "NATS client dropped a message: a subscription's queue was full (the \
+                         watch recreates its consumer from the gap; many of these mean this \
+                         worker cannot keep up with its watches: give it more CPU)"
+                    );
+                }
+                return;
+            }
             let refusal = match &event {
                 async_nats::Event::ServerError(e) => Refusal::parse(e),
                 // A reconnect turned away (e.g. a rotated password) is reported by the client.

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use crate::config::Config;
 use crate::ids::{Epoch, OpId, Owner, Revision, SplitId};
 use crate::io::{self, Action, Event, Input, Outcome, WatchId};
-use crate::store::{StoreReply, StoreResult};
+use crate::store::StoreResult;
 use crate::time::Timestamp;
 use crate::view::View;
 
@@ -292,11 +292,6 @@ impl Worker {
             Pending::RecordCommitRead { split } => self.on_record_commit_read(op, split, result),
             Pending::RecordEnd { split } => self.on_record_end(now, op, split, result),
             Pending::RecordEndRead { split } => self.on_record_end_read(now, op, split, result),
-            Pending::Resync { watch } => {
-                if let Ok(StoreReply::Entries(entries)) = result {
-                    self.apply_snapshot(watch, entries);
-                }
-            }
         }
     }
 

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::ids::{InstanceId, OpId, Revision, SplitId};
-use crate::io::{Action, Event, FatalError, SplitCounts, WatchId};
+use crate::io::{Action, Event, FatalError, SplitCounts};
 use crate::records::{self, ManifestRef, PlanHead, SplitRecord};
 use crate::store::{Bucket, Entry, Key, StoreError, StoreReply, StoreRequest, StoreResult};
 use crate::time::Timestamp;
@@ -100,8 +100,6 @@ pub(super) enum Pending {
     RecordEnd { split: SplitId },
     /// P10, P12: read the record after the end write lost its swap or its answer.
     RecordEndRead { split: SplitId },
-    /// P7: the periodic full listing of one watch's scope.
-    Resync { watch: WatchId },
 }
 
 /// A claim whose tenancy was revoked while it was in flight (see `Worker::orphan_claim`).

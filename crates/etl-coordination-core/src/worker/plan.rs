@@ -8,7 +8,7 @@ use bytes::Bytes;
 
 use crate::ids::{Epoch, Owner, Revision, SplitId};
 use crate::io::{Action, Event};
-use crate::plan::{Plan, PlanKind};
+use crate::plan::{Plan, PlanKind, PlannedSplit};
 use crate::records::{self, Descriptor, ManifestChunk, ManifestRef, PlanHead, PlanStatus, SplitRecord, keys};
 use crate::store::{Bucket, Key, StoreReply, StoreRequest, StoreResult};
 use crate::time::Timestamp;
@@ -39,13 +39,24 @@ pub(super) enum PlanStage {
 }
 
 /// The writes of one planning round, all create-if-absent: descriptors and split records
-/// first, then (once every one exists) the manifest chunks, then the publication.
+/// first, then (once every one exists) the manifest chunks, then the publication. Each write
+/// is encoded when it is sent, not before: a million-split round held two million encoded
+/// writes at once (issue 32: the leader's planning peak).
 #[derive(Debug)]
 pub(super) struct RoundWrites {
-    /// Descriptors and split records not sent yet.
-    splits: VecDeque<(Key, Bytes)>,
-    /// Manifest chunks not sent yet.
-    chunks: VecDeque<(Key, Bytes)>,
+    /// The round's new splits: each is two writes, its descriptor then its record.
+    new: Vec<PlannedSplit>,
+    /// The next of the `2 * new.len()` split writes to send.
+    next_split: usize,
+    /// The manifest's entries, written as chunks of `chunk_len`.
+    entries: Vec<(SplitId, u64)>,
+    chunk_len: usize,
+    /// The next chunk to send.
+    next_chunk: u32,
+    /// Split writes to send again (a failed one, or a record gone), before any new one.
+    splits_again: VecDeque<(Key, Bytes)>,
+    /// Manifest chunks to send again.
+    chunks_again: VecDeque<(Key, Bytes)>,
     splits_in_flight: usize,
     chunks_in_flight: usize,
     /// The manifest this round publishes.
@@ -54,6 +65,49 @@ pub(super) struct RoundWrites {
     resume_at: Option<Timestamp>,
     /// The planner request this write belongs to; results of older rounds are ignored.
     round: u64,
+}
+
+impl RoundWrites {
+    /// The next descriptor or split record to write, if any is left.
+    fn next_split_write(&mut self) -> Option<(Key, Bytes)> {
+        if let Some(w) = self.splits_again.pop_front() {
+            return Some(w);
+        }
+        let s = self.new.get(self.next_split / 2)?;
+        let write = if self.next_split.is_multiple_of(2) {
+            (
+                keys::desc(&s.id),
+                records::encode(&Descriptor { descriptor: s.descriptor.clone(), weight: s.weight }),
+            )
+        } else {
+            (keys::split(&s.id), records::encode(&SplitRecord::new()))
+        };
+        self.next_split += 1;
+        Some(write)
+    }
+
+    /// The next manifest chunk to write, if any is left.
+    fn next_chunk_write(&mut self) -> Option<(Key, Bytes)> {
+        if let Some(w) = self.chunks_again.pop_front() {
+            return Some(w);
+        }
+        let i = self.next_chunk;
+        let part = self.entries.chunks(self.chunk_len).nth(i as usize)?;
+        let write = (
+            keys::manifest(self.manifest.term, self.manifest.version, i),
+            records::encode(&ManifestChunk { splits: part.to_vec() }),
+        );
+        self.next_chunk += 1;
+        Some(write)
+    }
+
+    /// Every write sent (some may still be in flight).
+    fn all_sent(&self) -> bool {
+        self.splits_again.is_empty()
+            && self.chunks_again.is_empty()
+            && self.next_split >= 2 * self.new.len()
+            && self.next_chunk >= self.manifest.chunks
+    }
 }
 
 impl Worker {
@@ -193,20 +247,16 @@ impl Worker {
                 }
             }
         }
-        let mut splits = VecDeque::new();
-        for s in &plan.splits {
+        let mut new = Vec::new();
+        for s in plan.splits {
             if entries.contains_key(&s.id) {
                 continue;
             }
             entries.insert(s.id.clone(), s.weight);
-            splits.push_back((
-                keys::desc(&s.id),
-                records::encode(&Descriptor { descriptor: s.descriptor.clone(), weight: s.weight }),
-            ));
-            splits.push_back((keys::split(&s.id), records::encode(&SplitRecord::new())));
+            new.push(s);
         }
         let unchanged =
-            head.manifest.is_some_and(|m| m.kind == plan.kind && m.term == head.term) && splits.is_empty();
+            head.manifest.is_some_and(|m| m.kind == plan.kind && m.term == head.term) && new.is_empty();
         if unchanged {
             l.stage = PlanStage::Idle;
             if plan.kind == PlanKind::Open {
@@ -218,28 +268,23 @@ impl Worker {
         // left chunks behind, and create-if-absent would silently keep their old content.
         let version = head.manifest.map_or(1, |m| m.version + 1).max(l.last_version + 1);
         l.last_version = version;
-        let list: Vec<(SplitId, u64)> = entries.into_iter().collect();
-        let parts: Vec<&[(SplitId, u64)]> = list.chunks(self.cfg.tuning.manifest_chunk_len).collect();
+        let entries: Vec<(SplitId, u64)> = entries.into_iter().collect();
+        let chunk_len = self.cfg.tuning.manifest_chunk_len;
         let manifest = ManifestRef {
             term: head.term,
             version,
-            chunks: parts.len() as u32,
-            split_count: list.len() as u64,
+            chunks: u32::try_from(entries.len().div_ceil(chunk_len)).unwrap_or(u32::MAX),
+            split_count: entries.len() as u64,
             kind: plan.kind,
         };
-        let chunks = parts
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                (
-                    keys::manifest(head.term, version, i as u32),
-                    records::encode(&ManifestChunk { splits: c.to_vec() }),
-                )
-            })
-            .collect();
         l.stage = PlanStage::Writing(Box::new(RoundWrites {
-            splits,
-            chunks,
+            new,
+            next_split: 0,
+            entries,
+            chunk_len,
+            next_chunk: 0,
+            splits_again: VecDeque::new(),
+            chunks_again: VecDeque::new(),
             splits_in_flight: 0,
             chunks_in_flight: 0,
             manifest,
@@ -261,11 +306,11 @@ impl Worker {
         while w.splits_in_flight + w.chunks_in_flight < PLAN_WRITE_WINDOW {
             // Manifest chunks only after every descriptor and record exists: a published
             // manifest never names a split without its records.
-            let next = if let Some(x) = w.splits.pop_front() {
+            let next = if let Some(x) = w.next_split_write() {
                 w.splits_in_flight += 1;
                 x
             } else if w.splits_in_flight == 0
-                && let Some(x) = w.chunks.pop_front()
+                && let Some(x) = w.next_chunk_write()
             {
                 w.chunks_in_flight += 1;
                 x
@@ -274,8 +319,7 @@ impl Worker {
             };
             sends.push(next);
         }
-        let publish =
-            w.splits.is_empty() && w.chunks.is_empty() && w.splits_in_flight + w.chunks_in_flight == 0;
+        let publish = w.all_sent() && w.splits_in_flight + w.chunks_in_flight == 0;
         let manifest = w.manifest;
         let round = w.round;
         for (key, value) in sends {
@@ -341,9 +385,9 @@ impl Worker {
             Written::Fatal(e) => return self.fatal_store(e),
             Written::InDoubt | Written::Unavailable => {
                 if is_manifest {
-                    w.chunks.push_front((key, value));
+                    w.chunks_again.push_front((key, value));
                 } else {
-                    w.splits.push_front((key, value));
+                    w.splits_again.push_front((key, value));
                 }
                 w.resume_at = Some(now + backoff);
             }
@@ -385,9 +429,9 @@ impl Worker {
                     self.outbox.send(Bucket::State, request, Pending::PlanWrite { round, key, value });
                 }
             }
-            Read::Absent => w.splits.push_front((key, value)),
+            Read::Absent => w.splits_again.push_front((key, value)),
             Read::Failed(_) => {
-                w.splits.push_front((key, value));
+                w.splits_again.push_front((key, value));
                 w.resume_at = Some(now + backoff);
             }
         }

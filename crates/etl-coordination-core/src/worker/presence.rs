@@ -94,7 +94,7 @@ impl Worker {
             if self.phase == Phase::Joining {
                 self.phase = Phase::Running;
                 self.heartbeat_at = Some(now + self.cfg.tuning.heartbeat_interval());
-                self.resync_at = Some(now + self.cfg.tuning.resync_interval());
+                self.resync_at = Some(now + self.cfg.tuning.resync_interval_for(self.view.splits.len()));
             }
         }
     }

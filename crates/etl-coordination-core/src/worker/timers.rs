@@ -135,7 +135,7 @@ impl Worker {
                 self.heartbeat(now);
             }
             Timer::Resync => {
-                self.resync_at = Some(now + self.cfg.tuning.resync_interval());
+                self.resync_at = Some(now + self.cfg.tuning.resync_interval_for(self.view.splits.len()));
                 self.resync();
                 self.refresh_meta();
             }

@@ -9,10 +9,9 @@ use crate::io::{Action, StopReason, WatchId};
 use crate::records::{
     self, LeaderRecord, LeaseRecord, PlanHead, PresenceRecord, SplitRecord, StealRequest, keys,
 };
-use crate::store::{Bucket, DeleteCause, Entry, Key, StoreRequest, WatchEvent};
+use crate::store::{Bucket, DeleteCause, Entry, Key, WatchEvent};
 use crate::time::Timestamp;
 
-use super::outbox::Pending;
 use super::tenancy::Stage;
 use super::{Phase, Worker};
 
@@ -112,18 +111,6 @@ impl Worker {
     /// Every watch has delivered its snapshot: the view is worth deciding on.
     pub(super) fn ready(&self) -> bool {
         WatchId::ALL.iter().all(|w| self.watches.get(w).is_some_and(|s| s.ready))
-    }
-
-    /// Replaces everything the view holds under `watch`'s scope with `entries` (a resync's
-    /// listing): each into the view, then whatever they did not show out of it.
-    pub(super) fn apply_snapshot(&mut self, watch: WatchId, entries: Vec<Entry>) {
-        let mut seen = Seen::default();
-        for e in entries {
-            let key = e.key.clone();
-            self.apply_entry(watch, e);
-            seen.see(&key, &self.view);
-        }
-        self.end_snapshot(watch, seen);
     }
 
     /// A delete during a snapshot: into the view with its revision (so that a later read older
@@ -421,15 +408,31 @@ impl Worker {
         self.note_decodable(watch.bucket(), &key, rev);
     }
 
-    /// P7: the full listing that guards against missed watch events. A manifest that could not
-    /// be read (an undecodable chunk) is read again after it.
+    /// P7: the periodic resync that guards against missed watch events: every watch not
+    /// already reopening is reopened, and its new snapshot streams into the view and forgets at
+    /// its end what it did not show, as after a failure. Unlike after a failure the view stays
+    /// ready meanwhile: nothing was known to be missed, and each entry the snapshot shows is at
+    /// least as new as the one it replaces.
+    ///
+    /// Not a listing beside the running watch (before issue 32): a listing is cut at one
+    /// revision while the watch goes on, so what the watch delivered after the cut (records the
+    /// leader created meanwhile) was forgotten with no later event to restore it; and a listing
+    /// is one reply of every entry, which a million-split plan could not give within one
+    /// operation's budget. A reopened watch's snapshot and the events after it are one stream in
+    /// revision order, and it has no total budget.
+    ///
+    /// A manifest that could not be read (an undecodable chunk) is read again after it.
     pub(super) fn resync(&mut self) {
         if self.manifest_load.as_ref().is_some_and(|l| l.failed) {
             self.manifest_load = None;
         }
         for w in WatchId::ALL {
-            let request = StoreRequest::List { prefix: w.prefix() };
-            self.outbox.send(w.bucket(), request, Pending::Resync { watch: w });
+            let Some(ws) = self.watches.get_mut(&w) else { continue };
+            if ws.snapshot.is_some() {
+                continue;
+            }
+            ws.snapshot = Some(Seen::default());
+            self.outbox.push(Action::Watch { watch: w });
         }
     }
 }

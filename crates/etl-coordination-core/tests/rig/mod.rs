@@ -133,6 +133,9 @@ pub struct Rig {
     pub plan: Option<Plan>,
     /// Whether TTL'd keys expire as time advances (off: peers frozen in the store stay live).
     pub expire: bool,
+    /// Whether a watch the worker opens is only subscribed (its live events routed) and its
+    /// snapshot left to the test to feed, event by event.
+    pub hold_snapshots: bool,
 }
 
 impl Rig {
@@ -146,6 +149,7 @@ impl Rig {
             auto: true,
             plan: None,
             expire: true,
+            hold_snapshots: false,
         }
     }
 
@@ -188,6 +192,10 @@ impl Rig {
                 Action::Watch { watch } => {
                     self.kv.watches.retain(|w| *w != watch);
                     self.kv.watches.push(watch);
+                    if self.hold_snapshots {
+                        self.log.push(Action::Watch { watch });
+                        continue;
+                    }
                     for e in self.kv.list(watch.bucket(), &watch.prefix()) {
                         queue.push_back(Input::Watch { watch, event: WatchEvent::Put(e) });
                     }

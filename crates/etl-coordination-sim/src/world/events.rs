@@ -20,6 +20,14 @@ pub(crate) enum Ev {
         life: u32,
         input: Input,
     },
+    /// An event or failure of one generation of a worker's watch: dropped if the watch was
+    /// reopened since.
+    ToWatch {
+        slot: usize,
+        life: u32,
+        generation: u64,
+        input: Input,
+    },
     Tick {
         slot: usize,
         life: u32,

@@ -96,7 +96,7 @@ impl World {
                 let s = self.subs.remove(i);
                 let d = ms(self.rng.range(1, 50));
                 let input = Input::WatchFailed { watch: s.watch };
-                self.schedule(d, Ev::ToWorker { slot: s.slot, life: s.life, input });
+                self.schedule(d, Ev::ToWatch { slot: s.slot, life: s.life, generation: s.generation, input });
             }
             60..=72
                 if self.slots.iter().filter(|s| s.status != Status::Finished).count()

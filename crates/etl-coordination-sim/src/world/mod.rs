@@ -375,6 +375,21 @@ impl World {
                 }
                 self.deliver(slot, input);
             }
+            Ev::ToWatch { slot, life, generation, input } => {
+                let watch = match &input {
+                    etl_coordination_core::Input::Watch { watch, .. }
+                    | etl_coordination_core::Input::WatchFailed { watch } => *watch,
+                    _ => unreachable!("only watch inputs are sent as ToWatch"),
+                };
+                let s = &self.slots[slot];
+                if s.life != life || s.watch_gen.get(&watch) != Some(&generation) {
+                    return;
+                }
+                if s.status == Status::Paused {
+                    return self.slots[slot].inbox.push(Ev::ToWatch { slot, life, generation, input });
+                }
+                self.deliver(slot, input);
+            }
             Ev::Tick { slot, life } => {
                 let s = &self.slots[slot];
                 if s.life != life || s.tick_at != Some(self.now) {

@@ -15,6 +15,8 @@ pub(crate) struct Sub {
     pub slot: usize,
     pub life: u32,
     pub watch: WatchId,
+    /// Which of the slot's subscriptions of this watch it is (`Slot::watch_gen`).
+    pub generation: u64,
     pub last_at: Timestamp,
 }
 
@@ -104,9 +106,9 @@ impl World {
                 }
                 let at = (self.now + delay).max(held).max(Timestamp(self.subs[i].last_at.0 + 1));
                 self.subs[i].last_at = at;
-                let (slot, life, watch) = (self.subs[i].slot, self.subs[i].life, self.subs[i].watch);
+                let Sub { slot, life, watch, generation, .. } = self.subs[i];
                 let input = etl_coordination_core::Input::Watch { watch, event: ev.clone() };
-                self.schedule_at(at, Ev::ToWorker { slot, life, input });
+                self.schedule_at(at, Ev::ToWatch { slot, life, generation, input });
             }
         }
     }
@@ -116,13 +118,18 @@ impl World {
             return;
         }
         self.subs.retain(|s| !(s.slot == slot && s.watch == watch));
+        let generation = {
+            let g = self.slots[slot].watch_gen.entry(watch).or_default();
+            *g += 1;
+            *g
+        };
         let link = self.slots[slot].link;
         let stuck_here =
             self.stuck[bi(watch.bucket())].as_ref().is_some_and(|s| s.isolates(slot) && !s.everyone);
         if self.now < self.outage_until || link.refuses(self.now, watch.bucket(), false) || stuck_here {
             // (A consumer cannot be created on a node cut off from the others.)
             let input = etl_coordination_core::Input::WatchFailed { watch };
-            return self.schedule(ms(300), Ev::ToWorker { slot, life, input });
+            return self.schedule(ms(300), Ev::ToWatch { slot, life, generation, input });
         }
         let now = self.now;
         let entries = self.kv(watch.bucket()).list(now, &watch.prefix());
@@ -130,12 +137,12 @@ impl World {
         for e in entries {
             at = at + us(self.rng.range(1, 50));
             let input = etl_coordination_core::Input::Watch { watch, event: WatchEvent::Put(e) };
-            self.schedule_at(at, Ev::ToWorker { slot, life, input });
+            self.schedule_at(at, Ev::ToWatch { slot, life, generation, input });
         }
         at = at + us(1);
         let input = etl_coordination_core::Input::Watch { watch, event: WatchEvent::SnapshotComplete };
-        self.schedule_at(at, Ev::ToWorker { slot, life, input });
-        self.subs.push(Sub { slot, life, watch, last_at: at });
+        self.schedule_at(at, Ev::ToWatch { slot, life, generation, input });
+        self.subs.push(Sub { slot, life, watch, generation, last_at: at });
     }
 
     /// Breaks the watches of `slot` (all, or one bucket's) as a broken connection does.
@@ -147,7 +154,7 @@ impl World {
         for s in gone {
             let d = ms(self.rng.range(1, 100));
             let input = etl_coordination_core::Input::WatchFailed { watch: s.watch };
-            self.schedule(d, Ev::ToWorker { slot: s.slot, life: s.life, input });
+            self.schedule(d, Ev::ToWatch { slot: s.slot, life: s.life, generation: s.generation, input });
         }
     }
 }

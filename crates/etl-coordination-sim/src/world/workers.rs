@@ -7,7 +7,7 @@ use std::time::Duration;
 use etl_coordination_core::records::{self, keys};
 use etl_coordination_core::{
     AcquisitionReason, Action, Breaker, Config, Epoch, Event, HandoverOutcome, Incarnation, Input,
-    InstanceId, Outcome, Owner, SplitId, StopReason, Timestamp, Worker,
+    InstanceId, Outcome, Owner, SplitId, StopReason, Timestamp, WatchId, Worker,
 };
 
 use super::lanes::Lane;
@@ -62,6 +62,9 @@ pub(crate) struct Slot {
     pub drain_deadlines: BTreeMap<(SplitId, Epoch), Timestamp>,
     /// When the worker was told to drain (its clock).
     pub drain_started: Option<Timestamp>,
+    /// The generation of each watch's current subscription: the events and failure of one it
+    /// replaced are dropped, as the driver drops a reopened watch's earlier generation.
+    pub watch_gen: BTreeMap<WatchId, u64>,
 }
 
 impl World {
@@ -94,6 +97,7 @@ impl World {
             source_down_until: Timestamp::ZERO,
             drain_deadlines: BTreeMap::new(),
             drain_started: None,
+            watch_gen: BTreeMap::new(),
         });
         let slot = self.slots.len() - 1;
         self.start_worker(slot);
