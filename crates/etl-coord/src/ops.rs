@@ -9,7 +9,7 @@ use etl_coordination_core::records::{
     self, Descriptor, LeaderRecord, LeaseRecord, ManifestChunk, ManifestRef, PlanHead, PresenceRecord,
     SplitRecord, SplitState, WorkReport, keys,
 };
-use etl_coordination_core::{Incarnation, Prefix, Revision, SplitId, StoreError};
+use etl_coordination_core::{Entry, Incarnation, Key, Prefix, Revision, SplitId, StoreError};
 use etl_coordination_driver::JobStores;
 use etl_coordination_store::Store;
 use serde::Serialize;
@@ -198,12 +198,15 @@ pub fn render_progress(p: &[u8]) -> String {
 }
 
 /// Reads the whole job state in a fixed number of requests, whatever the number of splits:
-/// the plan head and the leader key, then one listing each of manifests, split records,
-/// leases, workers and their reports. An undecodable record is reported, never fatal.
+/// the plan head, then at once the leader key and one listing each of manifests, split
+/// records, leases, workers and their reports (concurrent: at a million splits the records'
+/// listing is most of the time, and the others add nothing to it). An undecodable record is
+/// reported, never fatal.
 pub async fn status<S: Store>(stores: &JobStores<S>) -> anyhow::Result<Status> {
     let mut r = Reading::default();
     let mut out = Status::default();
-    let head = r.head(stores).await?;
+    let head = r.head(stores.state.get(&keys::plan_head()).await?);
+    let manifest = head.as_ref().and_then(|h| h.manifest);
     out.plan = head.as_ref().map(|h| PlanView {
         term: h.term,
         status: format!("{:?}", h.status),
@@ -211,21 +214,35 @@ pub async fn status<S: Store>(stores: &JobStores<S>) -> anyhow::Result<Status> {
         kind: h.manifest.map(|m| format!("{:?}", m.kind)),
         split_count: h.manifest.map_or(0, |m| m.split_count),
     });
-    out.leader = r.leader(stores).await?;
-    let (workers, incarnations) = r.workers(stores).await?;
+    let if_planned = |prefix: Prefix| async move {
+        match manifest {
+            Some(_) => stores.state.list(&prefix).await,
+            None => Ok(Vec::new()),
+        }
+    };
+    let (leader_key, worker_prefix) = (keys::leader(), Prefix::new("worker.").expect("valid"));
+    let (split_prefix, report_prefix) = (keys::split_prefix(), keys::report_prefix());
+    let (leader, workers, leases, reports, chunks, records) = tokio::try_join!(
+        stores.lease.get(&leader_key),
+        stores.lease.list(&worker_prefix),
+        stores.lease.list(&split_prefix),
+        stores.lease.list(&report_prefix),
+        if_planned(keys::manifest_prefix()),
+        if_planned(keys::split_prefix()),
+    )?;
+    out.leader = r.leader(leader);
+    let (workers, incarnations) = r.workers(workers);
     out.workers = workers;
-    let leases = r.leases(stores).await?;
+    let leases = r.leases(leases);
     // Reports of live workers only, each of the process its presence names (an earlier
     // process's report lingers until its TTL).
-    let reports: Vec<(String, WorkReport)> = r
-        .reports(stores)
-        .await?
+    let reports: Vec<(String, WorkReport)> = Reading::reports(reports)
         .into_iter()
         .filter(|(id, rep)| incarnations.get(id) == Some(&rep.incarnation))
         .collect();
-    if let Some(m) = head.and_then(|h| h.manifest) {
-        let ids = r.manifest_ids(stores, &m).await?;
-        out.splits = r.splits(stores, ids, &leases).await?;
+    if let Some(m) = manifest {
+        let ids = r.manifest_ids(chunks, &m)?;
+        out.splits = r.splits(records, ids, &leases);
     }
     place(&mut out.splits, &reports);
     out.summary = Summary::of(&out.splits, &reports);
@@ -259,36 +276,33 @@ impl Reading {
         self.undecodable.push(Undecodable { key: key.to_owned(), bucket: bucket.to_owned(), error });
     }
 
-    async fn head<S: Store>(&mut self, stores: &JobStores<S>) -> anyhow::Result<Option<PlanHead>> {
-        let Some(e) = stores.state.get(&keys::plan_head()).await? else { return Ok(None) };
+    fn head(&mut self, entry: Option<Entry>) -> Option<PlanHead> {
+        let e = entry?;
         match records::decode::<PlanHead>(&e.value) {
-            Ok(h) => Ok(Some(h)),
+            Ok(h) => Some(h),
             Err(err) => {
                 self.bad("state", e.key.as_str(), &err);
-                Ok(None)
+                None
             }
         }
     }
 
-    async fn leader<S: Store>(&mut self, stores: &JobStores<S>) -> anyhow::Result<Option<String>> {
-        let Some(e) = stores.lease.get(&keys::leader()).await? else { return Ok(None) };
+    fn leader(&mut self, entry: Option<Entry>) -> Option<String> {
+        let e = entry?;
         match records::decode::<LeaderRecord>(&e.value) {
-            Ok(l) => Ok(Some(l.owner.instance.to_string())),
+            Ok(l) => Some(l.owner.instance.to_string()),
             Err(err) => {
                 self.bad("lease", e.key.as_str(), &err);
-                Ok(None)
+                None
             }
         }
     }
 
     /// The live workers, and the incarnation of each.
-    async fn workers<S: Store>(
-        &mut self,
-        stores: &JobStores<S>,
-    ) -> anyhow::Result<(Vec<WorkerView>, HashMap<String, Incarnation>)> {
+    fn workers(&mut self, entries: Vec<Entry>) -> (Vec<WorkerView>, HashMap<String, Incarnation>) {
         let mut out = Vec::new();
         let mut incarnations = HashMap::new();
-        for e in stores.lease.list(&Prefix::new("worker.").expect("valid")).await? {
+        for e in entries {
             let Some(id) = keys::parse_worker(&e.key) else { continue };
             match records::decode::<PresenceRecord>(&e.value) {
                 Ok(p) => {
@@ -298,31 +312,22 @@ impl Reading {
                 Err(err) => self.bad("lease", e.key.as_str(), &err),
             }
         }
-        Ok((out, incarnations))
+        (out, incarnations)
     }
 
     /// The workers' reports of their work. One that cannot be decoded (another release's)
     /// is left out, not reported: nothing depends on it.
-    async fn reports<S: Store>(
-        &mut self,
-        stores: &JobStores<S>,
-    ) -> anyhow::Result<Vec<(String, WorkReport)>> {
-        Ok(stores
-            .lease
-            .list(&keys::report_prefix())
-            .await?
+    fn reports(entries: Vec<Entry>) -> Vec<(String, WorkReport)> {
+        entries
             .into_iter()
             .filter_map(|e| Some((keys::parse_report(&e.key)?.to_string(), records::decode(&e.value).ok()?)))
-            .collect())
+            .collect()
     }
 
     /// Every live lease, with its holder when the value can be read.
-    async fn leases<S: Store>(
-        &mut self,
-        stores: &JobStores<S>,
-    ) -> anyhow::Result<HashMap<SplitId, Option<String>>> {
+    fn leases(&mut self, entries: Vec<Entry>) -> HashMap<SplitId, Option<String>> {
         let mut leases = HashMap::new();
-        for e in stores.lease.list(&keys::split_prefix()).await? {
+        for e in entries {
             let Some(id) = keys::parse_split(&e.key) else { continue };
             let holder = match records::decode::<LeaseRecord>(&e.value) {
                 Ok(l) => Some(l.owner.instance.to_string()),
@@ -333,17 +338,13 @@ impl Reading {
             };
             leases.insert(id, holder);
         }
-        Ok(leases)
+        leases
     }
 
     /// The splits of the published manifest with their weights, in chunk order.
-    async fn manifest_ids<S: Store>(
-        &mut self,
-        stores: &JobStores<S>,
-        m: &ManifestRef,
-    ) -> anyhow::Result<Vec<(SplitId, u64)>> {
+    fn manifest_ids(&mut self, entries: Vec<Entry>, m: &ManifestRef) -> anyhow::Result<Vec<(SplitId, u64)>> {
         let mut chunks: Vec<(u32, Vec<(SplitId, u64)>)> = Vec::new();
-        for e in stores.state.list(&keys::manifest_prefix()).await? {
+        for e in entries {
             match keys::parse_manifest(&e.key) {
                 Some((t, v, c)) if t == m.term && v == m.version => {
                     match records::decode::<ManifestChunk>(&e.value) {
@@ -370,20 +371,15 @@ impl Reading {
     }
 
     /// One view per split of the manifest, from one listing of the split records.
-    async fn splits<S: Store>(
+    fn splits(
         &mut self,
-        stores: &JobStores<S>,
+        entries: Vec<Entry>,
         ids: Vec<(SplitId, u64)>,
         leases: &HashMap<SplitId, Option<String>>,
-    ) -> anyhow::Result<Vec<SplitView>> {
-        let mut records: HashMap<SplitId, (String, Result<SplitRecord, records::RecordError>)> = stores
-            .state
-            .list(&keys::split_prefix())
-            .await?
+    ) -> Vec<SplitView> {
+        let mut records: HashMap<SplitId, (Key, Result<SplitRecord, records::RecordError>)> = entries
             .into_iter()
-            .filter_map(|e| {
-                Some((keys::parse_split(&e.key)?, (e.key.to_string(), records::decode(&e.value))))
-            })
+            .filter_map(|e| Some((keys::parse_split(&e.key)?, (e.key, records::decode(&e.value)))))
             .collect();
         let mut out = Vec::with_capacity(ids.len());
         for (id, weight) in ids {
@@ -412,13 +408,17 @@ impl Reading {
                     claim_backoff_secs: None,
                 },
                 Err(err) => {
-                    let advice = undecodable_advice(&key, &err);
-                    self.undecodable.push(Undecodable { key, bucket: "state".into(), error: advice.clone() });
+                    let advice = undecodable_advice(key.as_str(), &err);
+                    self.undecodable.push(Undecodable {
+                        key: key.to_string(),
+                        bucket: "state".into(),
+                        error: advice.clone(),
+                    });
                     SplitView::unreadable(&id, weight, "Undecodable", leased, lease_holder, advice)
                 }
             });
         }
-        Ok(out)
+        out
     }
 }
 

@@ -116,14 +116,16 @@ async fn options(
         async move {
             if let async_nats::Event::SlowConsumer(sid) = &event {
                 let n = dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-                if n.is_power_of_two() {
+                if n == 1 {
                     tracing::warn!(
                         subscription = sid,
-                        dropped_so_far = n,
                         "NATS client dropped a message: a subscription's queue was full (the \
-                         watch recreates its consumer from the gap; many of these mean this \
-                         worker cannot keep up with its watches: give it more CPU)"
+                         watch or listing recreates its consumer from the gap, so nothing is \
+                         lost; if this repeats, this process cannot keep up with what it \
+                         watches: give it more CPU); further drops are logged at debug"
                     );
+                } else {
+                    tracing::debug!(subscription = sid, dropped_so_far = n, "NATS client dropped a message");
                 }
                 return;
             }

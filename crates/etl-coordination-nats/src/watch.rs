@@ -58,8 +58,14 @@ impl NatsStore {
 
     pub(crate) fn event(&self, msg: &jetstream::Message) -> Option<(WatchEvent, u64)> {
         let info = msg.info().ok()?;
-        let key =
-            Key::new(msg.subject.as_str().strip_prefix(&format!("$KV.{}.", self.bucket))?.to_owned()).ok()?;
+        // (No prefix built per message: a listing of a million splits is a million of these.)
+        let key = msg
+            .subject
+            .as_str()
+            .strip_prefix("$KV.")?
+            .strip_prefix(self.bucket.as_str())?
+            .strip_prefix('.')?;
+        let key = Key::new(key.to_owned()).ok()?;
         let revision = Revision(info.stream_sequence);
         let ev = match MessageKind::of(msg.headers.as_ref()) {
             MessageKind::Deleted => WatchEvent::Delete { key, revision, cause: DeleteCause::Deleted },
