@@ -138,8 +138,12 @@ impl NatsStore {
                     }
                 };
                 let Some((ev, left)) = this.event(&msg) else { continue };
-                let skip = in_snapshot && matches!(ev, WatchEvent::Delete { .. });
-                if !skip && tx.send(Ok(ev)).is_err() {
+                // Deletes are passed on during the snapshot too: the consumer's snapshot and the
+                // changes after its cut are one stream, and a key shown early in it and deleted
+                // before it ends must not outlive the snapshot in the caller's view (each reopen
+                // and every resync goes through this window). A tombstone older than the cut
+                // comes too; applied by revision it changes nothing.
+                if tx.send(Ok(ev)).is_err() {
                     return;
                 }
                 if in_snapshot && left == 0 {

@@ -216,6 +216,25 @@ pub async fn watch_delivers_snapshot_then_changes_in_revision_order<S: Store>(st
     );
 }
 
+/// A key deleted while a watch's snapshot is being sent is reported deleted, whether the
+/// delete comes before `SnapshotComplete` or after it: a store that sends its snapshot while
+/// changes go on (NATS) must not drop the deletes of that window (issue 32: every resync
+/// reopens the watches, and at a large plan the window is long).
+pub async fn watch_reports_a_delete_made_while_its_snapshot_is_sent<S: Store>(store: S) {
+    let k = key("d.0000");
+    let r = store.create(&k, val("first"), None).await.unwrap();
+    // Enough keys after it that the snapshot is still being sent when the delete lands.
+    for i in 1..2_000 {
+        store.create(&key(&format!("d.{i:04}")), val("x"), None).await.unwrap();
+    }
+    let mut w = store.watch(&Prefix::new("d.").unwrap()).await.unwrap();
+    store.delete(&k, r).await.unwrap();
+    let deleted = next_matching(&mut w, EXPIRY_TIMEOUT, |e| matches!(e, WatchEvent::Delete { key: d, .. } if *d == k)).await;
+    let WatchEvent::Delete { revision, cause, .. } = deleted else { unreachable!() };
+    assert!(revision > r && cause == DeleteCause::Deleted, "{revision:?} {cause:?}");
+    assert_eq!(store.get(&k).await.unwrap(), None);
+}
+
 /// A watch on a prefix with no keys still signals that its (empty) snapshot is complete.
 pub async fn watch_of_an_empty_prefix_signals_snapshot_complete<S: Store>(store: S) {
     let mut w = store.watch(&Prefix::new("empty.").unwrap()).await.unwrap();
@@ -317,6 +336,7 @@ macro_rules! conformance_tests {
             list_is_prefix_scoped_and_skips_deleted,
             watch_delivers_snapshot_then_changes_in_revision_order,
             watch_of_an_empty_prefix_signals_snapshot_complete,
+            watch_reports_a_delete_made_while_its_snapshot_is_sent,
             concurrent_cas_increments_are_exact,
             concurrent_create_after_expiry_has_exactly_one_winner,
             invalid_ttls_and_oversized_values_are_rejected,
@@ -333,6 +353,7 @@ macro_rules! conformance_tests {
             list_is_prefix_scoped_and_skips_deleted,
             watch_delivers_snapshot_then_changes_in_revision_order,
             watch_of_an_empty_prefix_signals_snapshot_complete,
+            watch_reports_a_delete_made_while_its_snapshot_is_sent,
             concurrent_cas_increments_are_exact,
             invalid_ttls_and_oversized_values_are_rejected,
         );

@@ -96,7 +96,11 @@ pub trait Store: Send + Sync + 'static {
     /// Point read: `None` if absent, deleted or expired.
     fn get(&self, key: &Key) -> impl Future<Output = Result<Option<Entry>, StoreError>> + Send;
 
-    /// Prefix watch with an initial snapshot and a snapshot-complete signal.
+    /// Prefix watch with an initial snapshot and a snapshot-complete signal: the current value
+    /// of every live key under `prefix`, then [`WatchEvent::SnapshotComplete`], then every change
+    /// in revision order. A store whose snapshot is sent while changes go on (NATS) may also
+    /// deliver deletes before `SnapshotComplete` (of a key deleted while the snapshot was being
+    /// sent, or an older tombstone); a caller applies every event by revision.
     fn watch(&self, prefix: &Prefix) -> impl Future<Output = Result<WatchStream, StoreError>> + Send;
 
     /// Every live entry under the prefix, in key order.

@@ -24,7 +24,7 @@ pub(super) struct WatchState {
     pub(super) snapshot: Option<Seen>,
 }
 
-/// The keys a snapshot (or a resync's listing) has shown: split ids apart, since a snapshot of
+/// The keys a snapshot (of a watch opened, reopened or resynced) has shown: split ids apart, since a snapshot of
 /// a large plan shows a million of them and an id is shared, not copied (issue 32: a snapshot is
 /// never held whole; its entries go into the view one by one).
 #[derive(Debug, Default)]
@@ -113,10 +113,10 @@ impl Worker {
         WatchId::ALL.iter().all(|w| self.watches.get(w).is_some_and(|s| s.ready))
     }
 
-    /// A delete during a snapshot: into the view with its revision (so that a later read older
-    /// than it decides nothing), without the triggers a live delete fires: the snapshot's end
-    /// checks every held split (a lease of ours the view lacks is read again), as it did when
-    /// a snapshot was applied whole.
+    /// A delete during a snapshot (made while it was being sent, or an older tombstone): into
+    /// the view with its revision (so that a later read older than it decides nothing), without
+    /// the triggers a live delete fires: the snapshot's end checks every held split (a lease of
+    /// ours the view lacks is read again).
     fn deleted_in_snapshot(&mut self, watch: WatchId, key: &Key, rev: Revision) {
         match watch {
             WatchId::Leases => {
@@ -339,8 +339,8 @@ impl Worker {
 
     /// After a snapshot (a watch reopened, or the periodic resync): the same fencing triggers
     /// for every held split, since the snapshot may carry the change that a missed event
-    /// would have. A lease of ours missing from a listing is checked by a point read (a
-    /// listing may come from a lagging replica).
+    /// would have. A lease of ours missing from the snapshot is checked by a point read (it
+    /// may have been written after the snapshot's cut, its event still on its way).
     fn fence_after_snapshot(&mut self, watch: WatchId) {
         let ids: Vec<SplitId> = self.tenancies.ids().cloned().collect();
         for id in ids {

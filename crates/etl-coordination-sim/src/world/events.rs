@@ -51,6 +51,8 @@ pub(crate) enum Ev {
         slot: usize,
         life: u32,
         watch: WatchId,
+        /// The subscription's generation (`Slot::watch_gen`): a newer ask supersedes it.
+        generation: u64,
     },
     LaneStep {
         slot: usize,

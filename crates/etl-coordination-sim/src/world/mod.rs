@@ -404,7 +404,7 @@ impl World {
             Ev::StoreApply { slot, life, op, bucket, request, writer, answer, deadline } => self
                 .store_apply(Sent { slot, life, op, bucket, request, writer, answer, deadline, held: None }),
             Ev::StreamRecovered { bucket } => self.recover_stream(bucket),
-            Ev::OpenWatch { slot, life, watch } => self.open_watch(slot, life, watch),
+            Ev::OpenWatch { slot, life, watch, generation } => self.open_watch(slot, life, watch, generation),
             Ev::LaneStep { slot, life, split, epoch } => {
                 if self.slots[slot].life != life {
                     return;

@@ -113,16 +113,10 @@ impl World {
         }
     }
 
-    pub(crate) fn open_watch(&mut self, slot: usize, life: u32, watch: WatchId) {
-        if self.slots[slot].life != life {
+    pub(crate) fn open_watch(&mut self, slot: usize, life: u32, watch: WatchId, generation: u64) {
+        if self.slots[slot].life != life || self.slots[slot].watch_gen.get(&watch) != Some(&generation) {
             return;
         }
-        self.subs.retain(|s| !(s.slot == slot && s.watch == watch));
-        let generation = {
-            let g = self.slots[slot].watch_gen.entry(watch).or_default();
-            *g += 1;
-            *g
-        };
         let link = self.slots[slot].link;
         let stuck_here =
             self.stuck[bi(watch.bucket())].as_ref().is_some_and(|s| s.isolates(slot) && !s.everyone);

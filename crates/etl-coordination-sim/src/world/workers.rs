@@ -237,8 +237,16 @@ impl World {
         match action {
             Action::Store { op, bucket, request } => self.send_request(slot, op, bucket, request),
             Action::Watch { watch } => {
+                // The watch it replaces is dropped at once, with its late events (as the driver
+                // bumps its generation when it is asked, not when the new one opens).
+                self.subs.retain(|s| !(s.slot == slot && s.watch == watch));
+                let generation = {
+                    let g = self.slots[slot].watch_gen.entry(watch).or_default();
+                    *g += 1;
+                    *g
+                };
                 let lat = us(self.rng.range(100, 1500));
-                self.schedule(lat, Ev::OpenWatch { slot, life, watch });
+                self.schedule(lat, Ev::OpenWatch { slot, life, watch, generation });
             }
             Action::Plan { request } => self.run_planner(slot, request),
             Action::StartLane { split, epoch, descriptor, progress, .. } => {
