@@ -229,7 +229,9 @@ pub async fn watch_reports_a_delete_made_while_its_snapshot_is_sent<S: Store>(st
     }
     let mut w = store.watch(&Prefix::new("d.").unwrap()).await.unwrap();
     store.delete(&k, r).await.unwrap();
-    let deleted = next_matching(&mut w, EXPIRY_TIMEOUT, |e| matches!(e, WatchEvent::Delete { key: d, .. } if *d == k)).await;
+    let deleted =
+        next_matching(&mut w, EXPIRY_TIMEOUT, |e| matches!(e, WatchEvent::Delete { key: d, .. } if *d == k))
+            .await;
     let WatchEvent::Delete { revision, cause, .. } = deleted else { unreachable!() };
     assert!(revision > r && cause == DeleteCause::Deleted, "{revision:?} {cause:?}");
     assert_eq!(store.get(&k).await.unwrap(), None);
