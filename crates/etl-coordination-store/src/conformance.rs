@@ -223,9 +223,10 @@ pub async fn watch_delivers_snapshot_then_changes_in_revision_order<S: Store>(st
 pub async fn watch_reports_a_delete_made_while_its_snapshot_is_sent<S: Store>(store: S) {
     let k = key("d.0000");
     let r = store.create(&k, val("first"), None).await.unwrap();
-    // Enough keys after it that the snapshot is still being sent when the delete lands.
-    for i in 1..2_000 {
-        store.create(&key(&format!("d.{i:04}")), val("x"), None).await.unwrap();
+    // Enough after it (16 MB) that the snapshot is still being sent when the delete lands.
+    let filler = Bytes::from(vec![b'x'; 16 * 1024]);
+    for i in 1..1_000 {
+        store.create(&key(&format!("d.{i:04}")), filler.clone(), None).await.unwrap();
     }
     let mut w = store.watch(&Prefix::new("d.").unwrap()).await.unwrap();
     store.delete(&k, r).await.unwrap();
