@@ -3467,3 +3467,76 @@ fn p7_a_resync_reopens_the_watches_keeps_what_they_deliver_meanwhile_and_decides
     }
     assert!(r.log.iter().any(|a| matches!(a, Action::Finished(Outcome::Complete))), "{:?}", r.events());
 }
+
+/// Runs `r` (auto mode, snapshots held) until its periodic resync asks for the watches again;
+/// returns the watches it reopened.
+fn until_resync(r: &mut Rig) -> Vec<WatchId> {
+    r.hold_snapshots = true;
+    r.take_log();
+    let resync = r.w.config().tuning.resync_interval();
+    let mut waited = Duration::ZERO;
+    while !r.log.iter().any(|a| matches!(a, Action::Watch { .. })) {
+        assert!(waited <= resync, "no resync within {resync:?}");
+        r.advance(Duration::from_secs(1));
+        waited += Duration::from_secs(1);
+    }
+    r.log.iter().filter_map(|a| if let Action::Watch { watch } = a { Some(*watch) } else { None }).collect()
+}
+
+/// P7: a resync does not reopen a watch whose snapshot is still streaming (the next one
+/// reopens it once that snapshot ended), and a watch failing during a resync snapshot makes the
+/// view unready until its new snapshot ends.
+#[test]
+fn p7_a_resync_skips_a_watch_still_streaming_and_a_failure_during_it_pauses_decisions() {
+    let mut r = running(6);
+    let (split, epoch) = r.started()[0].clone();
+    assert_eq!(until_resync(&mut r), WatchId::ALL.to_vec());
+    // The leases and plan snapshots end; the splits snapshot is still streaming at the next
+    // resync, which reopens the other two only.
+    for watch in [WatchId::Leases, WatchId::Plan] {
+        for e in r.kv.list(watch.bucket(), &watch.prefix()) {
+            r.feed(Input::Watch { watch, event: WatchEvent::Put(e) });
+        }
+        r.feed(Input::Watch { watch, event: WatchEvent::SnapshotComplete });
+    }
+    assert_eq!(until_resync(&mut r), vec![WatchId::Leases, WatchId::Plan], "{:?}", r.log);
+    // The splits watch fails meanwhile: reopened at once, and nothing is claimed until its
+    // new snapshot ends, even when a lane finishes and a split waits.
+    r.take_log();
+    r.feed(Input::WatchFailed { watch: WatchId::Splits });
+    assert!(r.log.contains(&Action::Watch { watch: WatchId::Splits }), "{:?}", r.log);
+    r.feed(Input::Finish { split, epoch, progress: Bytes::from_static(b"end") });
+    assert_eq!(r.started().len(), 0, "decided on an unready view: {:?}", r.log);
+    for e in r.kv.list(Bucket::State, &WatchId::Splits.prefix()) {
+        r.feed(Input::Watch { watch: WatchId::Splits, event: WatchEvent::Put(e) });
+    }
+    r.feed(Input::Watch { watch: WatchId::Splits, event: WatchEvent::SnapshotComplete });
+    assert_eq!(r.started().len(), 1, "a claim once the snapshot ended: {:?}", r.log);
+}
+
+/// P7: a record deleted while a resync's snapshot streams (the store passes the delete on
+/// before `SnapshotComplete`) is gone from the view at its end, although the snapshot showed it.
+#[test]
+fn p7_a_record_deleted_during_a_resync_snapshot_is_gone_at_its_end() {
+    let mut r = running(6);
+    until_resync(&mut r);
+    for watch in [WatchId::Leases, WatchId::Plan] {
+        for e in r.kv.list(watch.bucket(), &watch.prefix()) {
+            r.feed(Input::Watch { watch, event: WatchEvent::Put(e) });
+        }
+        r.feed(Input::Watch { watch, event: WatchEvent::SnapshotComplete });
+    }
+    let cut = r.kv.list(Bucket::State, &WatchId::Splits.prefix());
+    for e in &cut {
+        r.feed(Input::Watch { watch: WatchId::Splits, event: WatchEvent::Put(e.clone()) });
+    }
+    // An operator deletes a waiting split's record (s0 waits: max_in_flight 4 of 6).
+    let s0 = cut.iter().find(|e| e.key.as_str() == "split.s0").expect("s0 listed").clone();
+    let deleted = Revision(s0.revision.0 + 10_000);
+    r.feed(Input::Watch {
+        watch: WatchId::Splits,
+        event: WatchEvent::Delete { key: s0.key.clone(), revision: deleted, cause: DeleteCause::Deleted },
+    });
+    let a = r.feed(Input::Watch { watch: WatchId::Splits, event: WatchEvent::SnapshotComplete });
+    assert_eq!(missing_in(&a), Some(1), "{a:?}");
+}
