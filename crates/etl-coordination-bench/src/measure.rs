@@ -648,7 +648,7 @@ pub async fn cost_curve(run: &mut Run, a: &Args, t: &Target) -> Result<()> {
         run.doc,
         "## Cost curve ({})\n\nIn-process workers of 8 lanes on one server, lease 3 s, a record every 100 ms \
          per lane and a commit per lane and second; per worker and second over a {} s window in steady state \
-         (it holds one resync listing, every 10 leases). CPU is the process's, shared out per worker.\n\n\
+         (it holds one resync: every 10 leases the watches are reopened). CPU is the process's, shared out per worker.\n\n\
          | splits | workers | store ops/s per worker | of which writes | CPU per worker (fraction of a core) |\n|---|---|---|---|---|",
         t.name,
         window.as_secs()

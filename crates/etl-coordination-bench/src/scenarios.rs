@@ -716,8 +716,8 @@ fn cpu_time() -> Duration {
 
 /// The cost curve: `workers` in-process workers on a plan of `splits` endless splits (lease
 /// 3 s, 8 lanes each, a commit per lane and second): store operations and CPU per worker and
-/// second over `window` once every worker holds its lanes (a resync listing every 10 leases
-/// falls inside a 30 s window).
+/// second over `window` once every worker holds its lanes (a resync, every 10 leases, reopens the watches
+/// within a 30 s window).
 pub async fn cost(t: &Target, splits: usize, workers: usize, window: Duration) -> Result<Cost> {
     // A record every 100 ms per lane: the source's own wake-ups stay small next to the
     // coordination's CPU even with 64 workers of 8 lanes.
