@@ -3405,22 +3405,8 @@ fn p7_a_resync_reopens_the_watches_keeps_what_they_deliver_meanwhile_and_decides
     let mut r = running(6); // max_in_flight 4: s5..s2 run, s0 and s1 wait
     assert_eq!(r.started().len(), 4, "{:?}", r.started());
     let since = r.kv.history.len();
-    r.hold_snapshots = true;
     let running = r.started();
-    r.take_log();
-    let resync = r.w.config().tuning.resync_interval();
-    let mut waited = Duration::ZERO;
-    while !r.log.iter().any(|a| matches!(a, Action::Watch { .. })) {
-        assert!(waited <= resync, "no resync within {resync:?}");
-        r.advance(Duration::from_secs(1));
-        waited += Duration::from_secs(1);
-    }
-    let reopened: Vec<WatchId> = r
-        .log
-        .iter()
-        .filter_map(|a| if let Action::Watch { watch } = a { Some(*watch) } else { None })
-        .collect();
-    assert_eq!(reopened, WatchId::ALL.to_vec(), "every watch is reopened");
+    assert_eq!(until_resync(&mut r), WatchId::ALL.to_vec(), "every watch is reopened");
     assert!(
         !r.kv.history[since..].iter().any(|(_, q)| matches!(q, StoreRequest::List { .. })),
         "no listing beside the watches: {:?}",
@@ -3428,10 +3414,7 @@ fn p7_a_resync_reopens_the_watches_keeps_what_they_deliver_meanwhile_and_decides
     );
     // The leases and plan snapshots arrive whole; the splits snapshot, cut now, only begins.
     for watch in [WatchId::Leases, WatchId::Plan] {
-        for e in r.kv.list(watch.bucket(), &watch.prefix()) {
-            r.feed(Input::Watch { watch, event: WatchEvent::Put(e) });
-        }
-        r.feed(Input::Watch { watch, event: WatchEvent::SnapshotComplete });
+        feed_snapshot(&mut r, watch);
     }
     let cut = r.kv.list(Bucket::State, &WatchId::Splits.prefix());
     let (first, rest) = cut.split_at(2);
@@ -3468,6 +3451,14 @@ fn p7_a_resync_reopens_the_watches_keeps_what_they_deliver_meanwhile_and_decides
     assert!(r.log.iter().any(|a| matches!(a, Action::Finished(Outcome::Complete))), "{:?}", r.events());
 }
 
+/// Feeds a held snapshot of `watch` whole, as the store holds it now, and its end.
+fn feed_snapshot(r: &mut Rig, watch: WatchId) {
+    for e in r.kv.list(watch.bucket(), &watch.prefix()) {
+        r.feed(Input::Watch { watch, event: WatchEvent::Put(e) });
+    }
+    r.feed(Input::Watch { watch, event: WatchEvent::SnapshotComplete });
+}
+
 /// Runs `r` (auto mode, snapshots held) until its periodic resync asks for the watches again;
 /// returns the watches it reopened.
 fn until_resync(r: &mut Rig) -> Vec<WatchId> {
@@ -3494,10 +3485,7 @@ fn p7_a_resync_skips_a_watch_still_streaming_and_a_failure_during_it_pauses_deci
     // The leases and plan snapshots end; the splits snapshot is still streaming at the next
     // resync, which reopens the other two only.
     for watch in [WatchId::Leases, WatchId::Plan] {
-        for e in r.kv.list(watch.bucket(), &watch.prefix()) {
-            r.feed(Input::Watch { watch, event: WatchEvent::Put(e) });
-        }
-        r.feed(Input::Watch { watch, event: WatchEvent::SnapshotComplete });
+        feed_snapshot(&mut r, watch);
     }
     assert_eq!(until_resync(&mut r), vec![WatchId::Leases, WatchId::Plan], "{:?}", r.log);
     // The splits watch fails meanwhile: reopened at once, and nothing is claimed until its
@@ -3507,10 +3495,7 @@ fn p7_a_resync_skips_a_watch_still_streaming_and_a_failure_during_it_pauses_deci
     assert!(r.log.contains(&Action::Watch { watch: WatchId::Splits }), "{:?}", r.log);
     r.feed(Input::Finish { split, epoch, progress: Bytes::from_static(b"end") });
     assert_eq!(r.started().len(), 0, "decided on an unready view: {:?}", r.log);
-    for e in r.kv.list(Bucket::State, &WatchId::Splits.prefix()) {
-        r.feed(Input::Watch { watch: WatchId::Splits, event: WatchEvent::Put(e) });
-    }
-    r.feed(Input::Watch { watch: WatchId::Splits, event: WatchEvent::SnapshotComplete });
+    feed_snapshot(&mut r, WatchId::Splits);
     assert_eq!(r.started().len(), 1, "a claim once the snapshot ended: {:?}", r.log);
 }
 
@@ -3521,10 +3506,7 @@ fn p7_a_record_deleted_during_a_resync_snapshot_is_gone_at_its_end() {
     let mut r = running(6);
     until_resync(&mut r);
     for watch in [WatchId::Leases, WatchId::Plan] {
-        for e in r.kv.list(watch.bucket(), &watch.prefix()) {
-            r.feed(Input::Watch { watch, event: WatchEvent::Put(e) });
-        }
-        r.feed(Input::Watch { watch, event: WatchEvent::SnapshotComplete });
+        feed_snapshot(&mut r, watch);
     }
     let cut = r.kv.list(Bucket::State, &WatchId::Splits.prefix());
     for e in &cut {
@@ -3544,4 +3526,71 @@ fn p7_a_record_deleted_during_a_resync_snapshot_is_gone_at_its_end() {
     r.feed(Input::Watch { watch: WatchId::Splits, event: WatchEvent::Put(s0) });
     let Some(Event::Gauges { splits, .. }) = r.last_gauges() else { panic!("gauges") };
     assert_eq!(splits.missing, 1, "{splits:?}");
+}
+
+/// P4: a round of more writes than its window (two per split, then the chunks), with some
+/// writes failing on the way, writes every descriptor and record before any chunk, keeps at
+/// most 64 writes in flight, and publishes a manifest of every split in whole chunks and a
+/// last partial one (the writes are encoded as they are sent, not before: issue 32).
+#[test]
+fn p4_a_round_larger_than_its_window_with_failed_writes_publishes_every_split_once() {
+    let mut c = cfg("w1", 1);
+    c.tuning.manifest_chunk_len = 3; // 77 chunks: more than the window too
+    let mut r = Rig::new(c);
+    r.plan = Some(plan(230, PlanKind::Final));
+    r.auto = false;
+    r.feed(Input::Start);
+    let is_plan_write = |q: &StoreRequest| {
+        matches!(q, StoreRequest::Create { key, .. }
+            if ["desc.", "split.", "manifest."].iter().any(|p| key.as_str().starts_with(p)))
+    };
+    let (mut failed, mut answered, mut max_in_flight) = (std::collections::BTreeSet::new(), 0, 0);
+    let mut chunk_before_every_record = false;
+    for _ in 0..20_000 {
+        if r.kv.get(Bucket::State, "plan.head").is_some_and(|e| {
+            records::decode::<records::PlanHead>(&e.value).unwrap().status == records::PlanStatus::Published
+        }) {
+            break;
+        }
+        max_in_flight = max_in_flight.max(r.pending.iter().filter(|(_, _, q)| is_plan_write(q)).count());
+        let Some((op, _, req)) = r.pending.first().cloned() else {
+            r.advance(Duration::from_millis(100));
+            continue;
+        };
+        if let StoreRequest::Create { key, .. } = &req
+            && is_plan_write(&req)
+        {
+            answered += 1;
+            if key.as_str().starts_with("manifest.")
+                && (0..230).any(|i| r.kv.get(Bucket::State, &format!("split.s{i}")).is_none())
+            {
+                chunk_before_every_record = true;
+            }
+            if answered % 10 == 0 && failed.insert(key.clone()) {
+                r.answer(op, Err(StoreError::Unavailable("no stream leader".into())));
+                continue;
+            }
+        }
+        r.apply(op);
+    }
+    let head: records::PlanHead =
+        records::decode(&r.kv.get(Bucket::State, "plan.head").expect("published").value).unwrap();
+    let m = head.manifest.expect("a manifest");
+    assert_eq!((head.status, m.split_count, m.chunks), (records::PlanStatus::Published, 230, 77));
+    assert!(!failed.is_empty() && !chunk_before_every_record, "failed {failed:?}");
+    assert!(max_in_flight <= 64 && max_in_flight > 3, "{max_in_flight} plan writes in flight");
+    let mut listed = Vec::new();
+    for chunk in 0..m.chunks {
+        let e = r.kv.get(Bucket::State, keys::manifest(m.term, m.version, chunk).as_str()).expect("chunk");
+        let c: records::ManifestChunk = records::decode(&e.value).unwrap();
+        assert!(c.splits.len() == 3 || chunk == m.chunks - 1, "chunk {chunk}: {}", c.splits.len());
+        listed.extend(c.splits.into_iter().map(|(id, _)| id));
+    }
+    listed.sort();
+    listed.dedup();
+    assert_eq!(listed.len(), 230);
+    for i in 0..230 {
+        assert!(r.kv.get(Bucket::State, &format!("desc.s{i}")).is_some(), "descriptor of s{i}");
+        assert!(r.kv.get(Bucket::State, &format!("split.s{i}")).is_some(), "record of s{i}");
+    }
 }
