@@ -3594,3 +3594,16 @@ fn p4_a_round_larger_than_its_window_with_failed_writes_publishes_every_split_on
         assert!(r.kv.get(Bucket::State, &format!("split.s{i}")).is_some(), "record of s{i}");
     }
 }
+
+/// P4, P13: a planner that finds nothing publishes an empty Final manifest (no chunk is
+/// written) and the worker sees the job complete.
+#[test]
+fn p4_an_empty_final_plan_publishes_no_chunk_and_completes() {
+    let mut r = running(0);
+    let head: records::PlanHead =
+        records::decode(&r.kv.get(Bucket::State, "plan.head").expect("published").value).unwrap();
+    let m = head.manifest.expect("a manifest");
+    assert_eq!((head.status, m.split_count, m.chunks), (records::PlanStatus::Published, 0, 0));
+    assert!(r.kv.list(Bucket::State, &keys::manifest_prefix()).is_empty(), "no chunk for no split");
+    assert!(r.log.contains(&Action::Finished(Outcome::Complete)), "{:?}", r.log);
+}
